@@ -1,0 +1,54 @@
+"""Region catalog: benchmark parsing, Parquet store, tourist generator.
+
+Typical use::
+
+    from optw.catalog import open_catalog, sample_tourists
+    cat = open_catalog()
+    region = cat.region("c101")             # Region (numpy arrays, node 0 start, n-1 end)
+    bench = cat.benchmark("c101")           # Tourists batch of 1
+    val = cat.validation("c101")            # Tourists batch of 64
+    new = sample_tourists(region, 1000, rng=0)
+    dist = region.distances(new.start_xy)   # [1000, n, n] rounded travel times
+"""
+
+from optw.catalog.generator import (
+    SCORE_KINDS,
+    VALIDATION_SEED,
+    VALIDATION_SIZE,
+    region_rng,
+    sample_scores,
+    sample_times,
+    sample_tourists,
+    validation_tourists,
+)
+from optw.catalog.parse import SourceError, discover, parse_file
+from optw.catalog.region import (
+    DEFAULT_SCORE_KIND,
+    GROUPS,
+    PAPER_SUBSET,
+    TIME_UNITS_PER_MINUTE,
+    Region,
+    Tourists,
+    benchmark_tourist,
+    distance_matrix,
+    round_down,
+)
+from optw.catalog.store import (
+    CATALOG_VERSION,
+    PROJECT_ROOT,
+    Catalog,
+    CatalogError,
+    build_catalog,
+    default_catalog_dir,
+    default_source,
+    open_catalog,
+)
+
+__all__ = [
+    "CATALOG_VERSION", "DEFAULT_SCORE_KIND", "GROUPS", "PAPER_SUBSET", "PROJECT_ROOT",
+    "SCORE_KINDS", "TIME_UNITS_PER_MINUTE", "VALIDATION_SEED", "VALIDATION_SIZE", "Catalog",
+    "CatalogError", "Region", "SourceError", "Tourists", "benchmark_tourist", "build_catalog",
+    "default_catalog_dir", "default_source", "discover", "distance_matrix", "open_catalog",
+    "parse_file", "region_rng", "round_down", "sample_scores", "sample_times",
+    "sample_tourists", "validation_tourists",
+]

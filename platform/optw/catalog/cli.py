@@ -1,0 +1,134 @@
+"""``optw catalog build|list|show``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("catalog", help="build and inspect the region catalog")
+    csub = p.add_subparsers(dest="catalog_command", required=True, metavar="ACTION")
+
+    b = csub.add_parser("build", help="parse the benchmark files into Parquet")
+    b.add_argument("--source", type=Path, default=None,
+                   help="benchmark folder (default: $OPTW_BENCHMARKS or ../shared/benchmarks/optw)")
+    b.add_argument("--out", type=Path, default=None,
+                   help="catalog folder (default: $OPTW_CATALOG or region_catalog/)")
+    b.add_argument("--if-missing", action="store_true",
+                   help="do nothing when a current catalog already exists there")
+    b.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    b.set_defaults(func=_build)
+
+    ls = csub.add_parser("list", help="print the regions")
+    ls.add_argument("--catalog", type=Path, default=None)
+    ls.add_argument("--group", action="append", default=None,
+                    help="solomon, cordeau or gavalas (repeatable)")
+    ls.add_argument("--subset", action="store_true", help="only the paper's subset of 28")
+    ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    ls.set_defaults(func=_list)
+
+    sh = csub.add_parser("show", help="print one region and a summary of its tourists")
+    sh.add_argument("region")
+    sh.add_argument("--catalog", type=Path, default=None)
+    sh.add_argument("--json", action="store_true")
+    sh.set_defaults(func=_show)
+
+
+def _build(args) -> int:
+    from optw.catalog.store import Catalog, CatalogError, build_catalog, default_catalog_dir
+
+    if args.if_missing:
+        try:
+            cat = Catalog(args.out)
+            if not args.quiet:
+                print(f"catalog {cat.path} is current ({len(cat)} regions); nothing to do")
+            return 0
+        except CatalogError:
+            pass
+    manifest = build_catalog(args.source, args.out, progress=not args.quiet)
+    if not args.quiet:
+        out = args.out or default_catalog_dir()
+        groups = ", ".join(f"{n} {g}" for g, n in manifest["groups"].items())
+        print(f"built {manifest['regions']} regions ({groups}) into {out} "
+              f"in {manifest['build_seconds']:.1f} s")
+    return 0
+
+
+def _rows(cat, group=None, subset=False) -> list[dict]:
+    df = cat.regions_table
+    ids = cat.list_regions(group, subset)
+    n_val = int(cat.manifest["validation_size"])
+    return [
+        {
+            "region": rid, "group": df.at[rid, "group"], "points": int(df.at[rid, "points"]),
+            "t_start": float(df.at[rid, "t_start"]), "t_end": float(df.at[rid, "t_end"]),
+            "t_max": float(df.at[rid, "t_max"]), "s_max": float(df.at[rid, "s_max"]),
+            "score_kind": df.at[rid, "score_kind"], "subset": bool(df.at[rid, "paper_subset"]),
+            "validation_tourists": n_val,
+        }
+        for rid in ids
+    ]
+
+
+def format_table(rows: list[dict], columns: list[str]) -> str:
+    """A plain aligned text table."""
+    def fmt(v):
+        return f"{v:g}" if isinstance(v, float) else str(v)
+    cells = [[fmt(r[c]) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c)
+              for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def _list(args) -> int:
+    from optw.catalog.store import open_catalog
+
+    cat = open_catalog(args.catalog)
+    rows = _rows(cat, args.group, args.subset)
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+        return 0
+    print(format_table(rows, ["region", "group", "points", "t_start", "t_end", "t_max",
+                              "s_max", "score_kind", "subset", "validation_tourists"]))
+    counts = {}
+    for r in rows:
+        counts[r["group"]] = counts.get(r["group"], 0) + 1
+    print(f"\n{len(rows)} regions: " + ", ".join(f"{n} {g}" for g, n in counts.items()))
+    return 0
+
+
+def _show(args) -> int:
+    import numpy as np
+
+    from optw.catalog.store import open_catalog
+
+    cat = open_catalog(args.catalog)
+    region = cat.region(args.region)
+    row = next(r for r in _rows(cat) if r["region"] == args.region)
+    row.update(t_day=region.t_day, start=list(region.start_xy), decimals=region.decimals,
+               source_file=region.source_file, source_sha256=region.source_hash)
+    val = cat.validation(args.region)
+    summary = {
+        "validation_tourists": len(val),
+        "t_start": [float(val.t_start.min()), float(np.median(val.t_start)),
+                    float(val.t_start.max())],
+        "t_end": [float(val.t_end.min()), float(np.median(val.t_end)), float(val.t_end.max())],
+        "mean_score": float(val.scores[:, 1:-1].mean()),
+    }
+    if args.json:
+        print(json.dumps({**row, "validation": summary}))
+        return 0
+    for k, v in row.items():
+        print(f"{k:>20}: {v}")
+    print(f"{'benchmark tourist':>20}: start {region.start_xy}, T {region.t_start:g}-"
+          f"{region.t_end:g}, total score {region.score.sum():g}")
+    print(f"{'validation tourists':>20}: {len(val)}; T_start min/median/max "
+          f"{summary['t_start']}; T_end {summary['t_end']}; mean point score "
+          f"{summary['mean_score']:.2f}")
+    return 0

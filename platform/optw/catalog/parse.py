@@ -1,0 +1,224 @@
+"""Parsers for the three benchmark formats (see each folder's FORMAT.txt).
+
+- Solomon and Cordeau (TOPTW): ``k v N t`` / ``D Q`` / N+1 rows ``i x y d S f a list[a] O C``;
+  node 0 is start and end and its closing time is T_end.
+- Gavalas (TTDP): ``k M SD N ...`` / start row ``0 x y d S O C`` / N rows
+  ``i x y d S t open0 close0 ... open6 close6 b``; M must be 1 and SD picks the day.
+
+Every problem raises :class:`SourceError` naming the file, the line and what is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from optw.catalog.region import Region
+
+#: Instance file names accepted per group folder.
+FILE_PATTERNS = {
+    "solomon": re.compile(r"^(c|r|rc)[12]\d\d\.txt$"),
+    "cordeau": re.compile(r"^pr\d\d\.txt$"),
+    "gavalas": re.compile(r"^t\d{3}\.txt$"),
+}
+DECIMALS = {"solomon": 1, "cordeau": 2, "gavalas": 2}
+
+
+class SourceError(ValueError):
+    """A malformed or inconsistent benchmark file."""
+
+    def __init__(self, path: Path | str, line: int | None, problem: str):
+        self.path, self.line, self.problem = str(path), line, problem
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: {problem}")
+
+
+class _Lines:
+    """Non-blank lines of a file with their 1-based line numbers."""
+
+    def __init__(self, path: Path, text: str):
+        self.path = path
+        self.rows = [(no, ln.split()) for no, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+
+    def error(self, line: int | None, problem: str) -> SourceError:
+        return SourceError(self.path, line, problem)
+
+    def numbers(self, idx: int, what: str) -> tuple[int, list[float]]:
+        if idx >= len(self.rows):
+            raise self.error(None, f"file ends early: {what} (data row {idx + 1}) is missing")
+        no, fields = self.rows[idx]
+        try:
+            values = [float(f) for f in fields]
+        except ValueError:
+            bad = next(f for f in fields if not _is_number(f))
+            raise self.error(no, f"non-numeric field {bad!r} in {what}") from None
+        if not all(math.isfinite(v) for v in values):
+            raise self.error(no, f"non-finite value in {what}")
+        return no, values
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _int_field(lines: _Lines, no: int, value: float, what: str) -> int:
+    if value != int(value) or value < 0:
+        raise lines.error(no, f"{what} must be a non-negative integer, got {value:g}")
+    return int(value)
+
+
+def _check_vertex(lines: _Lines, no: int, got: float, expected: int) -> None:
+    if got != expected:
+        raise lines.error(no, f"vertex number {got:g} where {expected} was expected")
+
+
+def _check_point(lines: _Lines, no: int, d: float, o: float, c: float) -> None:
+    if d < 0:
+        raise lines.error(no, f"negative visit duration {d:g}")
+    if o > c:
+        raise lines.error(no, f"opening time {o:g} is after closing time {c:g}")
+
+
+def _region(
+    group: str, path: Path, raw: bytes, start: list[float], points: np.ndarray
+) -> Region:
+    """Assemble a Region from the start row (x, y, T_start, T_end) and point rows
+    ``[n, 6]`` = (x, y, duration, score, opening, closing)."""
+    if points.shape[0] == 0:
+        raise SourceError(path, None, "the instance has no points of interest")
+    sx, sy, t_start, t_end = start
+
+    def col(j: int, first: float, last: float) -> np.ndarray:
+        return np.concatenate([[first], points[:, j], [last]])
+
+    return Region(
+        id=path.stem,
+        group=group,
+        x=col(0, sx, sx),
+        y=col(1, sy, sy),
+        duration=col(2, 0.0, 0.0),
+        score=col(3, 0.0, 0.0),
+        opening=col(4, t_start, t_start),
+        closing=col(5, t_end, t_end),
+        t_start=float(t_start),
+        t_end=float(t_end),
+        decimals=DECIMALS[group],
+        source_file=f"{group}/{path.name}",
+        source_hash=hashlib.sha256(raw).hexdigest(),
+    )
+
+
+def parse_toptw(path: Path, group: str, raw: bytes) -> Region:
+    """Solomon / Cordeau format."""
+    lines = _Lines(path, raw.decode("utf-8", errors="replace"))
+    no, header = lines.numbers(0, "header 'k v N t'")
+    if len(header) < 3:
+        raise lines.error(no, f"header needs at least 3 fields 'k v N ...', got {len(header)}")
+    n = _int_field(lines, no, header[2], "vertex count N")
+    lines.numbers(1, "line 'D Q'")
+    expected_rows = n + 1
+    got_rows = len(lines.rows) - 2
+    if got_rows != expected_rows:
+        raise lines.error(
+            lines.rows[-1][0],
+            f"header says N={n} vertices (+ node 0), but the file has {got_rows} vertex rows",
+        )
+    rows = []
+    for i in range(expected_rows):
+        no, v = lines.numbers(2 + i, f"vertex {i}")
+        if len(v) < 9:
+            raise lines.error(no, f"vertex row has {len(v)} fields, at least 9 expected")
+        a = _int_field(lines, no, v[6], "list length a")
+        if len(v) != 9 + a:
+            raise lines.error(
+                no, f"vertex row has {len(v)} fields, expected 9 + a = {9 + a} (a={a})"
+            )
+        _check_vertex(lines, no, v[0], i)
+        x, y, d, s, o, c = v[1], v[2], v[3], v[4], v[-2], v[-1]
+        _check_point(lines, no, d, o, c)
+        rows.append((no, x, y, d, s, o, c))
+    _, sx, sy, _, _, t_start, t_end = rows[0]
+    points = np.array([r[1:] for r in rows[1:]], dtype=np.float64).reshape(-1, 6)
+    return _region(group, path, raw, [sx, sy, t_start, t_end], points)
+
+
+def parse_ttdp(path: Path, group: str, raw: bytes) -> Region:
+    """Gavalas single-day TTDP format."""
+    lines = _Lines(path, raw.decode("utf-8", errors="replace"))
+    no, header = lines.numbers(0, "header 'k M SD N ...'")
+    if len(header) < 4:
+        raise lines.error(no, f"header needs at least 4 fields 'k M SD N', got {len(header)}")
+    tours = _int_field(lines, no, header[1], "number of tours M")
+    if tours != 1:
+        raise lines.error(no, f"multi-day instance (M={tours} tours); only M=1 is supported")
+    day = _int_field(lines, no, header[2], "start day SD")
+    if day > 6:
+        raise lines.error(no, f"start day SD={day} is outside 0..6")
+    n = _int_field(lines, no, header[3], "vertex count N")
+    no, start = lines.numbers(1, "start row 'i x y d S O C'")
+    if len(start) != 7:
+        raise lines.error(no, f"start row has {len(start)} fields, expected 7")
+    _check_vertex(lines, no, start[0], 0)
+    _check_point(lines, no, start[3], start[5], start[6])
+    got_rows = len(lines.rows) - 2
+    if got_rows != n:
+        raise lines.error(
+            lines.rows[-1][0], f"header says N={n} points, but the file has {got_rows} point rows"
+        )
+    points = np.empty((n, 6), dtype=np.float64)
+    for i in range(n):
+        no, v = lines.numbers(2 + i, f"point {i + 1}")
+        if len(v) != 21:
+            raise lines.error(no, f"point row has {len(v)} fields, expected 21")
+        _check_vertex(lines, no, v[0], i + 1)
+        o, c = v[6 + 2 * day], v[7 + 2 * day]
+        _check_point(lines, no, v[3], o, c)
+        points[i] = (v[1], v[2], v[3], v[4], o, c)
+    return _region(group, path, raw, [start[1], start[2], start[5], start[6]], points)
+
+
+def parse_file(path: Path | str, group: str) -> Region:
+    """Parse one instance file of ``group``; the region id is the file stem."""
+    path = Path(path)
+    if group not in FILE_PATTERNS:
+        raise SourceError(path, None, f"unknown group {group!r}; expected {list(FILE_PATTERNS)}")
+    if not FILE_PATTERNS[group].match(path.name):
+        raise SourceError(
+            path, None, f"unknown file name {path.name!r} for group {group} "
+            f"(expected names like {FILE_PATTERNS[group].pattern})"
+        )
+    raw = path.read_bytes()
+    parser = parse_ttdp if group == "gavalas" else parse_toptw
+    return parser(path, group, raw)
+
+
+def discover(source: Path | str) -> list[tuple[str, Path]]:
+    """All (group, file) pairs under ``source/{solomon,cordeau,gavalas}/``, sorted.
+
+    Every ``*.txt`` other than FORMAT.txt must be a known instance name of its group.
+    """
+    source = Path(source)
+    if not source.is_dir():
+        raise SourceError(source, None, "benchmark folder not found (set OPTW_BENCHMARKS)")
+    found = []
+    for group, pattern in FILE_PATTERNS.items():
+        folder = source / group
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.iterdir()):
+            if path.name == "FORMAT.txt" or path.name.startswith("."):
+                continue
+            if not pattern.match(path.name):
+                raise SourceError(path, None, f"unknown file name {path.name!r} in {group}/")
+            found.append((group, path))
+    if not found:
+        raise SourceError(source, None, "no instance files under solomon/, cordeau/, gavalas/")
+    return found
