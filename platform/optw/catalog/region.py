@@ -116,7 +116,7 @@ class Region:
         return DEFAULT_SCORE_KIND[self.group]
 
     def coordinates(self, start_xy: np.ndarray | None = None) -> np.ndarray:
-        """Node coordinates ``[n, 2]``, or ``[K, n, 2]`` with start/end moved to ``start_xy[K, 2]``."""
+        """Node coordinates ``[n, 2]``, or ``[K, n, 2]`` with start/end at ``start_xy[K, 2]``."""
         xy = np.stack([self.x, self.y], axis=-1).astype(np.float64)
         if start_xy is None:
             return xy

@@ -91,7 +91,8 @@ def check_route(
         s = max(a, opening[v])
         if v != n - 1 and s > closing[v]:
             problems.append(
-                f"visit {pos} (node {v}) starts at {s / 100:g} after its closing {closing[v] / 100:g}"
+                f"visit {pos} (node {v}) starts at {s / 100:g}, after its closing "
+                f"{closing[v] / 100:g}"
             )
         t = s + duration[v] if v != n - 1 else a
         arrival.append(a), start.append(s if v != n - 1 else a), leave.append(t)
