@@ -6,6 +6,8 @@ that wants the run to end sets ``ctx.stop = True``.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,9 @@ class TrainContext:
     last_validation: dict[str, float] = field(default_factory=dict)
     last_checkpoint: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Returns the full training state (model, optimiser, schedule position, RNG states) as a
+    #: checkpoint dict; set by the loop.
+    snapshot: Callable[[], dict] | None = None
 
 
 class Callback:
@@ -41,3 +46,109 @@ class Callback:
     def on_checkpoint(self, ctx: TrainContext, path: Path) -> None: ...
 
     def on_train_end(self, ctx: TrainContext) -> None: ...
+
+
+class ProgressBar(Callback):
+    """A tqdm bar: epochs/s, mean reward, last validation score."""
+
+    def __init__(self, desc: str | None = None, every: int = 1):
+        self.desc, self.every, self.bar = desc, max(1, every), None
+
+    def on_train_start(self, ctx: TrainContext) -> None:
+        from tqdm import tqdm
+
+        desc = self.desc or ",".join(ctx.region_ids[:3]) + ("…" if len(ctx.region_ids) > 3 else "")
+        self.bar = tqdm(total=ctx.total_epochs, initial=ctx.epoch, desc=desc, unit="epoch",
+                        dynamic_ncols=True)
+
+    def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
+        if self.bar is None:
+            return
+        if ctx.epoch % self.every == 0 or ctx.epoch == ctx.total_epochs:
+            self.bar.n = ctx.epoch
+            post = {"reward": f"{metrics['mean_reward']:.1f}"}
+            if ctx.last_validation:
+                post["val"] = f"{ctx.last_validation['val_score']:.1f}"
+            self.bar.set_postfix(post, refresh=False)
+            self.bar.refresh()
+
+    def on_train_end(self, ctx: TrainContext) -> None:
+        if self.bar is not None:
+            self.bar.n = ctx.epoch
+            self.bar.close()
+
+
+class EarlyStopping(Callback):
+    """Stop when the validation score has not improved for ``patience`` validations."""
+
+    def __init__(self, patience: int, min_delta: float = 0.0):
+        self.patience, self.min_delta = patience, min_delta
+        self.best: float | None = None
+        self.bad = 0
+
+    def on_validation(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
+        score = metrics["val_score"]
+        if self.best is None or score > self.best + self.min_delta:
+            self.best, self.bad = score, 0
+        else:
+            self.bad += 1
+            if self.bad >= self.patience:
+                ctx.stop = True
+
+
+class MetricsHistory(Callback):
+    """Keeps every epoch's and validation's metrics in memory (tests, reports)."""
+
+    def __init__(self):
+        self.epochs: list[dict[str, float]] = []
+        self.validations: list[dict[str, float]] = []
+
+    def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
+        self.epochs.append({"epoch": ctx.epoch, **metrics})
+
+    def on_validation(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
+        self.validations.append({"epoch": ctx.epoch, **metrics})
+
+
+def save_atomic(obj: dict, path: Path) -> Path:
+    """torch.save to a temporary file beside ``path``, then rename: never a half-written file."""
+    import torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+class Checkpointer(Callback):
+    """Writes ``last.pt`` every ``every`` epochs and at the end, and ``best.pt`` on a new best
+    validation score. ``last.pt`` resumes the run exactly (see :func:`optw.train.train`)."""
+
+    def __init__(self, folder: str | Path, every: int = 0, keep_best: bool = True):
+        self.folder, self.every, self.keep_best = Path(folder), every, keep_best
+
+    @property
+    def last(self) -> Path:
+        return self.folder / "last.pt"
+
+    @property
+    def best(self) -> Path:
+        return self.folder / "best.pt"
+
+    def _save(self, ctx: TrainContext, path: Path) -> None:
+        assert ctx.snapshot is not None, "the training loop sets ctx.snapshot"
+        save_atomic(ctx.snapshot(), path)
+        ctx.last_checkpoint = path
+
+    def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
+        if self.every and ctx.epoch % self.every == 0:
+            self._save(ctx, self.last)
+
+    def on_validation(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
+        if self.keep_best and ctx.best_validation == metrics["val_score"]:
+            save_atomic(ctx.snapshot(), self.best)
+
+    def on_train_end(self, ctx: TrainContext) -> None:
+        self._save(ctx, self.last)

@@ -1,0 +1,140 @@
+"""Training parameters: one dataclass, loadable from TOML/YAML, logged with every model."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration with unknown keys or bad values."""
+
+
+@dataclass
+class TrainConfig:
+    """REINFORCE training of one region (or of a global model over several regions).
+
+    Defaults are the paper's and the published training args (B = 32, β = 0.01, gradient-norm
+    clip 1, Adam lr 1e-4 × 0.96 every 5,000 epochs down to 1e-5; fine-tuning fixed 1e-5).
+    """
+
+    regions: list[str] = field(default_factory=list)
+    epochs: int = 500_000
+    batch_size: int = 32  # B sampled routes per tourist
+    tourists_per_epoch: int = 1  # K tourists × B routes per step (per-tourist mean baseline)
+    lr: float = 1e-4
+    lr_decay: float = 0.96
+    lr_decay_every: int = 5_000
+    lr_min: float = 1e-5
+    finetune: bool = False  # fixed lr = finetune_lr, no decay
+    finetune_lr: float = 1e-5
+    beta: float = 0.01  # entropy bonus
+    max_grad_norm: float = 1.0
+    seed: int = 2925
+    score_kind: str | None = None  # None: the group's default (uniform / correlated)
+    val_every: int = 1_000  # epochs between greedy validations (0: only at the end)
+    val_tourists: int = 64  # how many of the region's validation tourists to use
+    checkpoint_every: int = 10_000  # epochs between checkpoints (0: only at the end)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int | None = None  # torch intra-op threads (None: torch's default)
+    model: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def need(cond: bool, name: str, what: str) -> None:
+            if not cond:
+                raise ConfigError(f"{name} = {getattr(self, name)!r}: {what}")
+
+        if isinstance(self.regions, str):
+            self.regions = [self.regions]
+        need(isinstance(self.regions, list), "regions", "must be a list of region ids")
+        for name in ("epochs", "batch_size", "tourists_per_epoch", "lr_decay_every"):
+            need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name,
+                 "must be an integer >= 1")
+        for name in ("val_every", "checkpoint_every", "val_tourists"):
+            need(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name,
+                 "must be an integer >= 0")
+        for name in ("lr", "lr_min", "finetune_lr", "max_grad_norm"):
+            need(isinstance(getattr(self, name), (int, float)) and getattr(self, name) > 0,
+                 name, "must be a number > 0")
+        need(0 < self.lr_decay <= 1, "lr_decay", "must be in (0, 1]")
+        need(self.beta >= 0, "beta", "must be >= 0")
+        need(self.score_kind in (None, "uniform", "correlated"), "score_kind",
+             "must be uniform, correlated or unset")
+        need(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"), "device",
+             "must be auto, cpu, cuda or cuda:N")
+        need(self.threads is None or (isinstance(self.threads, int) and self.threads >= 1),
+             "threads", "must be an integer >= 1 or unset")
+        need(isinstance(self.model, dict), "model", "must be a table of model settings")
+
+    # -- construction
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown key(s) {unknown}; known keys: {sorted(known)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides: Any) -> TrainConfig:
+        """Load a ``.toml``, ``.yaml``/``.yml`` or ``.json`` file (a ``[train]`` table, or top
+        level); keyword overrides win."""
+        data = load_mapping(path)
+        data = data.get("train", data)
+        return cls.from_dict({**data, **overrides}, source=str(path))
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def config_hash(self, exclude: tuple[str, ...] = ("device", "threads")) -> str:
+        """Stable short hash of the settings that change the result."""
+        d = {k: v for k, v in self.to_dict().items() if k not in exclude}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def learning_rate(self, epoch: int) -> float:
+        """The schedule: fixed for fine-tuning, else lr·decay^(epoch // every), floored."""
+        if self.finetune:
+            return self.finetune_lr
+        return max(self.lr_min, self.lr * self.lr_decay ** (epoch // self.lr_decay_every))
+
+
+def load_mapping(path: str | Path) -> dict[str, Any]:
+    """Read a TOML, YAML or JSON file into a dict, with errors that name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigError(f"{path}: unsupported config format (use .toml, .yaml or .json)")
+    except (tomllib.TOMLDecodeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{path}: cannot parse: {exc}") from None
+    except Exception as exc:  # yaml.YAMLError
+        raise ConfigError(f"{path}: cannot parse: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a table/mapping at the top level")
+    return data
