@@ -1,0 +1,83 @@
+"""``optw baseline ils``: compute and store the ILS baseline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _names(values: list[str] | None) -> list[str] | None:
+    """Accept ``--regions a b``, ``--regions a,b`` and repeated flags."""
+    if not values:
+        return None
+    return [v for item in values for v in item.split(",") if v]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("baseline", help="compute and store baseline results (ILS)")
+    bsub = p.add_subparsers(dest="baseline_command", required=True, metavar="BASELINE")
+    ils = bsub.add_parser(
+        "ils", help="Iterated Local Search (Vansteenwegen et al., 2009)",
+        description="Solve the catalog's tourists with ILS and store the results in "
+        "<catalog>/baselines/ils.parquet; pairs already stored are not recomputed.",
+    )
+    ils.add_argument("--regions", nargs="+", action="extend", default=None, metavar="ID",
+                     help="region ids (default: all)")
+    ils.add_argument("--groups", nargs="+", action="extend", default=None, metavar="GROUP",
+                     help="solomon, cordeau and/or gavalas (default: all)")
+    ils.add_argument("--tourists", choices=("benchmark", "validation", "all"), default="all")
+    ils.add_argument("--json", action="store_true",
+                     help="print one JSON object per tourist (stored ones too)")
+    ils.add_argument("--catalog", type=Path, default=None,
+                     help="catalog folder (default: $OPTW_CATALOG or region_catalog/)")
+    ils.add_argument("--workers", type=int, default=None,
+                     help="parallel Ray workers (default: CPU count; 1 runs in-process)")
+    ils.add_argument("--force", action="store_true", help="recompute stored pairs too")
+    ils.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    ils.set_defaults(func=_ils)
+
+
+def _record(row: dict, cached: bool) -> dict:
+    return {
+        "region": row["region"], "tourist": int(row["tourist"]), "kind": row["kind"],
+        "score": float(row["score"]), "route": [int(v) for v in row["route"]],
+        "seconds": float(row["seconds"]), "iterations": int(row["iterations"]),
+        "cached": cached,
+    }
+
+
+def _ils(args) -> int:
+    from optw.baselines.store import run_ils_baseline
+
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    emit = None
+    if args.json:
+        def emit(row: dict) -> None:
+            print(json.dumps(_record(row, cached=False)), flush=True)
+    run = run_ils_baseline(
+        args.catalog, regions=_names(args.regions), groups=_names(args.groups),
+        tourists=args.tourists, workers=args.workers, progress=not args.quiet,
+        force=args.force, on_result=emit,
+    )
+    df = run.results
+    if args.json:
+        for row in df.to_dict("records"):
+            if (row["region"], row["tourist"]) not in run.new_keys:
+                print(json.dumps(_record(row, cached=True)))
+        return 0
+    if args.quiet:
+        return 0
+    from optw.catalog.store import open_catalog
+
+    groups = open_catalog(args.catalog).regions_table["group"]
+    df = df.assign(group=df["region"].map(groups), ms=df["seconds"] * 1000)
+    summary = df.groupby(["group", "kind"]).agg(
+        regions=("region", "nunique"), tourists=("tourist", "size"),
+        mean_score=("score", "mean"), median_ms=("ms", "median"),
+    )
+    print(summary.round(2).to_string())
+    print(f"\n{run.computed} computed, {run.cached} already stored; {run.seconds:.1f} s; "
+          f"store {run.path}")
+    return 0

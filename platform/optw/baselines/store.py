@@ -1,0 +1,290 @@
+"""Stored ILS results: one Parquet file beside the catalog, filled incrementally and in parallel.
+
+Layout: ``<catalog>/baselines/ils.parquet`` (git-ignored), one row per (region, tourist):
+``region, tourist, kind, score, route (list<int32>), seconds, iterations, ils_version``. The file
+metadata records the hash of the catalog's ``tourists.parquet``; rows from another ILS version or
+another catalog build are stale and are recomputed.
+
+Every write merges with the file as it is on disk, writes a temporary file beside it and
+``os.replace``-s it in, so a reader never sees a partial store. Work runs as one Ray task per
+(region, kind) batch on a local cluster (``workers`` CPUs), or in-process with ``workers=1``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from optw.baselines.ils import ILS_VERSION, MAX_ITER_NO_IMPROVE
+
+ILS_FILE = "ils.parquet"
+TOURIST_KINDS = ("benchmark", "validation")
+COLUMNS = ("region", "tourist", "kind", "score", "route", "seconds", "iterations", "ils_version")
+_META_KEY = b"optw.catalog_tourists_sha256"
+SCHEMA = pa.schema([
+    ("region", pa.string()), ("tourist", pa.int64()), ("kind", pa.string()),
+    ("score", pa.float64()), ("route", pa.list_(pa.int32())), ("seconds", pa.float64()),
+    ("iterations", pa.int64()), ("ils_version", pa.int64()),
+])
+
+
+def ils_store_path(catalog_dir: Path | str | None = None) -> Path:
+    """``<catalog>/baselines/ils.parquet`` (default catalog: ``$OPTW_CATALOG`` or
+    ``region_catalog/``)."""
+    from optw.catalog.store import default_catalog_dir
+
+    return Path(catalog_dir or default_catalog_dir()) / "baselines" / ILS_FILE
+
+
+def _catalog_hash(catalog_dir: Path | str | None) -> str:
+    from optw.catalog.store import open_catalog
+
+    return str(open_catalog(catalog_dir).manifest["files"]["tourists.parquet"])
+
+
+def _empty() -> pd.DataFrame:
+    return SCHEMA.empty_table().to_pandas()
+
+
+def _read(path: Path) -> tuple[pd.DataFrame, str | None]:
+    if not path.exists():
+        return _empty(), None
+    table = pq.read_table(path)
+    meta = table.schema.metadata or {}
+    sha = meta.get(_META_KEY)
+    return table.to_pandas(), sha.decode() if sha else None
+
+
+def load_ils_results(
+    catalog_dir: Path | str | None = None, current_only: bool = True
+) -> pd.DataFrame:
+    """Stored ILS results as a DataFrame (columns :data:`COLUMNS`; empty if none stored).
+
+    With ``current_only`` (default) rows computed by another ILS version or for another build
+    of the catalog's tourists are left out.
+    """
+    df, sha = _read(ils_store_path(catalog_dir))
+    if current_only and len(df):
+        if sha != _catalog_hash(catalog_dir):
+            return _empty()
+        df = df[df["ils_version"] == ILS_VERSION]
+    return df.sort_values(["region", "tourist"]).reset_index(drop=True)
+
+
+def write_ils_results(
+    catalog_dir: Path | str | None, rows: pd.DataFrame, replace_stale: bool = True
+) -> Path:
+    """Merge ``rows`` into the store (new rows win per (region, tourist)); atomic replace."""
+    path = ils_store_path(catalog_dir)
+    sha = _catalog_hash(catalog_dir)
+    old, old_sha = _read(path)
+    if replace_stale and old_sha != sha:
+        old = _empty()
+    df = pd.concat([old, rows[list(COLUMNS)]], ignore_index=True) if len(old) else rows
+    df = df.drop_duplicates(["region", "tourist"], keep="last")
+    df = df.sort_values(["region", "tourist"]).reset_index(drop=True)
+    df["route"] = [np.asarray(r, dtype=np.int32) for r in df["route"]]
+    table = pa.Table.from_pandas(df[list(COLUMNS)], schema=SCHEMA, preserve_index=False)
+    table = table.replace_schema_metadata({_META_KEY: sha.encode()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+# ----------------------------------------------------------------------------- work
+
+
+_CATALOGS: dict[str, object] = {}
+
+
+def solve_region_batch(catalog_dir: str, region_id: str, kind: str, tourist_ids: list[int],
+                       max_iter_no_improve: int = MAX_ITER_NO_IMPROVE) -> list[dict]:
+    """Solve the listed tourists of one region (a Ray task; the catalog is cached per process).
+
+    Every route is checked with :func:`optw.env.validate.check_route`.
+    """
+    from optw.baselines.ils import solve_ils
+    from optw.catalog.store import open_catalog
+    from optw.env.validate import check_route
+
+    cat = _CATALOGS.get(catalog_dir)
+    if cat is None:
+        cat = _CATALOGS[catalog_dir] = open_catalog(catalog_dir)
+    region = cat.region(region_id)
+    batch = cat.tourists(region_id, kind)
+    pos = {int(t): i for i, t in enumerate(batch.tourist_id)}
+    out = []
+    for tid in tourist_ids:
+        i = pos[int(tid)]
+        res = solve_ils(region, batch, i, max_iter_no_improve)
+        chk = check_route(region, res.route, batch, i, claimed_score=res.score)
+        if not chk.ok:
+            raise RuntimeError(f"ILS produced an invalid route for {region_id} tourist {tid}: "
+                               + "; ".join(chk.problems))
+        out.append({"region": region_id, "tourist": int(tid), "kind": kind,
+                    "score": res.score, "route": res.route, "seconds": res.seconds,
+                    "iterations": res.iterations, "ils_version": ILS_VERSION})
+    return out
+
+
+@dataclass
+class IlsRun:
+    """What :func:`run_ils_baseline` did: the selected rows, how many were computed, timing."""
+
+    results: pd.DataFrame
+    computed: int
+    cached: int
+    seconds: float
+    path: Path
+    new_keys: set = field(default_factory=set)
+
+
+def _selection(cat, regions, groups, kinds) -> list[tuple[str, str, list[int]]]:
+    ids = cat.list_regions(groups) if groups else cat.list_regions()
+    if regions:
+        for r in regions:
+            cat.region(r)  # KeyError naming the region, with a suggestion
+        wanted = set(regions)
+        ids = [r for r in ids if r in wanted]
+    return [(rid, kind, [int(t) for t in cat.tourists(rid, kind).tourist_id])
+            for rid in ids for kind in kinds]
+
+
+def run_ils_baseline(
+    catalog_dir: Path | str | None = None,
+    regions: Iterable[str] | None = None,
+    groups: Iterable[str] | None = None,
+    tourists: str = "all",
+    workers: int | None = None,
+    progress: bool = True,
+    force: bool = False,
+    on_result: Callable[[dict], None] | None = None,
+    flush_seconds: float = 30.0,
+) -> IlsRun:
+    """Compute the ILS results missing from the store for the selection, in parallel.
+
+    ``tourists`` is ``benchmark``, ``validation`` or ``all``; ``force`` recomputes stored pairs.
+    ``on_result`` is called with each new row as it arrives. Progress is flushed to the store
+    every ``flush_seconds`` and at the end (also when interrupted).
+    """
+    from optw.catalog.store import default_catalog_dir, open_catalog
+
+    t0 = time.perf_counter()
+    catalog_dir = Path(catalog_dir or default_catalog_dir()).resolve()
+    cat = open_catalog(catalog_dir)
+    if tourists not in (*TOURIST_KINDS, "all"):
+        raise ValueError(f"unknown tourist kind {tourists!r}; expected benchmark, validation "
+                         "or all")
+    kinds = TOURIST_KINDS if tourists == "all" else (tourists,)
+    groups = list(groups) if groups else None
+    selection = _selection(cat, list(regions) if regions else None, groups, kinds)
+    if not selection:
+        raise ValueError(f"no region matches --regions {list(regions or [])} within "
+                         f"--groups {groups}")
+    stored = pd.DataFrame() if force else load_ils_results(catalog_dir)
+    done = set(zip(stored["region"], stored["tourist"], strict=True)) if len(stored) else set()
+    jobs = []
+    for rid, kind, tids in selection:
+        todo = [t for t in tids if (rid, t) not in done]
+        if todo:
+            jobs.append((cat.regions_table.at[rid, "nodes"] * len(todo), rid, kind, todo))
+    jobs.sort(key=lambda j: -j[0])  # longest first balances the workers
+    n_todo = sum(len(j[3]) for j in jobs)
+    workers = max(1, int(workers or os.cpu_count() or 1))
+
+    new_rows: list[dict] = []
+    pending_flush: list[dict] = []
+    last_flush = time.perf_counter()
+
+    def flush() -> None:
+        nonlocal pending_flush, last_flush
+        if pending_flush:
+            write_ils_results(catalog_dir, pd.DataFrame(pending_flush))
+            pending_flush = []
+        last_flush = time.perf_counter()
+
+    def accept(rows: list[dict]) -> None:
+        new_rows.extend(rows)
+        pending_flush.extend(rows)
+        if on_result is not None:
+            for row in rows:
+                on_result(row)
+        if time.perf_counter() - last_flush >= flush_seconds:
+            flush()
+
+    bar = None
+    if progress and n_todo:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n_todo, desc="ILS", unit="tourist", smoothing=0.05)
+    try:
+        if jobs:
+            from optw.baselines.ils import warm_up
+
+            warm_up()  # compile once here, so workers load the numba cache
+            if workers == 1:
+                for _, rid, kind, todo in jobs:
+                    rows = solve_region_batch(str(catalog_dir), rid, kind, todo)
+                    accept(rows)
+                    if bar is not None:
+                        bar.update(len(rows))
+            else:
+                _run_ray(jobs, str(catalog_dir), workers, accept, bar)
+    finally:
+        flush()
+        if bar is not None:
+            bar.close()
+
+    keys = {(rid, t) for rid, _, tids in selection for t in tids}
+    final = load_ils_results(catalog_dir)
+    mask = [(r, t) in keys for r, t in zip(final["region"], final["tourist"], strict=True)]
+    return IlsRun(
+        results=final[mask].reset_index(drop=True), computed=len(new_rows),
+        cached=len(keys) - len(new_rows), seconds=time.perf_counter() - t0,
+        path=ils_store_path(catalog_dir),
+        new_keys={(r["region"], r["tourist"]) for r in new_rows},
+    )
+
+
+def _run_ray(jobs, catalog_dir: str, workers: int, accept, bar) -> None:
+    """One Ray task per job on a local cluster of ``workers`` CPUs."""
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        ray.init(
+            address="local", num_cpus=workers, include_dashboard=False,
+            object_store_memory=200 * 1024**2, log_to_driver=True,
+            configure_logging=True, logging_level="ERROR",
+        )
+        started = True
+    try:
+        task = ray.remote(num_cpus=1, max_retries=0)(solve_region_batch)
+        pending = {task.remote(catalog_dir, rid, kind, todo): len(todo)
+                   for _, rid, kind, todo in jobs}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                pending.pop(ref)
+                rows = ray.get(ref)
+                accept(rows)
+                if bar is not None:
+                    bar.update(len(rows))
+    finally:
+        if started:
+            ray.shutdown()

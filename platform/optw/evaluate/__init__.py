@@ -1,0 +1,40 @@
+"""Evaluation statistics of the paper: gaps, bootstrap CIs, Wilcoxon tests, result tables.
+
+Typical use::
+
+    from optw.evaluate import evaluate, load_results, load_best_known, write_tables
+    from optw.baselines import load_ils_results
+    res = load_results("results.csv", cat)            # checked against the catalog
+    tables = evaluate(res, load_ils_results(cat.path), load_best_known())
+    write_tables(tables, "outputs/evaluate/run1")     # CSV + Markdown, atomically
+
+Names are imported lazily, so the CLI (``optw.evaluate.cli``) loads without pandas/scipy.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "optw.evaluate.results": (
+        "REQUIRED", "ResultsError", "load_results", "read_table", "validate_results",
+    ),
+    "optw.evaluate.stats": ("bootstrap_ci", "gap", "wilcoxon_greater"),
+    "optw.evaluate.tables": (
+        "default_reference_path", "evaluate", "load_best_known", "pair_with_baseline",
+        "paper_regions", "paper_summary", "pvalue_table", "region_table", "render_markdown",
+        "summary_table", "to_markdown", "write_tables",
+    ),
+}
+_WHERE = {name: mod for mod, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'optw.evaluate' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,203 @@
+"""Reading and checking a results table: one row per (region, tourist, method).
+
+Required columns: ``region, tourist, method, score, seconds``. An optional ``route`` column
+(list of node ids, or a string like ``"0 5 12 101"`` / ``"[0, 5, 12, 101]"``) is checked with
+:func:`optw.env.validate.check_route` and must reproduce ``score``. Every problem is reported
+with the row it is on (``row N`` counts data rows from 1; in a CSV file that is line N+1).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REQUIRED = ("region", "tourist", "method", "score", "seconds")
+METHOD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+\-]*$")
+#: Names taken by baselines; a results table may not use them as method names.
+RESERVED_METHODS = ("ils",)
+MAX_REPORTED = 10
+
+
+class ResultsError(ValueError):
+    """A results table that cannot be evaluated (the message names the offending rows)."""
+
+
+def read_table(path: Path | str) -> pd.DataFrame:
+    """A CSV or Parquet file as a DataFrame (by extension; ``.pq``/``.parquet`` are Parquet)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"results file {path} does not exist")
+    try:
+        if path.suffix.lower() in (".parquet", ".pq"):
+            df = pd.read_parquet(path)
+        else:
+            df = pd.read_csv(path, skipinitialspace=True)
+    except pd.errors.EmptyDataError as exc:
+        raise ResultsError(f"results file {path} is empty") from exc
+    except Exception as exc:  # malformed CSV/Parquet: parser errors of several kinds
+        raise ResultsError(f"cannot read results file {path}: {exc}") from exc
+    df.attrs["source"] = str(path)
+    df.attrs["csv"] = path.suffix.lower() not in (".parquet", ".pq")
+    return df
+
+
+def _row(df: pd.DataFrame, i: int) -> str:
+    return f"row {i + 1} (line {i + 2})" if df.attrs.get("csv") else f"row {i + 1}"
+
+
+def _show(value) -> str:
+    """repr of a cell without numpy's type wrapper (``1.5``, not ``np.float64(1.5)``)."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def _parse_route(value) -> list[int] | None:
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return None
+    if isinstance(value, str):
+        parts = [p for p in re.split(r"[\s,;\[\]]+", value) if p]
+        return [int(p) for p in parts]
+    return [int(v) for v in value]
+
+
+def validate_results(
+    df: pd.DataFrame,
+    catalog,
+    baseline: str = "ils",
+    methods: Iterable[str] | None = None,
+    check_routes: bool = True,
+) -> pd.DataFrame:
+    """Check a raw results table against the catalog; returns a clean copy with a ``kind``
+    column (``benchmark``/``validation`` from the catalog) and ``group``.
+
+    Raises :class:`ResultsError` naming the rows at fault (up to ten problems per message).
+    """
+    source = df.attrs.get("source", "results table")
+    attrs = dict(df.attrs)
+    df = df.reset_index(drop=True)
+    df.attrs.update(attrs)
+    if len(df.columns) == 0 or len(df) == 0:
+        raise ResultsError(f"{source} has no rows")
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise ResultsError(f"{source} lacks column(s) {missing}; expected {list(REQUIRED)} "
+                           f"(found {list(map(str, df.columns))})")
+    problems: list[str] = []
+
+    def bad(i: int, msg: str) -> None:
+        problems.append(f"{_row(df, i)}: {msg}")
+
+    known: dict[str, dict[int, str]] = {}
+    regions = set(catalog.list_regions())
+    region_ids = list(regions)
+    groups = catalog.regions_table["group"]
+    tourist = pd.to_numeric(df["tourist"], errors="coerce")
+    score = pd.to_numeric(df["score"], errors="coerce")
+    seconds = pd.to_numeric(df["seconds"], errors="coerce")
+    kinds: list[str | None] = []
+    for i in range(len(df)):
+        kind = None
+        region, method = df["region"].iat[i], df["method"].iat[i]
+        if not isinstance(method, str) or not METHOD_RE.match(method):
+            bad(i, f"method {_show(method)} is not a valid name (letters, digits, _ . + -)")
+        elif method in RESERVED_METHODS or method == baseline:
+            bad(i, f"method {method!r} is the name of a baseline; rename it")
+        t = tourist.iat[i]
+        if not isinstance(region, str) or region not in regions:
+            close = difflib.get_close_matches(str(region), region_ids, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            bad(i, f"region {_show(region)} is not in the catalog{hint}")
+        elif not np.isfinite(t) or t != int(t):
+            bad(i, f"tourist {_show(df['tourist'].iat[i])} is not an integer id")
+        else:
+            if region not in known:
+                known[region] = {
+                    int(tid): k for k in ("benchmark", "validation")
+                    for tid in catalog.tourists(region, k).tourist_id
+                }
+            kind = known[region].get(int(t))
+            if kind is None:
+                ids = sorted(known[region])
+                bad(i, f"tourist {int(t)} of region {region} is not in the catalog "
+                       f"(ids {ids[0]}..{ids[-1]})")
+        s, sec = score.iat[i], seconds.iat[i]
+        if not np.isfinite(s) or s < 0:
+            bad(i, f"score {_show(df['score'].iat[i])} is not a finite number >= 0")
+        if not np.isfinite(sec) or sec < 0:
+            bad(i, f"seconds {_show(df['seconds'].iat[i])} is not a finite number >= 0")
+        kinds.append(kind)
+        if len(problems) >= MAX_REPORTED:
+            break
+    if not problems:
+        key = pd.DataFrame({"region": df["region"], "tourist": tourist.astype("int64"),
+                            "method": df["method"]})
+        dup = key.duplicated(keep=False).to_numpy()
+        if dup.any():
+            first = {}
+            for i in np.flatnonzero(dup):
+                k = tuple(key.iloc[i])
+                if k in first:
+                    problems.append(f"{_row(df, i)}: duplicates {_row(df, first[k])} "
+                                    f"(region {k[0]}, tourist {k[1]}, method {k[2]})")
+                else:
+                    first[k] = i
+                if len(problems) >= MAX_REPORTED:
+                    break
+    if problems:
+        raise ResultsError(_message(source, problems))
+
+    out = pd.DataFrame({
+        "region": df["region"].astype(str), "tourist": tourist.astype("int64"),
+        "method": df["method"].astype(str), "score": score.astype("float64"),
+        "seconds": seconds.astype("float64"), "kind": kinds,
+    })
+    out["group"] = out["region"].map(groups)
+    if methods is not None:
+        methods = list(methods)
+        present = sorted(out["method"].unique())
+        unknown = [m for m in methods if m not in present]
+        if unknown:
+            raise ResultsError(f"method(s) {unknown} not in {source}; it has {present}")
+        out = out[out["method"].isin(methods)]
+    if check_routes and "route" in df.columns:
+        _check_routes(df, out, catalog, source)
+    return out.reset_index(drop=True)
+
+
+def _check_routes(df: pd.DataFrame, out: pd.DataFrame, catalog, source: str) -> None:
+    from optw.env.validate import check_route
+
+    problems: list[str] = []
+    for i in out.index:
+        try:
+            route = _parse_route(df["route"].iat[i])
+        except (TypeError, ValueError):
+            problems.append(f"{_row(df, i)}: route {df['route'].iat[i]!r} is not a list of ids")
+            continue
+        if route is None:
+            continue
+        region = catalog.region(out.at[i, "region"])
+        batch = catalog.tourists(region.id, out.at[i, "kind"])
+        idx = int(np.flatnonzero(batch.tourist_id == out.at[i, "tourist"])[0])
+        chk = check_route(region, route, batch, idx, claimed_score=out.at[i, "score"])
+        if not chk.ok:
+            problems.append(f"{_row(df, i)}: invalid route: " + "; ".join(chk.problems))
+        if len(problems) >= MAX_REPORTED:
+            break
+    if problems:
+        raise ResultsError(_message(source, problems))
+
+
+def _message(source: str, problems: list[str]) -> str:
+    more = " (first problems only)" if len(problems) >= MAX_REPORTED else ""
+    return f"{source} is invalid{more}:\n  " + "\n  ".join(problems)
+
+
+def load_results(path: Path | str, catalog, baseline: str = "ils",
+                 methods: Iterable[str] | None = None) -> pd.DataFrame:
+    """:func:`read_table` + :func:`validate_results`."""
+    return validate_results(read_table(path), catalog, baseline, methods)

@@ -1,0 +1,315 @@
+"""The paper's result tables from per-tourist results and the stored ILS baseline.
+
+Aggregation follows the paper ("Metrics and Statistical analysis"):
+
+- per region: mean score over its tourists (1 benchmark tourist; the 64 generated = the
+  catalog's validation tourists), for the method and for ILS on the same tourists; gap to ILS
+  of those means; for benchmark tourists also the gap to the best-known score;
+- per group and tourist kind: the mean over regions of each column, with a 95% bootstrap CI
+  over regions for the gaps and the time, and a one-sided Wilcoxon p-value (method > ILS)
+  over the per-region scores;
+- pairwise p-values between all methods (ILS included) over the regions they share.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from optw.evaluate.stats import N_RESAMPLES, SEED, bootstrap_ci, gap, wilcoxon_greater
+
+GROUP_ORDER = ("solomon", "cordeau", "gavalas")
+GROUP_LABEL = {"solomon": "Solomon", "cordeau": "Cordeau", "gavalas": "Gavalas"}
+#: Catalog tourist kind -> the paper's label (the paper's "generated" tourists are our
+#: fixed validation tourists).
+KIND_LABEL = {"validation": "generated", "benchmark": "benchmark"}
+KIND_ORDER = ("validation", "benchmark")
+REFERENCE_FILE = "paper_benchmark_scores.csv"
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+def default_reference_path() -> Path:
+    """``$OPTW_REFERENCE/paper_benchmark_scores.csv``, else ``../shared/reference/`` beside
+    the project."""
+    from optw.catalog.store import PROJECT_ROOT
+
+    env = os.environ.get("OPTW_REFERENCE")
+    folder = Path(env) if env else PROJECT_ROOT.parent / "shared" / "reference"
+    return folder / REFERENCE_FILE
+
+
+def load_best_known(path: Path | str | None = None) -> pd.Series:
+    """Best-known benchmark scores per region from a reference CSV (columns ``instance``,
+    ``best_known``)."""
+    path = Path(path) if path else default_reference_path()
+    if not path.exists():
+        raise FileNotFoundError(f"reference file {path} does not exist (set OPTW_REFERENCE "
+                                "to its folder or pass the path)")
+    df = pd.read_csv(path)
+    missing = [c for c in ("instance", "best_known") if c not in df.columns]
+    if missing:
+        raise ValueError(f"reference file {path} lacks column(s) {missing}")
+    return df.set_index("instance")["best_known"].astype("float64")
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def pair_with_baseline(results: pd.DataFrame, baseline: pd.DataFrame,
+                       name: str = "ils") -> pd.DataFrame:
+    """Attach the baseline's score and time to each result row; error on missing pairs."""
+    base = baseline[["region", "tourist", "score", "seconds"]].rename(
+        columns={"score": "base_score", "seconds": "base_seconds"})
+    merged = results.merge(base, on=["region", "tourist"], how="left", validate="m:1")
+    missing = merged[merged["base_score"].isna()]
+    if len(missing):
+        pairs = missing[["region", "tourist"]].drop_duplicates()
+        example = ", ".join(f"({r}, {t})" for r, t in pairs.head(5).itertuples(index=False))
+        regions = " ".join(sorted(pairs["region"].unique()))
+        raise ValueError(
+            f"no stored {name} result for {len(pairs)} (region, tourist) pair(s), e.g. "
+            f"{example}; compute them with `optw baseline {name} --regions {regions}`")
+    return merged
+
+
+def region_table(paired: pd.DataFrame, best_known: pd.Series | None = None) -> pd.DataFrame:
+    """One row per (method, kind, group, region): tourists, mean ILS and model scores, gaps
+    and mean time."""
+    keys = ["method", "kind", "group", "region"]
+    agg = paired.groupby(keys, sort=False).agg(
+        tourists=("tourist", "size"), ils=("base_score", "mean"), model=("score", "mean"),
+        seconds=("seconds", "mean"), ils_seconds=("base_seconds", "mean"),
+    ).reset_index()
+    agg["gap_ils"] = gap(agg["ils"], agg["model"])
+    agg["best_known"] = np.nan
+    if best_known is not None:
+        bench = agg["kind"] == "benchmark"
+        missing = sorted(set(agg.loc[bench, "region"]) - set(best_known.index))
+        if missing:
+            raise ValueError(f"no best-known score for region(s) {missing} in the reference")
+        agg.loc[bench, "best_known"] = agg.loc[bench, "region"].map(best_known)
+    agg["gap_bk"] = gap(agg["best_known"], agg["model"])
+    agg["ils_gap_bk"] = gap(agg["best_known"], agg["ils"])
+    return _ordered(agg)[["method", "kind", "group", "region", "tourists", "best_known",
+                          "ils", "model", "gap_ils", "gap_bk", "ils_gap_bk", "seconds",
+                          "ils_seconds"]]
+
+
+def _ordered(df: pd.DataFrame) -> pd.DataFrame:
+    methods = list(dict.fromkeys(df["method"]))
+    order = pd.DataFrame({
+        "_m": df["method"].map({m: i for i, m in enumerate(methods)}),
+        "_k": df["kind"].map({k: i for i, k in enumerate(KIND_ORDER)}),
+        "_g": df["group"].map({g: i for i, g in enumerate(GROUP_ORDER)}),
+    })
+    cols = ["_m", "_k", "_g"] + (["region"] if "region" in df.columns else [])
+    idx = pd.concat([order, df[cols[3:]]], axis=1).sort_values(cols, kind="stable").index
+    return df.loc[idx].reset_index(drop=True)
+
+
+def summary_table(regions: pd.DataFrame, n_resamples: int = N_RESAMPLES,
+                  seed: int = SEED) -> pd.DataFrame:
+    """One row per (method, kind, group): means over regions, 95% bootstrap CIs over regions
+    and the one-sided Wilcoxon p-value of "method scores higher than ILS"."""
+    rows = []
+    for (method, kind, group), g in regions.groupby(["method", "kind", "group"], sort=False):
+        row = {"method": method, "kind": kind, "group": group, "regions": len(g),
+               "tourists": int(g["tourists"].sum()),
+               "best_known": g["best_known"].mean() if kind == "benchmark" else np.nan,
+               "ils": g["ils"].mean(), "model": g["model"].mean()}
+        for col in ("gap_ils", "gap_bk", "seconds"):
+            vals = g[col].to_numpy(np.float64)
+            if np.isnan(vals).any():
+                row[col] = row[f"{col}_lo"] = row[f"{col}_hi"] = np.nan
+                continue
+            row[col] = float(vals.mean())
+            row[f"{col}_lo"], row[f"{col}_hi"] = bootstrap_ci(vals, n_resamples, seed=seed)
+        row["p_better_than_ils"] = wilcoxon_greater(g["model"], g["ils"])
+        rows.append(row)
+    cols = ["method", "kind", "group", "regions", "tourists", "best_known", "ils", "model",
+            "gap_ils", "gap_ils_lo", "gap_ils_hi", "gap_bk", "gap_bk_lo", "gap_bk_hi",
+            "seconds", "seconds_lo", "seconds_hi", "p_better_than_ils"]
+    return _ordered(pd.DataFrame(rows, columns=cols))
+
+
+def pvalue_table(regions: pd.DataFrame, baseline: str = "ils") -> pd.DataFrame:
+    """Pairwise one-sided Wilcoxon tests over shared regions, per tourist kind: for every
+    ordered pair (a, b) of methods (the baseline included), p for "b scores higher than a"."""
+    rows = []
+    for kind in KIND_ORDER:
+        sub = regions[regions["kind"] == kind]
+        if sub.empty:
+            continue
+        model = sub.pivot(index="region", columns="method", values="model")
+        ils = sub.pivot(index="region", columns="method", values="ils")  # paired per method
+        methods = [baseline, *dict.fromkeys(sub["method"])]
+
+        def scores(name: str, partner: str, model=model, ils=ils) -> pd.Series:
+            return ils[partner] if name == baseline else model[name]
+
+        for a in methods:
+            for b in methods:
+                if a == b:
+                    continue
+                xa, xb = scores(a, b), scores(b, a)
+                ok = xa.notna() & xb.notna()
+                if not ok.any():
+                    continue
+                rows.append({
+                    "kind": kind, "from": a, "to": b, "regions": int(ok.sum()),
+                    "mean_from": float(xa[ok].mean()), "mean_to": float(xb[ok].mean()),
+                    "mean_improvement": float((xb[ok] - xa[ok]).mean()),
+                    "p_to_better": wilcoxon_greater(xb[ok], xa[ok]),
+                })
+    return pd.DataFrame(rows, columns=["kind", "from", "to", "regions", "mean_from", "mean_to",
+                                       "mean_improvement", "p_to_better"])
+
+
+def evaluate(results: pd.DataFrame, baseline: pd.DataFrame, best_known: pd.Series | None,
+             baseline_name: str = "ils", n_resamples: int = N_RESAMPLES,
+             seed: int = SEED) -> dict[str, pd.DataFrame]:
+    """All tables for validated ``results`` (see :mod:`optw.evaluate.results`)."""
+    paired = pair_with_baseline(results, baseline, baseline_name)
+    regions = region_table(paired, best_known)
+    return {
+        "summary": summary_table(regions, n_resamples, seed),
+        "regions": regions,
+        "pvalues": pvalue_table(regions, baseline_name),
+    }
+
+
+# ----------------------------------------------------------------------------- formatting
+
+
+def _cell(v) -> str:
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return "-"
+    if isinstance(v, (float, np.floating)):
+        return f"{v:.4g}" if abs(v) < 1e-3 and v != 0 else f"{v:.2f}"
+    return str(v).replace("|", "\\|")
+
+
+def to_markdown(df: pd.DataFrame, formats: dict | None = None) -> str:
+    """A GitHub-flavoured Markdown table (no dependency on ``tabulate``)."""
+    formats = formats or {}
+    cols = [str(c) for c in df.columns]
+    lines = ["| " + " | ".join(c.replace("|", "\\|") for c in cols) + " |",
+             "|" + "|".join("---" for _ in cols) + "|"]
+    for row in df.itertuples(index=False):
+        cells = []
+        for c, v in zip(cols, row, strict=True):
+            fmt = formats.get(c)
+            missing = v is None or (isinstance(v, float) and np.isnan(v))
+            cells.append(_cell(v) if fmt is None or missing else fmt.format(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _pct(v: float) -> str:
+    return "-" if np.isnan(v) else f"{v:.2f}%"
+
+
+def _ci(lo: float, hi: float, fmt: str = "{:.2f}%") -> str:
+    return "-" if np.isnan(lo) else f"[{fmt.format(lo)}, {fmt.format(hi)}]"
+
+
+def paper_summary(summary: pd.DataFrame, method: str) -> pd.DataFrame:
+    """The paper's group table for one method (rows "Solomon [generated]", ...)."""
+    s = summary[summary["method"] == method]
+    out = pd.DataFrame({
+        "instance group": [f"{GROUP_LABEL.get(g, g)} [{KIND_LABEL[k]}]"
+                           for g, k in zip(s["group"], s["kind"], strict=True)],
+        "regions": s["regions"].to_numpy(),
+        "best-known (bk)": [_cell(v) for v in s["best_known"]],
+        "ILS": [_cell(v) for v in s["ils"]],
+        "model score": [_cell(v) for v in s["model"]],
+        "gap to ILS": [_pct(v) for v in s["gap_ils"]],
+        "gap to ILS [95%CI]": [_ci(a, b) for a, b in zip(s["gap_ils_lo"], s["gap_ils_hi"],
+                                                         strict=True)],
+        "gap to bk": [_pct(v) for v in s["gap_bk"]],
+        "gap to bk [95%CI]": [_ci(a, b) for a, b in zip(s["gap_bk_lo"], s["gap_bk_hi"],
+                                                        strict=True)],
+        "time [s]": [f"{v:.3f}" for v in s["seconds"]],
+        "time [95%CI]": [_ci(a, b, "{:.3f}") for a, b in zip(s["seconds_lo"], s["seconds_hi"],
+                                                            strict=True)],
+        "p (model > ILS)": [f"{v:.2g}" for v in s["p_better_than_ils"]],
+    })
+    return out
+
+
+def paper_regions(regions: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """Per-region detail for one tourist kind, wide over methods (like the supplement)."""
+    sub = regions[regions["kind"] == kind]
+    base_cols = ["group", "region", "best_known", "ils"] if kind == "benchmark" else \
+        ["group", "region", "tourists", "ils"]
+    first = sub.drop_duplicates("region").set_index("region")
+    out = first.reset_index()[base_cols].copy()
+    out["group"] = out["group"].map(lambda g: GROUP_LABEL.get(g, g))
+    for m in dict.fromkeys(sub["method"]):
+        sm = sub[sub["method"] == m].set_index("region")
+        out[m] = out["region"].map(sm["model"])
+        out[f"{m} gap to ILS"] = out["region"].map(sm["gap_ils"]).map(_pct_or_dash)
+        if kind == "benchmark":
+            out[f"{m} gap to bk"] = out["region"].map(sm["gap_bk"]).map(_pct_or_dash)
+    out = out.rename(columns={"best_known": "best-known (bk)", "ils": "ILS"})
+    return out
+
+
+def _pct_or_dash(v) -> str:
+    return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.2f}%"
+
+
+def render_markdown(tables: dict[str, pd.DataFrame]) -> dict[str, str]:
+    """Markdown documents: ``summary.md`` (one paper table per method), per-region tables
+    and the p-values."""
+    summary, regions = tables["summary"], tables["regions"]
+    parts = ["# Evaluation summary\n",
+             "Gaps: (baseline - model) / baseline x 100, negative = better than the baseline; "
+             "95% CIs: bootstrap over regions; p: one-sided Wilcoxon signed-rank test over "
+             "regions. Generated = the catalog's 64 validation tourists per region.\n"]
+    for m in dict.fromkeys(summary["method"]):
+        parts += [f"\n## {m}\n\n", to_markdown(paper_summary(summary, m))]
+    docs = {"summary.md": "".join(parts)}
+    for kind in KIND_ORDER:
+        if (regions["kind"] == kind).any():
+            docs[f"regions_{KIND_LABEL[kind]}.md"] = (
+                f"# Per-region results, {KIND_LABEL[kind]} tourists\n\n"
+                + to_markdown(paper_regions(regions, kind)))
+    docs["pvalues.md"] = ("# Pairwise one-sided Wilcoxon signed-rank tests (H1: `to` scores "
+                          "higher than `from`)\n\n" + to_markdown(
+                              tables["pvalues"].assign(kind=lambda d: d["kind"].map(KIND_LABEL)),
+                              {"p_to_better": "{:.3g}"}))
+    return docs
+
+
+def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path | str) -> list[Path]:
+    """Write every table as CSV and the Markdown documents into ``out_dir``.
+
+    Everything is written into a temporary folder beside ``out_dir`` first and moved in only
+    when all files exist, so a failure leaves ``out_dir`` as it was.
+    """
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        names = []
+        for name, df in tables.items():
+            df.to_csv(tmp / f"{name}.csv", index=False)
+            names.append(f"{name}.csv")
+        for name, text in render_markdown(tables).items():
+            (tmp / name).write_text(text)
+            names.append(name)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            os.replace(tmp / name, out_dir / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [out_dir / n for n in names]

@@ -1,0 +1,283 @@
+"""Evaluation statistics and tables: hand-computed cases, CLI, bad-input errors."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from optw.baselines.store import ILS_VERSION, write_ils_results
+from optw.catalog.store import CatalogError, open_catalog
+from optw.evaluate import (
+    ResultsError,
+    bootstrap_ci,
+    evaluate,
+    gap,
+    to_markdown,
+    validate_results,
+    wilcoxon_greater,
+    write_tables,
+)
+from optw.evaluate import tables as tables_mod
+
+# ----------------------------------------------------------------------------- stats
+
+
+def test_gap_sign_convention():
+    """Gap = (baseline - model) / baseline x 100: negative when the model scores higher,
+    positive when lower, NaN for a zero baseline."""
+    g = gap([100, 100, 200, 0], [110, 90, 200, 5])
+    assert g[:3].tolist() == [-10.0, 10.0, 0.0]
+    assert np.isnan(g[3])
+
+
+def test_bootstrap_ci_hand_computed():
+    """Two values resample to means {a, (a+b)/2, b} with probability 1/4, 1/2, 1/4, so the
+    95% percentile CI is [a, b]; one value or constants give a zero-width interval; the same
+    seed gives the same interval."""
+    assert bootstrap_ci([-10.0, 5.0]) == (-10.0, 5.0)
+    assert bootstrap_ci([3.0]) == (3.0, 3.0)
+    assert bootstrap_ci([2.0] * 7) == (2.0, 2.0)
+    x = np.random.default_rng(1).normal(size=30)
+    assert bootstrap_ci(x, seed=5) == bootstrap_ci(x, seed=5)
+    lo, hi = bootstrap_ci(x)
+    assert lo < x.mean() < hi
+    assert all(np.isnan(bootstrap_ci([])))
+    with pytest.raises(ValueError):
+        bootstrap_ci([1.0, np.nan])
+
+
+def test_ci_width_shrinks_with_n():
+    """The CI of a mean narrows like 1/sqrt(n) (normal data, sd 1: width ~ 3.92/sqrt(n))."""
+    rng = np.random.default_rng(0)
+    widths = []
+    for n in (10, 100, 1000):
+        lo, hi = bootstrap_ci(rng.normal(size=n))
+        widths.append(hi - lo)
+        assert 0.7 < (hi - lo) / (3.92 / np.sqrt(n)) < 1.3
+    assert widths[0] > widths[1] > widths[2]
+
+
+def test_wilcoxon_direction():
+    """One-sided test of "x > y": five positive differences give the exact p = 1/32; the
+    reversed comparison is not significant; all-equal pairs give p = 1."""
+    y = np.zeros(5)
+    x = np.array([1.0, 2.0, 3.0, 4.0, 5.5])
+    assert wilcoxon_greater(x, y) == pytest.approx(1 / 32)
+    assert wilcoxon_greater(y, x) == pytest.approx(1.0)
+    rng = np.random.default_rng(2)
+    base = rng.uniform(100, 200, size=40)
+    better = base + rng.normal(2.0, 1.0, size=40)
+    assert wilcoxon_greater(better, base) < 1e-6
+    assert wilcoxon_greater(base, better) > 0.99
+    assert wilcoxon_greater([1, 2], [1, 2]) == 1.0
+    with pytest.raises(ValueError):
+        wilcoxon_greater([1, 2], [1])
+
+
+def test_markdown_writer():
+    """Markdown tables are written without tabulate: header, separator, escaped pipes, '-'
+    for missing values."""
+    md = to_markdown(pd.DataFrame({"a|b": ["x|y", "z"], "v": [1.5, np.nan]}))
+    assert md.splitlines() == ["| a\\|b | v |", "|---|---|", "| x\\|y | 1.50 |", "| z | - |"]
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+@pytest.fixture(scope="module")
+def cat():
+    try:
+        return open_catalog()
+    except CatalogError as exc:
+        pytest.skip(f"no region catalog: {exc}")
+
+
+#: (region, tourist, ILS score, model score); tourist 0 is the benchmark tourist.
+CASE = [
+    ("c101", 0, 100.0, 110.0), ("c102", 0, 200.0, 190.0), ("pr01", 0, 50.0, 50.0),
+    ("c101", 1, 10.0, 12.0), ("c101", 2, 20.0, 24.0),
+]
+BEST_KNOWN = {"c101": 120.0, "c102": 200.0, "pr01": 50.0}
+
+
+def _case_frames():
+    res = pd.DataFrame([{"region": r, "tourist": t, "method": "m", "score": s, "seconds": 0.5}
+                        for r, t, _, s in CASE])
+    ils = pd.DataFrame([{"region": r, "tourist": t, "kind": "benchmark" if t == 0 else
+                         "validation", "score": b, "route": [0], "seconds": 0.01,
+                         "iterations": 150, "ils_version": ILS_VERSION} for r, t, b, _ in CASE])
+    return res, ils
+
+
+def test_tables_hand_computed(cat):
+    """Group rows average per-region gaps (not gaps of averages); the generated gap uses the
+    region's mean over its tourists; best-known gaps only for benchmark tourists."""
+    res, ils = _case_frames()
+    out = evaluate(validate_results(res, cat), ils, pd.Series(BEST_KNOWN))
+    s = out["summary"].set_index(["kind", "group"])
+    sol = s.loc[("benchmark", "solomon")]
+    assert sol["regions"] == 2
+    assert sol["gap_ils"] == pytest.approx(-2.5)  # mean(-10, +5)
+    assert (sol["gap_ils_lo"], sol["gap_ils_hi"]) == pytest.approx((-10.0, 5.0))
+    assert sol["gap_bk"] == pytest.approx((100 * 10 / 120 + 5.0) / 2)
+    assert (sol["best_known"], sol["ils"], sol["model"]) == (160.0, 150.0, 150.0)
+    assert s.loc[("benchmark", "cordeau"), "gap_ils"] == 0.0
+    gen = s.loc[("validation", "solomon")]
+    assert gen["gap_ils"] == pytest.approx(-20.0)  # (15 - 18) / 15
+    assert np.isnan(gen["gap_bk"]) and np.isnan(gen["best_known"])
+    assert gen["seconds"] == 0.5
+    regions = out["regions"].set_index(["kind", "region"])
+    assert regions.at[("validation", "c101"), "tourists"] == 2
+    p = out["pvalues"]
+    row = p[(p["kind"] == "benchmark") & (p["from"] == "ils") & (p["to"] == "m")].iloc[0]
+    assert row["regions"] == 3 and row["mean_improvement"] == pytest.approx(0.0)
+    with pytest.raises(ResultsError, match="has no rows"):
+        validate_results(res.iloc[:0], cat)
+    md = tables_mod.render_markdown(out)["summary.md"]
+    assert "| Solomon [benchmark] | 2 | 160.00 | 150.00 | 150.00 | -2.50% |" in md
+
+
+def test_missing_baseline_pairs(cat):
+    """Results without a stored ILS result for the same tourist are refused, naming a pair
+    and the command that computes it."""
+    res, ils = _case_frames()
+    with pytest.raises(ValueError, match=r"\(c101, 2\).*optw baseline ils --regions c101"):
+        evaluate(validate_results(res, cat), ils.iloc[:-1], None)
+
+
+def test_write_tables_all_or_nothing(cat, tmp_path, monkeypatch):
+    """A failure while writing leaves the output folder exactly as it was (no partial files,
+    no temporary folder left behind)."""
+    res, ils = _case_frames()
+    out = evaluate(validate_results(res, cat), ils, pd.Series(BEST_KNOWN))
+    dest = tmp_path / "eval"
+    dest.mkdir()
+    (dest / "keep.txt").write_text("old")
+
+    def boom(tables):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(tables_mod, "render_markdown", boom)
+    with pytest.raises(RuntimeError):
+        write_tables(out, dest)
+    assert [p.name for p in tmp_path.iterdir()] == ["eval"]
+    assert [p.name for p in dest.iterdir()] == ["keep.txt"]
+    monkeypatch.undo()
+    names = {p.name for p in write_tables(out, dest)}
+    assert {"summary.csv", "summary.md", "regions.csv", "pvalues.md",
+            "regions_benchmark.md", "regions_generated.md"} <= names
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+@pytest.fixture()
+def setup(cat, tmp_path):
+    """A private catalog copy with a hand-made ILS store and a reference CSV."""
+    dst = tmp_path / "catalog"
+    dst.mkdir()
+    for f in ("regions.parquet", "nodes.parquet", "tourists.parquet", "manifest.json"):
+        shutil.copy(cat.path / f, dst / f)
+    _, ils = _case_frames()
+    write_ils_results(dst, ils)
+    ref = tmp_path / "ref.csv"
+    pd.DataFrame({"instance": list(BEST_KNOWN), "group": ["solomon", "solomon", "cordeau"],
+                  "best_known": list(BEST_KNOWN.values())}).to_csv(ref, index=False)
+    return dst, ref, tmp_path
+
+
+def _run(setup, content: str | bytes, name: str = "res.csv", extra=()):
+    from optw.cli import main
+
+    catalog, ref, tmp = setup
+    path = tmp / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    out = tmp / "out"
+    code = main(["evaluate", "--results", str(path), "--out", str(out), "--catalog",
+                 str(catalog), "--reference", str(ref), "--quiet", *extra])
+    return code, out
+
+
+def _csv(rows) -> str:
+    return "region,tourist,method,score,seconds\n" + "".join(f"{r}\n" for r in rows)
+
+
+GOOD = [f"{r},{t},m,{s},0.5" for r, t, _, s in CASE]
+
+
+def test_cli_writes_tables(setup, capsys):
+    """`optw evaluate` turns a results CSV (and the same as Parquet) into the summary,
+    per-region and p-value tables."""
+    code, out = _run(setup, _csv(GOOD))
+    assert code == 0, capsys.readouterr().err
+    s = pd.read_csv(out / "summary.csv")
+    row = s[(s["kind"] == "benchmark") & (s["group"] == "solomon")].iloc[0]
+    assert row["gap_ils"] == pytest.approx(-2.5)
+    assert (out / "regions_generated.md").read_text().count("| Solomon | c101 |") == 1
+    pq_path = setup[2] / "res.parquet"
+    pd.read_csv(setup[2] / "res.csv").to_parquet(pq_path)
+    code, out2 = _run(setup, pq_path.read_bytes(), "res.parquet")
+    assert code == 0
+    assert pd.read_csv(out2 / "summary.csv").equals(s)
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("", "is empty"),
+    ("region,tourist,method,score,seconds\n", "has no rows"),
+    ("region,tourist,method,score,seconds\nc101,0,m,1,0.1\nc101,1,m,1,0.1,x,y\n",
+     "Expected 5 fields in line 3"),
+    (b"\x00\x01 not parquet", "cannot read results file"),
+    ("region,tourist,method,score\nc101,0,m,1\n", "lacks column(s) ['seconds']"),
+    (_csv(GOOD[:1] + ["c1O1,0,m,1,0.5"]), "row 2 (line 3): region 'c1O1' is not in the "
+     "catalog (did you mean c101?)"),
+    (_csv(GOOD[:2] + ["c101,65,m,1,0.5"]), "row 3 (line 4): tourist 65 of region c101 is "
+     "not in the catalog"),
+    (_csv(["c101,1.5,m,1,0.5"]), "row 1 (line 2): tourist 1.5 is not an integer id"),
+    (_csv(["c101,0,ils,1,0.5"]), "row 1 (line 2): method 'ils' is the name of a baseline"),
+    (_csv(["c101,0,bad name,1,0.5"]), "method 'bad name' is not a valid name"),
+    (_csv(["c101,0,m,-1,0.5", "c101,1,m,1,nan"]), "row 1 (line 2): score -1"),
+    (_csv(GOOD + ["c101,0,m,3,0.5"]), "row 6 (line 7): duplicates row 1 (line 2)"),
+])
+def test_cli_bad_input(setup, capsys, content, expected):
+    """Bad results tables fail with exit code 2 and a message naming the problem and row;
+    nothing is written."""
+    name = "res.parquet" if isinstance(content, bytes) else "res.csv"
+    code, out = _run(setup, content, name)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert expected in err, err
+    assert not out.exists()
+
+
+def test_cli_bad_routes_methods_and_baseline(setup, capsys):
+    """An optional route column is validated (repeated node, claimed score); unknown
+    --methods and --baseline names are refused; missing ILS pairs name the fix."""
+    rows = "region,tourist,method,score,seconds,route\n" + "".join(
+        f"{r},{t},m,{s},0.5,\n" for r, t, _, s in CASE[1:])
+    code, out = _run(setup, rows + "c101,0,m,20,0.5,0 1 1 101\n")
+    err = capsys.readouterr().err
+    assert code == 2 and "row 5 (line 6): invalid route" in err and "more than once" in err
+    assert not out.exists()
+    code, _ = _run(setup, rows + "c101,0,m,20,0.5,\"[0, 1, 101]\"\n")
+    assert code == 2 and "claimed score 20" in capsys.readouterr().err
+    code, out = _run(setup, rows + "c101,0,m,10,0.5,\"[0, 1, 101]\"\n")
+    assert code == 0
+    code, _ = _run(setup, _csv(GOOD), extra=["--methods", "model_as"])
+    assert code == 2 and "method(s) ['model_as'] not in" in capsys.readouterr().err
+    code, _ = _run(setup, _csv(GOOD), extra=["--baseline", "greedy"])
+    assert code == 2 and "unknown baseline 'greedy'" in capsys.readouterr().err
+    code, _ = _run(setup, _csv(GOOD + ["t101,0,m,5,0.5"]))
+    assert code == 2 and "optw baseline ils --regions t101" in capsys.readouterr().err
+
+
+def test_default_reference_path(monkeypatch, tmp_path):
+    """OPTW_REFERENCE overrides the folder of the best-known scores."""
+    monkeypatch.setenv("OPTW_REFERENCE", str(tmp_path))
+    assert tables_mod.default_reference_path() == Path(tmp_path) / "paper_benchmark_scores.csv"
+    monkeypatch.delenv("OPTW_REFERENCE")
+    assert tables_mod.default_reference_path().parts[-3:] == (
+        "shared", "reference", "paper_benchmark_scores.csv")
