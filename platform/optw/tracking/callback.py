@@ -1,0 +1,180 @@
+"""``MlflowCallback``: training metrics, validation results and final files into an MLflow run.
+
+The callback only reads from the training loop (data flows into tracking, never back): it never
+sets ``ctx.stop``, and by default a tracking failure is logged as a warning and retried at the
+next flush instead of ending a long training run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from optw.tracking.runs import config_dict, metric_key
+from optw.tracking.uri import get_client, tracking_uri
+from optw.train.callbacks import Callback, TrainContext
+
+log = logging.getLogger(__name__)
+
+EPOCH_METRICS = ("mean_reward", "loss", "entropy", "lr", "epochs_per_s")
+VALIDATION_METRICS = ("val_score", "benchmark_score", "val_seconds")
+MAX_METRICS_PER_BATCH = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
+
+
+class MlflowCallback(Callback):
+    """Log a training run into the existing MLflow run ``run_id`` (made by the driver).
+
+    - ``on_epoch_end``: every ``log_every`` epochs (and the first and last), all numeric
+      metrics (``mean_reward, loss, entropy, lr, epochs_per_s``) at ``step = ctx.epoch``;
+      points are buffered and sent with one ``log_batch`` once ``flush_every`` points are
+      waiting or ``flush_seconds`` have passed;
+    - ``on_validation``: the validation metrics (``val_score, benchmark_score, val_seconds``),
+      sent at once together with the buffer;
+    - ``on_train_end``: remaining points, ``best_val_score``, the config (``config_path`` if
+      given, and ``config.json`` dumped from ``ctx.config``) and the final checkpoint
+      (``ctx.last_checkpoint``) as artifacts under ``checkpoints/``.
+
+    Picklable (the client is made lazily per process), so it can be built in the driver and
+    shipped to a Ray worker. ``strict=True`` raises tracking errors instead of warning.
+    """
+
+    def __init__(self, run_id: str, *, uri: str | None = None, log_every: int = 10,
+                 flush_every: int = 200, flush_seconds: float = 60.0,
+                 config_path: str | Path | None = None, log_checkpoint: bool = True,
+                 strict: bool = False, max_buffer: int = 20_000):
+        if log_every < 1 or flush_every < 1:
+            raise ValueError("log_every and flush_every must be >= 1")
+        self.run_id = run_id
+        self.uri = tracking_uri(uri)
+        self.log_every = log_every
+        self.flush_every = flush_every
+        self.flush_seconds = flush_seconds
+        self.config_path = Path(config_path) if config_path else None
+        self.log_checkpoint = log_checkpoint
+        self.strict = strict
+        self.max_buffer = max_buffer
+        self._buffer: list = []
+        self._last_flush = time.monotonic()
+        self._last_epoch: tuple[int, dict[str, float]] | None = None
+        self._logged_epoch = -1
+        self._failures = 0
+        self._retry_at = 0.0
+        self._checkpoint: Path | None = None
+
+    # -------------------------------------------------------------------------- buffering
+
+    def _add(self, metrics: dict[str, Any], step: int) -> int:
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        n = 0
+        for key, value in metrics.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                try:  # numpy / torch scalars
+                    value = float(value)
+                except (TypeError, ValueError):
+                    continue
+            value = float(value)
+            if math.isinf(value):
+                continue
+            self._buffer.append(Metric(key=metric_key(key), value=value, timestamp=ts, step=step))
+            n += 1
+        if len(self._buffer) > self.max_buffer:  # tracking down for long: keep the newest
+            del self._buffer[: len(self._buffer) - self.max_buffer]
+        return n
+
+    def flush(self, force: bool = False) -> bool:
+        """Send buffered points now (one ``log_batch`` per 1000); True if nothing is left.
+
+        After a failure, further tries wait ``max(flush_seconds, 30)`` s (unless ``force``), so
+        a dead server costs the training loop one timeout, not one per epoch."""
+        now = time.monotonic()
+        self._last_flush = now
+        if not self._buffer:
+            return True
+        if not force and now < self._retry_at:
+            return False
+        client = get_client(self.uri)
+        try:
+            while self._buffer:
+                batch = self._buffer[:MAX_METRICS_PER_BATCH]
+                client.log_batch(self.run_id, metrics=batch)
+                del self._buffer[: len(batch)]
+        except Exception as exc:
+            self._retry_at = time.monotonic() + max(self.flush_seconds, 30.0)
+            self._failed("log metrics", exc)
+            return False
+        return True
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        if self.strict:
+            raise exc
+        self._failures += 1
+        if self._failures <= 3 or self._failures % 100 == 0:
+            log.warning("MlflowCallback: could not %s for run %s (%s: %s); %d points buffered",
+                        what, self.run_id, type(exc).__name__, exc, len(self._buffer))
+
+    # -------------------------------------------------------------------------- hooks
+
+    def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
+        epoch = int(ctx.epoch)
+        self._last_epoch = (epoch, dict(metrics))
+        last = bool(ctx.total_epochs) and epoch >= ctx.total_epochs
+        if epoch % self.log_every == 0 or epoch <= 1 or last:
+            self._add(metrics, epoch)
+            self._logged_epoch = epoch
+        if (len(self._buffer) >= self.flush_every
+                or time.monotonic() - self._last_flush >= self.flush_seconds):
+            self.flush()
+
+    def on_validation(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
+        self._add(metrics, int(ctx.epoch))
+        self.flush()
+
+    def on_checkpoint(self, ctx: TrainContext, path: Path) -> None:
+        self._checkpoint = Path(path)
+
+    def on_train_end(self, ctx: TrainContext) -> None:
+        if self._last_epoch is not None and self._last_epoch[0] != self._logged_epoch:
+            epoch, metrics = self._last_epoch
+            self._add(metrics, epoch)
+            self._logged_epoch = epoch
+        if ctx.best_validation is not None:
+            self._add({"best_val_score": ctx.best_validation}, int(ctx.epoch))
+        self.flush(force=True)
+        client = get_client(self.uri)
+        try:
+            client.set_tag(self.run_id, "epochs_completed", str(int(ctx.epoch)))
+            if self.config_path is not None and self.config_path.is_file():
+                client.log_artifact(self.run_id, str(self.config_path))
+            if ctx.config is not None:
+                try:
+                    text = json.dumps(config_dict(ctx.config), indent=2, sort_keys=True)
+                except TypeError:
+                    text = json.dumps({"config": str(ctx.config)}, indent=2)
+                client.log_text(self.run_id, text, "config.json")
+            checkpoint = ctx.last_checkpoint or self._checkpoint
+            if self.log_checkpoint and checkpoint is not None:
+                checkpoint = Path(checkpoint)
+                if checkpoint.is_file():
+                    client.log_artifact(self.run_id, str(checkpoint), "checkpoints")
+                else:
+                    log.warning("MlflowCallback: final checkpoint %s not found", checkpoint)
+        except Exception as exc:
+            self._failed("log final artifacts", exc)
+
+
+def log_file(run_id: str, path: str | Path, artifact_path: str | None = None,
+             uri: str | None = None) -> None:
+    """Log one file as an artifact of ``run_id`` (any process)."""
+    get_client(uri).log_artifact(run_id, str(path), artifact_path)
+
+
+def log_json(run_id: str, data: Any, artifact_file: str, uri: str | None = None) -> None:
+    """Log ``data`` as a JSON artifact (``artifact_file`` e.g. ``"summary.json"``)."""
+    get_client(uri).log_text(run_id, json.dumps(data, indent=2, sort_keys=True, default=str),
+                             artifact_file)

@@ -1,0 +1,91 @@
+"""Evaluation results into a run: per-method metrics and the tables as CSV + Markdown."""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from optw.tracking.uri import get_client
+
+log = logging.getLogger(__name__)
+
+_BAD = re.compile(r"[^\w\-. /:]")
+
+
+def _name(text: Any) -> str:
+    return _BAD.sub("_", str(text)).strip() or "_"
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.6g}"
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():
+        return _cell(value.item())
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(table) -> str:
+    """A DataFrame as a GitHub Markdown table (no ``tabulate`` needed); floats to 6 digits."""
+    cols = [str(c) for c in table.columns]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for row in table.itertuples(index=False, name=None):
+        lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def log_tables(run_id: str, tables: Mapping[str, Any], *, uri: str | None = None,
+               artifact_dir: str = "tables") -> list[str]:
+    """Log each DataFrame as ``<artifact_dir>/<name>.csv`` and ``.md``; returns the paths."""
+    client = get_client(uri)
+    paths = []
+    for name, table in tables.items():
+        base = f"{artifact_dir}/{_name(name)}"
+        client.log_text(run_id, table.to_csv(index=False), f"{base}.csv")
+        client.log_text(run_id, to_markdown(table), f"{base}.md")
+        paths += [f"{base}.csv", f"{base}.md"]
+    return paths
+
+
+def evaluation_metrics(table, name: str, *, method_col: str = "method",
+                       score_col: str = "score", gap_col: str = "gap",
+                       seconds_col: str = "seconds") -> dict[str, float]:
+    """``{"<name>/<method>/mean_score": ..., ".../mean_gap": ..., ".../mean_seconds": ...}``.
+
+    One row per solved tourist; without a ``method`` column all rows are method ``all``. Gap
+    and seconds are included when their columns exist; NaNs are ignored."""
+    if score_col not in table.columns:
+        raise ValueError(f"evaluation table {name!r} has no {score_col!r} column "
+                         f"(columns: {list(table.columns)})")
+    groups = table.groupby(method_col, sort=True) if method_col in table.columns \
+        else [("all", table)]
+    metrics: dict[str, float] = {}
+    for method, rows in groups:
+        prefix = f"{_name(name)}/{_name(method)}"
+        for col, key in ((score_col, "mean_score"), (gap_col, "mean_gap"),
+                         (seconds_col, "mean_seconds")):
+            if col in rows.columns:
+                value = float(rows[col].astype(float).mean())
+                if not math.isnan(value):
+                    metrics[f"{prefix}/{key}"] = value
+    return metrics
+
+
+def log_evaluation(run_id: str, table, name: str, *, uri: str | None = None,
+                   step: int = 0, method_col: str = "method", score_col: str = "score",
+                   gap_col: str = "gap") -> dict[str, float]:
+    """Log per-method mean score / gap / seconds as metrics and the table as
+    ``evaluation/<name>.csv`` + ``.md``; returns the metrics."""
+    from mlflow.entities import Metric
+
+    metrics = evaluation_metrics(table, name, method_col=method_col, score_col=score_col,
+                                 gap_col=gap_col)
+    ts = int(time.time() * 1000)
+    if metrics:
+        get_client(uri).log_batch(
+            run_id, metrics=[Metric(k, v, ts, step) for k, v in metrics.items()])
+    log_tables(run_id, {name: table}, uri=uri, artifact_dir="evaluation")
+    return metrics

@@ -1,0 +1,275 @@
+"""Model registry: one registered model ``optw-<region>`` per region, a version per trained model.
+
+Rules:
+
+- :func:`register_version` logs the checkpoint as a pyfunc model under the run
+  (``model/<region>``) and creates a new version with the given tags (stored as strings);
+- it is idempotent per run: if a version of the region's model already comes from ``run_id``
+  (a retried Ray task), that version is returned and no second one is made;
+- the alias ``champion`` moves to the new version only when its ``val_score`` is strictly
+  higher than the current champion's (or there is no champion); equal or worse leaves it.
+  A champion without a readable ``val_score`` counts as the worst possible.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from optw.tracking.uri import get_client, quiet, tracking_uri
+
+log = logging.getLogger(__name__)
+
+CHAMPION = "champion"
+MODEL_PREFIX = "optw-"
+ARTIFACT_DIR = "model"
+_MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")
+
+
+class VersionInfo(NamedTuple):
+    """A registered version: ``version, tags = champion("c101")`` works."""
+
+    version: int
+    tags: dict[str, str]
+
+
+def model_name(region: str) -> str:
+    """Registered model name of a region: ``optw-<region>``."""
+    return f"{MODEL_PREFIX}{region}"
+
+
+def _not_found(exc: Exception) -> bool:
+    return getattr(exc, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND")
+
+
+def _score(tags: Mapping[str, str] | None) -> float | None:
+    try:
+        value = float((tags or {})["val_score"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def _ensure_model(client, name: str, region: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+        return
+    except MlflowException as exc:
+        if not _not_found(exc):
+            raise
+    try:
+        client.create_registered_model(
+            name, tags={"region": region},
+            description=f"optw neural OPTW solver for region {region}; alias "
+                        f"'{CHAMPION}' = best val_score")
+    except MlflowException:  # created meanwhile by another process
+        client.get_registered_model(name)
+
+
+def versions_for_run(region: str, run_id: str, *, uri: str | None = None) -> list[int]:
+    """Versions of ``optw-<region>`` registered from ``run_id`` (ascending)."""
+    found = get_client(uri).search_model_versions(
+        f"name='{model_name(region)}' and run_id='{run_id}'")
+    return sorted(int(mv.version) for mv in found)
+
+
+def champion(region: str, *, uri: str | None = None,
+             alias: str = CHAMPION) -> VersionInfo | None:
+    """``(version, tags)`` of the region's champion, or ``None`` (no model or no champion)."""
+    from mlflow.exceptions import MlflowException
+
+    client = get_client(uri)
+    name = model_name(region)
+    try:
+        aliases = client.get_registered_model(name).aliases or {}
+    except MlflowException as exc:
+        if _not_found(exc):
+            return None
+        raise
+    if alias not in aliases:
+        return None
+    mv = client.get_model_version(name, str(aliases[alias]))
+    return VersionInfo(int(mv.version), dict(mv.tags))
+
+
+def find_champion_with(region: str, config_hash: str, catalog_version: int | str, *,
+                       uri: str | None = None) -> VersionInfo | None:
+    """The champion if it was trained with this config hash on this catalog version, else
+    ``None``: a re-run can skip a region whose champion is already what it would train."""
+    champ = champion(region, uri=uri)
+    if champ is None:
+        return None
+    tags = champ.tags
+    if tags.get("config_hash") == str(config_hash) and \
+            tags.get("catalog_version") == str(catalog_version):
+        return champ
+    return None
+
+
+def set_champion(region: str, version: int, *, uri: str | None = None) -> None:
+    """Point ``champion`` at ``version`` unconditionally (manual promotion or rollback)."""
+    get_client(uri).set_registered_model_alias(model_name(region), CHAMPION, str(version))
+
+
+def _maybe_promote(region: str, version: int, tags: Mapping[str, str], uri: str | None) -> bool:
+    current = champion(region, uri=uri)
+    if current is not None and current.version == version:
+        return False
+    new = _score(tags)
+    if current is not None:
+        old = _score(current.tags)
+        if new is None or (old is not None and not new > old):
+            return False
+    set_champion(region, version, uri=uri)
+    log.info("%s: version %d is the new champion (val_score %s, was %s)", model_name(region),
+             version, new, None if current is None else current.tags.get("val_score"))
+    return True
+
+
+def register_version(region: str, checkpoint_path: str | Path, run_id: str,
+                     tags: Mapping[str, Any] | None = None, *, uri: str | None = None,
+                     bundle_region: bool = True, region_data=None) -> int:
+    """Register the checkpoint trained in ``run_id`` as a new version of ``optw-<region>``.
+
+    ``tags`` should hold ``mode, profile, epochs, val_score, config_hash, catalog_version``
+    (``val_score``, higher is better, decides the ``champion`` alias). The artifact is a pyfunc
+    model (see :mod:`optw.tracking.pyfunc`); with ``bundle_region`` the region's data
+    (``region_data``, a catalog ``Region``, else read from the catalog if it can be opened) is
+    stored with it, so serving needs no catalog. Returns the version number.
+    """
+    from optw.tracking.pyfunc import save_pyfunc
+
+    uri = tracking_uri(uri)
+    client = get_client(uri)
+    name = model_name(region)
+    checkpoint = Path(checkpoint_path)
+    tags = {k: str(v) for k, v in (tags or {}).items()}
+    tags.setdefault("region", region)
+    _ensure_model(client, name, region)
+    existing = versions_for_run(region, run_id, uri=uri)
+    if existing:
+        version = existing[0]
+        log.info("%s: run %s already registered as version %d", name, run_id, version)
+    else:
+        if not checkpoint.is_file():
+            raise FileNotFoundError(f"checkpoint {checkpoint} not found")
+        region_obj = None
+        if bundle_region:
+            region_obj = region_data if region_data is not None else _region(region)
+        artifact_path = f"{ARTIFACT_DIR}/{region}"
+        with tempfile.TemporaryDirectory(prefix="optw-pyfunc-") as tmp:
+            local = save_pyfunc(Path(tmp) / "model", region, checkpoint, region=region_obj,
+                                config={k: tags[k] for k in ("config_hash", "catalog_version")
+                                        if k in tags})
+            client.log_artifacts(run_id, str(local), artifact_path)
+        source = f"{client.get_run(run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
+        mv = client.create_model_version(name, source=source, run_id=run_id, tags=tags)
+        version = int(mv.version)
+        # Two tries of the same task racing: keep the oldest version, drop ours.
+        first = versions_for_run(region, run_id, uri=uri)[0]
+        if first != version:
+            client.delete_model_version(name, str(version))
+            version = first
+    _maybe_promote(region, version, dict(client.get_model_version(name, str(version)).tags), uri)
+    return version
+
+
+def _region(region: str):
+    try:
+        from optw.catalog import open_catalog
+
+        return open_catalog().region(region)
+    except Exception as exc:  # no catalog here: the model will read it where it is served
+        log.debug("region %s not bundled with the model (%s)", region, exc)
+        return None
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+class RegionSolver:
+    """A registered model, downloaded and ready to solve tourists of its region.
+
+    ``solve(tourists, method='beam', beams=16) -> list[Solution]`` accepts a ``Tourists`` batch,
+    one tourist dict, a list of them or a DataFrame; ``predict`` is the pyfunc's (DataFrame
+    out). ``version`` is the registry version (``None`` when loaded from a path).
+    """
+
+    def __init__(self, impl, *, version: int | None, name: str | None, model_uri: str,
+                 tags: Mapping[str, str] | None = None, local_path: str | None = None):
+        self.impl = impl
+        self.version = version
+        self.name = name
+        self.model_uri = model_uri
+        self.tags = dict(tags or {})
+        self.local_path = local_path
+
+    @property
+    def region_id(self) -> str | None:
+        return self.impl.region_id
+
+    @property
+    def region(self):
+        return self.impl.region
+
+    @property
+    def model(self):
+        return self.impl.model
+
+    def load(self) -> RegionSolver:
+        """Load the torch model and the region now (instead of on the first solve)."""
+        _ = self.impl.model, self.impl.region
+        return self
+
+    def solve(self, tourists: Any, method: str = "beam", beams: int = 16):
+        return self.impl.solve(tourists, method=method, beams=beams)
+
+    def predict(self, tourists: Any, method: str = "beam", beams: int = 16):
+        return self.impl.predict(None, tourists, {"method": method, "beams": beams})
+
+    def __repr__(self) -> str:
+        return (f"RegionSolver(region={self.region_id!r}, version={self.version}, "
+                f"uri={self.model_uri!r})")
+
+
+def load_solver(model_uri: str, *, uri: str | None = None, dst_path: str | Path | None = None,
+                load: bool = True) -> RegionSolver:
+    """Download and open a registered model, e.g. ``models:/optw-c101@champion``,
+    ``models:/optw-c101/3``, a ``runs:/`` or artifact URI, or a local model folder.
+
+    Resolves against ``uri`` (default :func:`tracking_uri`) without touching MLflow's global
+    state. With ``load`` the torch model is loaded at once (needs ``optw.model``)."""
+    import mlflow.artifacts
+    import mlflow.pyfunc
+
+    uri = tracking_uri(uri)
+    quiet()
+    version, name, tags = None, None, {}
+    match = _MODEL_URI.match(model_uri)
+    if match:
+        client = get_client(uri)
+        name = match["name"]
+        mv = (client.get_model_version_by_alias(name, match["alias"]) if match["alias"]
+              else client.get_model_version(name, match["version"]))
+        version, tags = int(mv.version), dict(mv.tags)
+        source = client.get_model_version_download_uri(name, str(mv.version))
+    else:
+        source = model_uri
+    if Path(source).is_dir():
+        local = str(source)
+    else:
+        dst = str(dst_path) if dst_path else tempfile.mkdtemp(prefix="optw-model-")
+        Path(dst).mkdir(parents=True, exist_ok=True)
+        local = mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=dst,
+                                                    tracking_uri=uri, registry_uri=uri)
+    impl = mlflow.pyfunc.load_model(local).unwrap_python_model()
+    solver = RegionSolver(impl, version=version, name=name, model_uri=model_uri, tags=tags,
+                          local_path=local)
+    return solver.load() if load else solver

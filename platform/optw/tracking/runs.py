@@ -1,0 +1,301 @@
+"""Experiments and runs: one experiment per job, a parent run per job, a child per (stage, region).
+
+Runs are addressed by ``run_id`` only and logged through ``MlflowClient``, never through the
+fluent ``mlflow.start_run`` state, so a run made in the driver can be logged to from a Ray
+worker: pass the :class:`JobRun` (a small frozen dataclass) or the child's ``run_id``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from enum import Enum
+from pathlib import Path, PurePath
+from typing import Any
+
+from optw.catalog import CATALOG_VERSION, PROJECT_ROOT
+from optw.tracking.uri import artifact_root, check_tracking_uri, get_client, tracking_uri
+
+log = logging.getLogger(__name__)
+
+PARENT_TAG = "mlflow.parentRunId"
+MAX_PARAM_VALUE = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
+MAX_PER_BATCH = 100  # params or tags per log_batch call
+_BAD_KEY = re.compile(r"[^\w\-. /]")
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def _plain(value: Any) -> Any:
+    """JSON-friendly copy: dataclasses/mappings -> dict, sequences -> list, paths -> str."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [_plain(v) for v in value]
+        return sorted(items, key=repr) if isinstance(value, (set, frozenset)) else items
+    if isinstance(value, PurePath):
+        return value.as_posix()
+    if isinstance(value, Enum):
+        return _plain(value.value)
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "shape", None) == ():
+        return value.item()  # numpy / torch scalars
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if hasattr(value, "to_dict") and callable(value.to_dict):
+        return _plain(value.to_dict())
+    return str(value)
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    """A config (dict, dataclass such as ``TrainConfig``, or object with ``to_dict``) as a plain
+    nested dict."""
+    if config is None:
+        return {}
+    plain = _plain(config)
+    if not isinstance(plain, dict):
+        raise TypeError(f"config must be a mapping or a dataclass, not {type(config).__name__}")
+    return plain
+
+
+def flatten_config(config: Any, sep: str = ".") -> dict[str, str]:
+    """Nested config -> ``{"model.hidden": "128", ...}``; lists become JSON strings."""
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                walk(f"{prefix}{sep}{k}" if prefix else str(k), v)
+        elif isinstance(value, (list, dict)):
+            out[prefix] = json.dumps(value, sort_keys=True)
+        else:
+            out[prefix] = "None" if value is None else str(value)
+
+    for key, value in config_dict(config).items():
+        walk(str(key), value)
+    return out
+
+
+def config_hash(config: Any, exclude: Iterable[str] = ()) -> str:
+    """Stable 16-hex-digit SHA-256 of the config (key order does not matter).
+
+    ``exclude`` lists top-level or dotted keys left out (e.g. output folders) so that they do not
+    make an otherwise identical re-run look new."""
+    data = config_dict(config)
+    for key in exclude:
+        *path, last = key.split(".")
+        node: Any = data
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit(root: Path = PROJECT_ROOT) -> str:
+    """``$OPTW_GIT_COMMIT``, else ``git rev-parse HEAD`` in the project, else ``'unknown'``."""
+    env = os.environ.get("OPTW_GIT_COMMIT")
+    if env:
+        return env
+    try:
+        res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    commit = res.stdout.strip()
+    return commit if res.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", commit) else "unknown"
+
+
+def run_params(config: Any, commit: str | None = None) -> dict[str, str]:
+    """What every run logs as params: flattened config + git commit + catalog version + hash."""
+    params = flatten_config(config)
+    params.update(git_commit=commit or git_commit(), catalog_version=str(CATALOG_VERSION),
+                  config_hash=config_hash(config))
+    return params
+
+
+# ----------------------------------------------------------------------------- logging helpers
+
+
+def _key(key: str) -> str:
+    return _BAD_KEY.sub("_", key)[:250]
+
+
+def metric_key(key: Any) -> str:
+    """A metric/param/tag name MLflow accepts (other characters become ``_``)."""
+    return _key(str(key))
+
+
+def log_params(run_id: str, params: Mapping[str, Any], uri: str | None = None) -> None:
+    """Log params in batches of 100; keys already logged keep their value (a retried task may
+    log again: same values are skipped, a changed value is reported, never raised)."""
+    from mlflow.entities import Param
+
+    client = get_client(uri)
+    existing = client.get_run(run_id).data.params
+    todo = {}
+    for k, v in params.items():
+        k, v = _key(str(k)), str(v)[:MAX_PARAM_VALUE]
+        if k not in existing:
+            todo[k] = v
+        elif existing[k] != v:
+            log.warning("run %s: param %r already logged as %r, keeping it (new value %r)",
+                        run_id, k, existing[k], v)
+    items = [Param(k, v) for k, v in todo.items()]
+    for i in range(0, len(items), MAX_PER_BATCH):
+        client.log_batch(run_id, params=items[i:i + MAX_PER_BATCH])
+
+
+def set_tags(run_id: str, tags: Mapping[str, Any], uri: str | None = None) -> None:
+    from mlflow.entities import RunTag
+
+    items = [RunTag(_key(str(k)), str(v)[:8000]) for k, v in tags.items()]
+    for i in range(0, len(items), MAX_PER_BATCH):
+        get_client(uri).log_batch(run_id, tags=items[i:i + MAX_PER_BATCH])
+
+
+# ----------------------------------------------------------------------------- experiments/runs
+
+
+def experiment_id(name: str, uri: str | None = None) -> str:
+    """Id of experiment ``name``, created (or restored from deleted) if needed.
+
+    Against a sqlite store its artifacts go to ``file://<db folder>/mlartifacts/<name>`` (the
+    project's ``mlartifacts/`` for the default store); a server uses its own artifact root."""
+    from mlflow.exceptions import MlflowException
+
+    client = get_client(uri)
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        root = artifact_root(uri)
+        location = None
+        if root is not None:
+            location = (root / re.sub(r"[^A-Za-z0-9_.-]+", "_", name)).as_uri()
+        try:
+            return client.create_experiment(name, artifact_location=location)
+        except MlflowException:  # created meanwhile by another process
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    if exp.lifecycle_stage == "deleted":
+        client.restore_experiment(exp.experiment_id)
+    return exp.experiment_id
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRun:
+    """Handle on a job's parent run; picklable, so it can be passed to Ray tasks."""
+
+    run_id: str
+    experiment_id: str
+    job_name: str
+    tracking_uri: str
+    git_commit: str
+    config_hash: str
+
+    def child(self, stage: str, region: str, config: Any = None,
+              tags: Mapping[str, Any] | None = None) -> str:
+        """Child run for (stage, region); see :func:`start_child_run`."""
+        return start_child_run(self, stage, region, config, tags)
+
+    @property
+    def url(self) -> str | None:
+        """The run's page in the MLflow UI when the store is a server (else ``None``)."""
+        if not self.tracking_uri.startswith(("http://", "https://")):
+            return None
+        return (f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}"
+                f"/runs/{self.run_id}")
+
+    def finish(self, status: str = "FINISHED") -> None:
+        end_run(self.run_id, status, self.tracking_uri)
+
+    def __enter__(self) -> JobRun:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.finish("KILLED" if exc_type is KeyboardInterrupt else
+                    "FAILED" if exc_type else "FINISHED")
+
+
+def start_job_run(job_name: str, config: Any, tags: Mapping[str, Any] | None = None, *,
+                  run_name: str | None = None, uri: str | None = None,
+                  check: bool = True) -> JobRun:
+    """Parent run of a job in experiment ``job_name``, with the job's config as params.
+
+    Checks the store first (``check``) so an unreachable server fails the job at once. Use as
+    a context manager to end the run FINISHED/FAILED, or call ``finish()``."""
+    uri = check_tracking_uri(uri) if check else tracking_uri(uri)
+    commit = git_commit()
+    params = run_params(config, commit)
+    exp_id = experiment_id(job_name, uri)
+    run_tags = {"job": job_name, "mlflow.source.name": job_name,
+                "config_hash": params["config_hash"], **(tags or {})}
+    if commit != "unknown":
+        run_tags["mlflow.source.git.commit"] = commit
+    run = get_client(uri).create_run(
+        exp_id, run_name=run_name or f"{job_name}-{time.strftime('%Y%m%d-%H%M%S')}",
+        tags={k: str(v) for k, v in run_tags.items()})
+    log_params(run.info.run_id, params, uri)
+    return JobRun(run.info.run_id, exp_id, job_name, uri, commit, params["config_hash"])
+
+
+def find_child_run(parent_run_id: str, stage: str, region: str,
+                   uri: str | None = None) -> str | None:
+    """Run id of the (stage, region) child of a parent run, if one exists."""
+    client = get_client(uri)
+    parent = client.get_run(parent_run_id)
+    found = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=(f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.stage = '{stage}'"
+                       f" and tags.region = '{region}'"),
+        order_by=["attributes.start_time ASC"], max_results=1)
+    return found[0].info.run_id if found else None
+
+
+def start_child_run(parent: JobRun | str, stage: str, region: str, config: Any = None,
+                    tags: Mapping[str, Any] | None = None, *, uri: str | None = None,
+                    reuse: bool = True) -> str:
+    """Child run ``<stage>/<region>`` of ``parent``; returns its run_id.
+
+    Params: the flattened ``config`` (the region's effective config; the job's if omitted is
+    the caller's business) + git commit + catalog version + config hash. With ``reuse`` an
+    existing child for the same (parent, stage, region) is returned (and set RUNNING again)
+    instead of a second one, so a retried task keeps logging to the same run.
+    """
+    if isinstance(parent, JobRun):
+        parent_id, uri, commit = parent.run_id, uri or parent.tracking_uri, parent.git_commit
+        job = parent.job_name
+    else:
+        parent_id, commit, job = parent, None, None
+    client = get_client(uri)
+    run_id = find_child_run(parent_id, stage, region, uri) if reuse else None
+    if run_id is not None:
+        client.update_run(run_id, status="RUNNING")
+    else:
+        exp_id = client.get_run(parent_id).info.experiment_id
+        run_tags = {PARENT_TAG: parent_id, "stage": stage, "region": region, **(tags or {})}
+        if job:
+            run_tags["job"] = job
+        run_id = client.create_run(exp_id, run_name=f"{stage}/{region}",
+                                   tags={k: str(v) for k, v in run_tags.items()}).info.run_id
+    params = run_params(config, commit)
+    log_params(run_id, params, uri)
+    set_tags(run_id, {"config_hash": params["config_hash"]}, uri)
+    return run_id
+
+
+def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None) -> None:
+    """Mark a run FINISHED, FAILED or KILLED (from any process)."""
+    get_client(uri).set_terminated(run_id, status=status)

@@ -1,0 +1,158 @@
+"""Where tracking data goes: the tracking URI, a fail-fast reachability check, cached clients.
+
+Default store: ``sqlite:///<project>/mlflow.db`` with artifacts under ``<project>/mlartifacts``
+(both git-ignored). ``$MLFLOW_TRACKING_URI`` overrides it, e.g. ``http://127.0.0.1:5000`` for
+the local server (``make mlflow-server``) or the server on a Ray cluster's head node.
+
+Every function takes an optional ``uri``; ``None`` means :func:`tracking_uri`. Nothing here sets
+MLflow's process-global tracking URI, so a Ray worker can log to the store the driver named.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from optw.catalog import PROJECT_ROOT
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+ENV_URI = "MLFLOW_TRACKING_URI"
+DB_NAME = "mlflow.db"
+ARTIFACTS_DIR = "mlartifacts"
+
+log = logging.getLogger(__name__)
+
+
+class TrackingUnavailableError(RuntimeError):
+    """The tracking store cannot be reached or written (raised before any work starts)."""
+
+
+def default_tracking_uri() -> str:
+    """``sqlite:///<project>/mlflow.db`` (absolute path, so it works from any folder)."""
+    return f"sqlite:///{(PROJECT_ROOT / DB_NAME).as_posix()}"
+
+
+def tracking_uri(uri: str | None = None) -> str:
+    """``uri`` if given, else ``$MLFLOW_TRACKING_URI``, else :func:`default_tracking_uri`."""
+    if uri:
+        return uri
+    return os.environ.get(ENV_URI) or default_tracking_uri()
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (``None`` for other schemes or in-memory)."""
+    match = re.match(r"^sqlite:///(.*)$", uri)
+    if not match:
+        return None
+    path = match.group(1).split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+def artifact_root(uri: str | None = None) -> Path | None:
+    """Folder for artifacts of experiments created against a sqlite store: ``mlartifacts``
+    beside the database (``<project>/mlartifacts`` for the default). ``None`` for servers,
+    which choose their own (``--default-artifact-root``)."""
+    db = sqlite_path(tracking_uri(uri))
+    return db.resolve().parent / ARTIFACTS_DIR if db is not None else None
+
+
+def quiet() -> None:
+    """Silence MLflow's chatter that says nothing actionable (DB migrations, progress bars)."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # per ended run
+    for name in ("alembic", "mlflow.store.db.utils", "mlflow.store.model_registry.abstract_store"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def check_tracking_uri(uri: str | None = None, timeout: float = 3.0) -> str:
+    """Fail fast, with one clear message, when the store cannot be used; return the URI.
+
+    - ``http(s)://``: GET ``/health`` (then the REST API) with a short timeout;
+    - ``sqlite:///``: the database's folder exists and is writable (the file, if present, too);
+    - ``file:`` or a plain path: the folder (or its parent) is writable;
+    - other schemes (postgresql, databricks, ...) are passed through unchecked.
+    """
+    uri = tracking_uri(uri)
+    scheme = urllib.parse.urlparse(uri).scheme
+    if scheme in ("http", "https"):
+        _check_http(uri, timeout)
+    elif scheme == "sqlite":
+        db = sqlite_path(uri)
+        if db is not None:
+            _check_writable(db.parent, uri)
+            if db.exists() and not (db.is_file() and os.access(db, os.R_OK | os.W_OK)):
+                raise TrackingUnavailableError(
+                    f"tracking store {uri}: {db} is not a readable and writable file")
+    elif scheme in ("", "file"):
+        path = Path(urllib.parse.urlparse(uri).path if scheme else uri)
+        _check_writable(path if path.exists() else path.parent, uri)
+    return uri
+
+
+def _check_http(uri: str, timeout: float) -> None:
+    base = uri.rstrip("/")
+    hint = (f"start it (`make mlflow-server`, see docs/tracking.md) or unset {ENV_URI} to use "
+            "the local sqlite store")
+    try:
+        with urllib.request.urlopen(f"{base}/health", timeout=timeout) as resp:
+            if resp.status == 200:
+                return
+    except urllib.error.HTTPError as exc:
+        if exc.code >= 500:
+            raise TrackingUnavailableError(
+                f"MLflow tracking server {uri} answers /health with HTTP {exc.code}") from None
+        # No /health behind this path (proxy, prefix): try the REST API below.
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise TrackingUnavailableError(
+            f"MLflow tracking server {uri} is unreachable ({reason}); {hint}") from None
+    try:
+        url = f"{base}/api/2.0/mlflow/experiments/search?max_results=1"
+        with urllib.request.urlopen(url, timeout=timeout):
+            return
+    except urllib.error.HTTPError as exc:
+        if exc.code < 500:  # 401/403: the server is there, credentials are MLflow's business
+            return
+        raise TrackingUnavailableError(
+            f"MLflow tracking server {uri} answers the REST API with HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise TrackingUnavailableError(
+            f"MLflow tracking server {uri} is unreachable ({exc}); {hint}") from None
+
+
+def _check_writable(folder: Path, uri: str) -> None:
+    if not folder.is_dir():
+        raise TrackingUnavailableError(f"tracking store {uri}: folder {folder} does not exist")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".optw-write-check-"):
+            pass
+    except OSError as exc:
+        raise TrackingUnavailableError(
+            f"tracking store {uri}: folder {folder} is not writable ({exc.strerror})") from None
+
+
+@functools.lru_cache(maxsize=8)
+def _client(uri: str) -> MlflowClient:
+    quiet()
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def get_client(uri: str | None = None) -> MlflowClient:
+    """One cached ``MlflowClient`` per URI and process (tracking and registry on the same store).
+
+    Cheap to call from every function and every Ray task; the first call per process opens the
+    store (for sqlite: creates or migrates the database)."""
+    return _client(tracking_uri(uri))
