@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test test-slow test-all lint catalog install clean-catalog
+.PHONY: run test test-slow test-all lint catalog install clean-catalog mlflow-server
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ catalog: $(STAMP)
 	$(BIN)/optw catalog build --if-missing
 
 run: catalog
-	$(BIN)/optw catalog list
+	PROFILE=$(or $(PROFILE),smoke) bash jobs/embedded.sh $(ARGS)
 
 test: catalog
 	$(BIN)/python -m pytest
@@ -35,3 +35,8 @@ lint: $(STAMP)
 
 clean-catalog:
 	rm -f region_catalog/*.parquet region_catalog/manifest.json
+
+# A local MLflow server (one worker, modest memory) on 127.0.0.1:5000 over the project's store;
+# point jobs at it with MLFLOW_TRACKING_URI=http://127.0.0.1:5000.
+mlflow-server: $(STAMP)
+	$(BIN)/python -m optw.tracking.server --host 127.0.0.1 --port 5000

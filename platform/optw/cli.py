@@ -13,6 +13,12 @@ import sys
 #: Modules that add subcommands, in help order.
 COMMAND_MODULES = (
     "optw.catalog.cli",
+    "optw.decode.cli",
+    "optw.train.cli",
+    "optw.baselines.cli",
+    "optw.evaluate.cli",
+    "optw.serve.cli",
+    "optw.report.cli",
 )
 
 

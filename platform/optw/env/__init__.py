@@ -1,5 +1,30 @@
-"""Batched OPTW environment (pure tensor functions) and the independent route validator."""
+"""Batched OPTW environment (pure tensor functions) and the independent route validator.
 
+Typical use::
+
+    from optw.env import make_instances, reset, step, lookahead, dynamic_features, reward
+    inst = make_instances(region, tourists)          # K tourists as tensors
+    state = reset(inst, ids)                         # R routes, ids[R] -> tourist
+    state = step(inst, state, action)                # action[R] node indices
+"""
+
+from optw.env.instances import N_DYNAMIC, N_STATIC, NEVER, Instances, make_instances
+from optw.env.state import (
+    GRAPHS,
+    State,
+    dynamic_features,
+    feasible,
+    graph_mask,
+    lookahead,
+    node_features,
+    reset,
+    reward,
+    step,
+)
 from optw.env.validate import InvalidRoute, RouteCheck, check_route
 
-__all__ = ["InvalidRoute", "RouteCheck", "check_route"]
+__all__ = [
+    "GRAPHS", "NEVER", "N_DYNAMIC", "N_STATIC", "Instances", "InvalidRoute", "RouteCheck",
+    "State", "check_route", "dynamic_features", "feasible", "graph_mask", "lookahead",
+    "make_instances", "node_features", "reset", "reward", "step",
+]

@@ -1,0 +1,14 @@
+"""The platform's main job: train, fine-tune, evaluate and register every region's model.
+
+    ray job submit --working-dir . -- python jobs/train_all.py --profile smoke
+    python jobs/train_all.py --profile paper --groups gavalas --mode global-ft
+
+Runs on the Ray cluster it is submitted to (or starts a local one); see README.md.
+"""
+
+import sys
+
+from optw.distributed.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Beam search, batched over tourists (``shared/spec/published-checkpoints.md``, item 6).
+
+Partial routes are ranked by their summed log-probability (float32, as the published outputs
+were computed). Each step expands every (beam, admissible node) pair of a tourist and keeps the
+best ``min(width, number of pairs)``; a kept pair that chooses the end node is a finished route
+and is set aside; the others are the next step's beams. The search ends when no beam is left,
+and the answer is the finished route with the highest score (the earliest-finished, best-ranked
+one among equal scores).
+
+Speed: beams carry only their admissible nodes (see :mod:`optw.decode.core`); beams whose only
+admissible node is the end skip the network (their one pair has log-probability exactly 0);
+candidates are ranked per tourist with one ``topk`` over a padded ``[K, beams·m]`` table whose
+order (beam, then node) is the authors' flattened (beam, node) order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from optw.decode.core import Decoder, Frontier, Pass
+from optw.env.instances import Instances
+from optw.model.network import PointerNet
+
+MAX_BEAMS = 128
+
+
+@dataclass
+class BeamResult:
+    """Per tourist: the best finished route (node list), its score and summed log-prob, and how
+    many routes finished."""
+
+    routes: list[list[int]]
+    scores: list[float]
+    log_probs: list[float]
+    finished: list[int]
+
+
+def check_width(width: int) -> int:
+    """Validate a beam width (1..128)."""
+    if isinstance(width, bool) or not isinstance(width, int):
+        raise ValueError(f"beam width must be an integer in 1..{MAX_BEAMS}, got {width!r}")
+    if not 1 <= width <= MAX_BEAMS:
+        raise ValueError(f"beam width must be in 1..{MAX_BEAMS}, got {width}")
+    return width
+
+
+def beam_search(
+    model: PointerNet, inst: Instances, width: int = MAX_BEAMS, compact: bool = True
+) -> BeamResult:
+    """Beam search of ``width`` beams for every tourist of ``inst`` (no gradients)."""
+    check_width(width)
+    with torch.inference_mode():
+        return _beam_search(model, inst, width, compact)
+
+
+def _beam_search(model: PointerNet, inst: Instances, width: int, compact: bool) -> BeamResult:
+    dev = inst.device
+    k_tourists = inst.n_tourists
+    dec = Decoder(model, inst, compact)
+    end = dec.end
+    fr: Frontier = dec.start(torch.arange(k_tourists, device=dev))
+    group = torch.arange(k_tourists, device=dev)  # tourist of each beam; beams grouped in order
+    sum_lp = torch.zeros(k_tourists, device=dev)
+    fin_group: list[torch.Tensor] = []
+    fin_routes: list[torch.Tensor] = []
+    fin_lp: list[torch.Tensor] = []
+    while group.numel():
+        forced = dec.forced(fr)
+        free = (~forced).nonzero().squeeze(1)
+        r = fr.n_routes
+        p: Pass | None = None
+        if free.numel():
+            sub = fr if free.numel() == r else fr.index(free)
+            p = dec.evaluate(sub)
+            m = p.logits.shape[1]
+            logp = torch.log_softmax(p.logits, dim=1)
+            if free.numel() < r:
+                logp = torch.full((r, m), float("-inf"), device=dev).index_copy(0, free, logp)
+        else:
+            m = int(fr.count.max())
+            logp = torch.full((r, m), float("-inf"), device=dev)
+        if free.numel() < r:  # a forced beam's one pair (the end, its last row) has log-prob 0
+            rows = forced.nonzero().squeeze(1)
+            logp[rows, fr.count.index_select(0, rows) - 1] = 0.0
+        cand = sum_lp.unsqueeze(1) + logp  # [R, m]
+
+        # rank (beam, row) pairs per tourist in one padded topk; order = (beam, node)
+        counts = torch.bincount(group, minlength=k_tourists)
+        offsets = torch.cumsum(counts, 0) - counts
+        b_max = int(counts.max())
+        rank = torch.arange(r, device=dev) - offsets[group]
+        table = torch.full((k_tourists, b_max, m), float("-inf"), device=dev)
+        table[group, rank] = cand
+        k = min(width, b_max * m)
+        vals, idx = table.view(k_tourists, -1).topk(k, dim=1)
+        sel_t, sel_j = torch.isfinite(vals).nonzero(as_tuple=True)
+        flat = idx[sel_t, sel_j]
+        parent = offsets[sel_t] + torch.div(flat, m, rounding_mode="floor")
+        slot = flat % m
+        new_lp = vals[sel_t, sel_j]
+        node = fr.node.index_select(0, fr.offsets().index_select(0, parent) + slot)
+
+        done = node == end
+        if bool(done.any()):
+            par = parent[done]
+            fin_group.append(sel_t[done])
+            fin_routes.append(torch.cat(
+                [fr.state.route.index_select(0, par),
+                 torch.full((par.shape[0], 1), end, dtype=torch.long, device=dev)], dim=1))
+            fin_lp.append(new_lp[done])
+        go = (~done).nonzero().squeeze(1)
+        if not go.numel():
+            break
+        assert p is not None  # a forced beam's only pair is the end
+        sub_row = torch.cumsum((~forced).long(), 0) - 1  # row of each free beam in the pass
+        fr = dec.advance(sub, p, sub_row.index_select(0, parent.index_select(0, go)),
+                         slot.index_select(0, go))
+        group = sel_t.index_select(0, go)
+        sum_lp = new_lp.index_select(0, go)
+    return _best(inst, fin_group, fin_routes, fin_lp)
+
+
+def _best(
+    inst: Instances,
+    fin_group: list[torch.Tensor],
+    fin_routes: list[torch.Tensor],
+    fin_lp: list[torch.Tensor],
+) -> BeamResult:
+    """The highest-score finished route per tourist (first found among equal scores)."""
+    k_tourists = inst.n_tourists
+    scores = inst.scores.double()
+    best: list[tuple[float, list[int], float] | None] = [None] * k_tourists
+    finished = [0] * k_tourists
+    for g, routes, lp in zip(fin_group, fin_routes, fin_lp, strict=True):
+        totals = scores.index_select(0, g).gather(1, routes).sum(1)
+        for t, route, total, logp in zip(g.tolist(), routes.tolist(), totals.tolist(),
+                                         lp.tolist(), strict=True):
+            finished[t] += 1
+            if best[t] is None or total > best[t][0]:
+                best[t] = (total, route, logp)
+    if any(b is None for b in best):  # cannot happen: every beam search finishes routes
+        raise RuntimeError("beam search finished no route for some tourist")
+    return BeamResult(
+        routes=[b[1] for b in best],  # type: ignore[index]
+        scores=[b[0] for b in best],  # type: ignore[index]
+        log_probs=[b[2] for b in best],  # type: ignore[index]
+        finished=finished,
+    )

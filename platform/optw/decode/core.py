@@ -1,0 +1,397 @@
+"""Step-by-step decoding with the pointer network, and the training rollout.
+
+Speed-ups, all exact (same outputs as evaluating every node at every step):
+
+- **Active-node compaction.** Only admissible nodes influence anything downstream: attention
+  columns are masked to admissible nodes (Ad[i, j] needs j admissible), the pointer masks the
+  others, the LSTM input is the chosen (admissible) node's encoding, and admissible sets only
+  shrink. So each route carries just its admissible nodes as packed rows ``[N, d]`` and every
+  pass costs O(admissible nodes) instead of O(n).
+- **Shared prefixes.** Sampled routes of a tourist with the same prefix are in the same state;
+  :func:`rollout` evaluates each distinct prefix once (training and active search sample 32
+  routes of one tourist, and a trained policy's samples share long prefixes).
+- **Finished and forced routes leave the batch.** A route whose only admissible node is the end
+  takes it with probability exactly 1 (log-prob 0, no gradient), so it needs no network pass.
+- **No copies.** Routes point at their tourist by ``ids``; distances, node tables and static
+  embeddings are gathered from the shared per-tourist tensors, and a step's recursion input is
+  the previous pass's output indexed in place (beam siblings share their parent's rows).
+- **Attention buckets.** Attention runs on padded per-route tables; routes are grouped by row
+  count so that little padding is computed, with lengths that are multiples of 16 (much faster
+  in PyTorch's CPU kernel).
+- Fused projections and oneDNN linear layers (:mod:`optw.model`), vectorised masks and Ad in
+  exact integer time units (:mod:`optw.env`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from optw.env.instances import Instances
+from optw.env.state import State, graph_mask, node_features, reset, step
+from optw.model.network import Bucket, Layout, PointerNet
+
+
+def rows_of(count: torch.Tensor, parent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed rows of the routes ``parent[C]`` (routes may repeat), for row counts ``count[R]``:
+    (source row of each new row, new route index of each new row), new rows grouped by route."""
+    c_count = count.index_select(0, parent)
+    total = int(c_count.sum())
+    child = torch.repeat_interleave(torch.arange(parent.shape[0], device=count.device),
+                                    c_count, output_size=total)
+    src_start = (torch.cumsum(count, 0) - count).index_select(0, parent)
+    new_start = torch.cumsum(c_count, 0) - c_count
+    offset = src_start - new_start
+    return torch.arange(total, device=count.device) + offset.index_select(0, child), child
+
+
+def padded_rows(n: int) -> int:
+    """Row counts are rounded up on a grid of 8 sizes per octave (<= 12.5% padding), so the
+    linear layers see a bounded set of shapes (oneDNN compiles and caches one kernel per
+    shape)."""
+    if n <= 64:
+        return max(16, -(-n // 16) * 16)
+    q = 1 << (n.bit_length() - 4)
+    return -(-n // q) * q
+
+
+def with_padding(index: torch.Tensor) -> torch.Tensor:
+    """``index[N]`` extended to :func:`padded_rows` entries (extra entries repeat the first)."""
+    n = index.shape[0]
+    extra = padded_rows(n) - n
+    if extra == 0 or n == 0:
+        return index
+    return torch.cat([index, index[:1].expand(extra)])
+
+
+@dataclass
+class Frontier:
+    """Live routes between two decoding steps, with their admissible nodes as packed rows.
+
+    Rows are grouped by route (``route[N]``, ``count[R]`` rows per route) with each route's nodes
+    ``node[N]`` in ascending order. The previous pass's output (the next pass's recursion input)
+    is ``prev`` as that pass left it, row ``src[i]`` for row i (rows are never copied; beam
+    siblings share their parent's); ``(h, c)`` the LSTM state and ``lstm_in`` its next input.
+    """
+
+    state: State
+    node: torch.Tensor
+    route: torch.Tensor
+    count: torch.Tensor
+    prev: torch.Tensor
+    src: torch.Tensor
+    h: torch.Tensor
+    c: torch.Tensor
+    lstm_in: torch.Tensor
+
+    @property
+    def n_routes(self) -> int:
+        return int(self.count.shape[0])
+
+    def offsets(self) -> torch.Tensor:
+        """First row of each route."""
+        return torch.cumsum(self.count, 0) - self.count
+
+    def index(self, idx: torch.Tensor) -> Frontier:
+        """The routes ``idx`` (index tensor or bool mask)."""
+        if idx.dtype == torch.bool:
+            idx = idx.nonzero().squeeze(1)
+        rows, child = rows_of(self.count, idx)
+        return Frontier(
+            self.state.index(idx), self.node.index_select(0, rows), child,
+            self.count.index_select(0, idx), self.prev, self.src.index_select(0, rows),
+            self.h.index_select(0, idx), self.c.index_select(0, idx),
+            self.lstm_in.index_select(0, idx),
+        )
+
+
+@dataclass
+class Pass:
+    """One network evaluation of a frontier: encodings of its rows (``enc[i]`` for frontier row
+    i; :func:`padded_rows` rows, the extra ones are padding), the new LSTM state [R, d] and
+    logits [R, m] (per route and row number, ``-inf`` where there is no admissible node)."""
+
+    enc: torch.Tensor
+    h: torch.Tensor
+    c: torch.Tensor
+    logits: torch.Tensor
+
+
+#: Padded attention lengths are multiples of this (PyTorch's CPU attention kernel is much
+#: faster for them).
+ATTENTION_BLOCK = 16
+#: Cost model for grouping routes into attention buckets (microseconds): one padded row
+#: (gathers), one attention entry (both layers, all heads), one more bucket.
+_ROW_COST, _ENTRY_COST, _BUCKET_COST = 0.3, 0.035, 150.0
+MAX_BUCKETS = 6
+
+
+def plan_buckets(counts: list[int]) -> list[tuple[int, int]]:
+    """Group routes sorted by decreasing row count into buckets: (number of routes, width).
+
+    Widths are the bucket's largest count rounded up to :data:`ATTENTION_BLOCK`; a group of
+    routes joins the previous bucket when the padding it costs is cheaper than a new bucket.
+    """
+    groups: list[list[int]] = []  # [width, routes]
+    for c in counts:
+        w = -(-max(c, 1) // ATTENTION_BLOCK) * ATTENTION_BLOCK
+        if groups and groups[-1][0] == w:
+            groups[-1][1] += 1
+        else:
+            groups.append([w, 1])
+    buckets: list[list[int]] = []
+    for w, g in groups:
+        if buckets:
+            big = buckets[-1][0]
+            waste = g * ((big - w) * _ROW_COST + (big * big - w * w) * _ENTRY_COST)
+            if waste < _BUCKET_COST or len(buckets) == MAX_BUCKETS:
+                buckets[-1][1] += g
+                continue
+        buckets.append([w, g])
+    return [(g, w) for w, g in buckets]
+
+
+class Decoder:
+    """Runs the model over routes of ``inst``. ``compact=False`` keeps every node as a row at
+    every step (the authors' computation, for checks and comparisons)."""
+
+    def __init__(self, model: PointerNet, inst: Instances, compact: bool = True):
+        self.model = model
+        self.inst = inst
+        self.compact = compact
+        self.n = inst.n_nodes
+        self.end = inst.n_nodes - 1
+        self.graph = model.cfg.graph
+        emb = model.embed_static(inst.static)  # [K, n, d/2], shared by all routes
+        self.static_emb = emb.reshape(-1, emb.shape[-1])
+
+    def _keep(self, state: State, node: torch.Tensor, route: torch.Tensor) -> torch.Tensor:
+        """Rows that stay: admissible in ``state`` (every row without compaction)."""
+        if not self.compact:
+            return torch.ones_like(node, dtype=torch.bool)
+        return state.mask.view(-1).index_select(0, route * self.n + node)
+
+    @staticmethod
+    def state_rows(state: State, route: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(ids, current, time_u) of each row's route."""
+        return tuple(t.index_select(0, route) for t in (state.ids, state.current, state.time_u))
+
+    def _layout(self, state: State, node: torch.Tensor, route: torch.Tensor,
+                count: torch.Tensor) -> Layout:
+        """Attention buckets for the packed rows, with the graph Ad of each."""
+        dev = node.device
+        r, n_rows = count.shape[0], node.shape[0]
+        offsets = torch.cumsum(count, 0) - count
+        order = torch.argsort(count, descending=True, stable=True)
+        plan = plan_buckets(count.index_select(0, order).tolist())
+        width = torch.repeat_interleave(
+            torch.tensor([w for _, w in plan], device=dev),
+            torch.tensor([g for g, _ in plan], device=dev), output_size=r)
+        start_sorted = torch.cumsum(width, 0) - width
+        row_start = torch.empty_like(start_sorted).index_copy_(0, order, start_sorted)
+        total = int(width.sum())
+        att_route = torch.repeat_interleave(order, width, output_size=total)
+        slot = torch.arange(total, device=dev) - row_start.index_select(0, att_route)
+        cnt = count.index_select(0, att_route)
+        gather = offsets.index_select(0, att_route) + torch.minimum(slot, cnt - 1)
+        back = row_start.index_select(0, route) + torch.arange(n_rows, device=dev) - (
+            offsets.index_select(0, route))
+        att_node = node.index_select(0, gather)
+        valid = slot < cnt
+        if not self.compact:  # rows of inadmissible nodes are computed, never attended to
+            valid &= state.mask.view(-1).index_select(0, att_route * self.n + att_node)
+        buckets, first = [], 0
+        for g, w in plan:
+            routes = order[first:first + g]
+            start = int(row_start[routes[0]])
+            rows = slice(start, start + g * w)
+            adj = graph_mask(self.inst, *self.state_rows(state, routes),
+                             att_node[rows].view(g, w), valid[rows].view(g, w), self.graph)
+            buckets.append(Bucket(start, g, w, Layout.graph_bias(adj)))
+            first += g
+        # padding rows (copies of row 0) go through the row-wise blocks only
+        return Layout(with_padding(route), gather, with_padding(back), buckets)
+
+    def _pass(self, state: State, node: torch.Tensor, route: torch.Tensor, count: torch.Tensor,
+              fr: Frontier | None) -> Pass:
+        """Encoder pass (+ LSTM step and pointer when ``fr`` is given) over the packed rows
+        ``node``/``route`` (``count[R]`` per route); the recursion input is ``fr``'s previous
+        pass (without ``fr``: the embeddings themselves)."""
+        dev = node.device
+        r, n_rows = count.shape[0], node.shape[0]
+        layout = self._layout(state, node, route, count)
+        node_x = with_padding(node)
+        ids, cur, t = self.state_rows(state, layout.route)
+        static = self.static_emb.index_select(0, ids * self.n + node_x)
+        dyn = node_features(self.inst, ids, cur, t, node_x.unsqueeze(1)).squeeze(1)
+        x = self.model.embed(static, dyn)
+        if fr is None:
+            return Pass(self.model.encode(x, x, layout), None, None, None)  # type: ignore
+        enc = self.model.encode(x, fr.prev, layout, fr.src)
+        h, c = self.model.lstm(fr.lstm_in, (fr.h, fr.c))
+        logits = self.model.pointer(enc, h, layout.route)[:n_rows]
+        if not self.compact:
+            adm = state.mask.view(-1).index_select(0, route * self.n + node)
+            logits = logits.masked_fill(~adm, float("-inf"))
+        m = int(count.max())
+        rownum = torch.arange(n_rows, device=dev) - (torch.cumsum(count, 0) - count)[route]
+        table = torch.full((r * m,), float("-inf"), device=dev)
+        table = table.index_put((route * m + rownum,), logits).view(r, m)
+        return Pass(enc, h, c, table)
+
+    # --- the decoding sequence -----------------------------------------------------------------
+    def start(self, ids: torch.Tensor) -> Frontier:
+        """Steps 1-2 of the spec's sequence: the first pass with the start still admissible
+        (recursion input = the embeddings), then the start marked visited."""
+        s0 = reset(self.inst, ids)
+        r = s0.n_routes
+        rows0 = s0.mask if self.compact else torch.ones_like(s0.mask)
+        route, node = rows0.nonzero(as_tuple=True)
+        count = rows0.sum(1)
+        e0 = self._pass(s0, node, route, count, None).enc
+        lstm_in = e0.index_select(0, torch.cumsum(count, 0) - count)  # node 0 leads each route
+        s1 = step(self.inst, s0, torch.zeros(r, dtype=torch.long, device=ids.device), check=False)
+        keep = self._keep(s1, node, route)
+        route = route[keep]
+        h, c = self.model.initial_state(r)
+        return Frontier(s1, node[keep], route, torch.bincount(route, minlength=r), e0,
+                        keep.nonzero().squeeze(1), h, c, lstm_in)
+
+    def evaluate(self, fr: Frontier) -> Pass:
+        """One encoder pass, LSTM step and pointer over the frontier's rows."""
+        return self._pass(fr.state, fr.node, fr.route, fr.count, fr)
+
+    def advance(self, fr: Frontier, p: Pass, parent: torch.Tensor, slot: torch.Tensor) -> Frontier:
+        """Children of the routes ``parent[C]`` of ``fr`` (evaluated as ``p``), each moving to
+        its parent's row number ``slot[C]`` (never the end node)."""
+        chosen = fr.offsets().index_select(0, parent) + slot
+        action = fr.node.index_select(0, chosen)
+        state = step(self.inst, fr.state.index(parent), action, check=False)
+        src, child = rows_of(fr.count, parent)
+        node = fr.node.index_select(0, src)
+        keep = self._keep(state, node, child)
+        src, child = src[keep], child[keep]
+        return Frontier(
+            state, node[keep], child, torch.bincount(child, minlength=parent.shape[0]),
+            p.enc, src, p.h.index_select(0, parent), p.c.index_select(0, parent),
+            p.enc.index_select(0, chosen),
+        )
+
+    def forced(self, fr: Frontier) -> torch.Tensor:
+        """[R] bool: routes whose only admissible node is the end."""
+        return fr.state.mask.sum(1) == 1
+
+
+@dataclass
+class Rollout:
+    """Routes built by :func:`rollout`.
+
+    ``routes[R, L]``: node indices from the start 0 to the end ``n-1``, padded with -1;
+    ``reward``: sum of scores; ``log_prob``: summed log-probability of the route's choices;
+    ``entropy``: summed entropy of the step policies (both differentiable; forced last steps
+    contribute 0); ``lengths``: nodes per route.
+    """
+
+    routes: torch.Tensor
+    reward: torch.Tensor
+    log_prob: torch.Tensor
+    entropy: torch.Tensor
+    lengths: torch.Tensor
+
+    @property
+    def actions(self) -> torch.Tensor:
+        """Alias of ``routes``."""
+        return self.routes
+
+
+def rollout(
+    model: PointerNet,
+    instances: Instances,
+    ids: torch.Tensor | None = None,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+    compact: bool = True,
+    share_prefixes: bool = True,
+) -> Rollout:
+    """Build one route per entry of ``ids`` (the tourist index of each route; default one per
+    tourist), sampling from the policy (or greedily), keeping the autograd graph when grad
+    is enabled. Training::
+
+        ids = torch.arange(K).repeat_interleave(32)
+        out = rollout(model, inst, ids, generator=g)
+        baseline = out.reward.view(K, 32).mean(1).repeat_interleave(32)
+        loss = -((out.reward - baseline) * out.log_prob).mean() - beta * out.entropy.mean()
+
+    Routes of the same tourist with the same prefix are in the same state, so each distinct
+    prefix is evaluated once and shared (``share_prefixes``; exact): all routes of a tourist
+    share their first passes, and samples of a trained policy share long prefixes.
+    """
+    dev = instances.device
+    if ids is None:
+        ids = torch.arange(instances.n_tourists, device=dev)
+    ids = ids.to(device=dev, dtype=torch.long)
+    dec = Decoder(model, instances, compact)
+    n, end = dec.n, dec.end
+    r = ids.shape[0]
+    routes = torch.full((r, n + 1), -1, dtype=torch.long, device=dev)
+    routes[:, 0] = 0
+    steps_idx: list[torch.Tensor] = []
+    steps_lp: list[torch.Tensor] = []
+    steps_ent: list[torch.Tensor] = []
+    if share_prefixes:
+        first, owner = torch.unique(ids, return_inverse=True)  # one state per tourist
+    else:
+        first, owner = ids, torch.arange(r, device=dev)
+    fr = dec.start(first)  # the distinct states; live route i is in state owner[i]
+    live = torch.arange(r, device=dev)
+    col = 1
+    while live.numel():
+        forced = dec.forced(fr)
+        if bool(forced.any()):
+            done = forced.index_select(0, owner)
+            routes[live[done], col] = end
+            renumber = torch.cumsum((~forced).long(), 0) - 1
+            live, owner = live[~done], renumber.index_select(0, owner[~done])
+            if not live.numel():
+                break
+            fr = fr.index(~forced)
+        p = dec.evaluate(fr)
+        logp = torch.log_softmax(p.logits, dim=1)
+        if greedy:
+            slot = p.logits.argmax(1).index_select(0, owner)
+        else:
+            with torch.no_grad():
+                probs = logp.exp().index_select(0, owner)
+                slot = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        entropy = -(logp.exp() * logp.masked_fill(p.logits == float("-inf"), 0.0)).sum(1)
+        steps_idx.append(live)
+        steps_lp.append(logp[owner, slot])
+        steps_ent.append(entropy.index_select(0, owner))
+        action = fr.node.index_select(0, fr.offsets().index_select(0, owner) + slot)
+        routes[live, col] = action
+        go = (action != end).nonzero().squeeze(1)
+        live = live.index_select(0, go)
+        if live.numel():
+            m = p.logits.shape[1]
+            key = owner.index_select(0, go) * m + slot.index_select(0, go)
+            if share_prefixes:
+                key, owner = torch.unique(key, return_inverse=True)
+            else:
+                owner = torch.arange(key.shape[0], device=dev)
+            parent = torch.div(key, m, rounding_mode="floor")
+            fr = dec.advance(fr, p, parent, key - parent * m)
+        col += 1
+    lengths = (routes >= 0).sum(1)
+    routes = routes[:, : int(lengths.max())]
+    zero = torch.zeros(r, device=dev)
+    if steps_idx:
+        idx = torch.cat(steps_idx)
+        log_prob = zero.index_add(0, idx, torch.cat(steps_lp))
+        entropy = zero.index_add(0, idx, torch.cat(steps_ent))
+    else:  # every route was forced: nothing to learn, but keep the training loop's backward valid
+        grad = torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())
+        log_prob, entropy = (torch.zeros(r, device=dev, requires_grad=grad) for _ in range(2))
+    scores = instances.scores.index_select(0, ids)
+    reward = (scores.gather(1, routes.clamp(min=0)) * (routes >= 0)).sum(1)
+    return Rollout(routes, reward, log_prob, entropy, lengths)

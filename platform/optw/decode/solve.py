@@ -1,0 +1,175 @@
+"""One entry point for inference: :func:`solve`.
+
+``solve(model, region, tourists, method=...)`` solves every tourist of the batch in one call and
+returns one :class:`Solution` each, every route checked by the independent validator
+(:func:`optw.env.check_route`; an invalid route is a bug and raises).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from optw.catalog.region import Region, Tourists
+from optw.decode.beam import MAX_BEAMS, beam_search, check_width
+from optw.decode.core import rollout
+from optw.env.instances import Instances, make_instances
+from optw.env.validate import check_route
+from optw.model.network import PointerNet
+
+METHODS = ("greedy", "sampling", "beam", "active_search")
+
+
+@dataclass
+class Solution:
+    """A route for one tourist.
+
+    ``route``: node indices from the start 0 to the end ``n-1``; ``arrival``/``start``: arrival
+    and start-of-visit times per route position (minutes); ``seconds``: wall time of the call
+    that produced it divided by the number of tourists it solved (active search: this tourist's
+    own time).
+    """
+
+    region: str
+    tourist: int
+    method: str
+    route: list[int]
+    score: float
+    arrival: list[float] = field(default_factory=list)
+    start: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "region": self.region, "tourist": self.tourist, "method": self.method,
+            "route": self.route, "score": self.score, "seconds": self.seconds,
+        }
+
+
+def _check_args(method: str, beams: int, samples: int) -> None:
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
+    if method in ("beam", "active_search"):
+        check_width(beams)
+    if method in ("sampling", "active_search") and (
+        isinstance(samples, bool) or not isinstance(samples, int) or samples < 1
+    ):
+        raise ValueError(f"samples must be a positive integer, got {samples!r}")
+
+
+def _best_of(inst: Instances, routes: torch.Tensor, ids: torch.Tensor) -> list[list[int]]:
+    """The highest-reward route per tourist among ``routes`` (first among ties)."""
+    scores = inst.scores.double().index_select(0, ids)
+    reward = (scores.gather(1, routes.clamp(min=0)) * (routes >= 0)).sum(1)
+    best: list[tuple[float, list[int]] | None] = [None] * inst.n_tourists
+    for t, route, total in zip(ids.tolist(), routes.tolist(), reward.tolist(), strict=True):
+        if best[t] is None or total > best[t][0]:
+            best[t] = (total, [v for v in route if v >= 0])
+    return [b[1] for b in best]  # type: ignore[index]
+
+
+def _greedy_routes(model: PointerNet, inst: Instances) -> list[list[int]]:
+    with torch.inference_mode():
+        out = rollout(model, inst, greedy=True)
+    return [[v for v in route if v >= 0] for route in out.routes.tolist()]
+
+
+def _better(a: list[int], b: list[int], scores: torch.Tensor) -> list[int]:
+    """``b`` if it scores strictly more than ``a``, else ``a``."""
+    sa = float(scores[a].sum())
+    sb = float(scores[b].sum())
+    return b if sb > sa else a
+
+
+def solve(
+    model: PointerNet,
+    region: Region,
+    tourists: Tourists,
+    method: str = "beam",
+    beams: int = MAX_BEAMS,
+    samples: int = 128,
+    keep_greedy: bool = True,
+    epochs: int = 128,
+    batch_size: int = 32,
+    lr: float = 1e-5,
+    seed: int | None = 0,
+    device: str | torch.device | None = None,
+) -> list[Solution]:
+    """Solve every tourist of ``tourists`` (one region) with ``method``:
+
+    - ``greedy``: the most probable node at each step;
+    - ``sampling``: the best of ``samples`` routes sampled from the policy;
+    - ``beam``: beam search of width ``beams`` (1..128; ranking as the published spec);
+    - ``active_search``: ``epochs`` of REINFORCE on the tourist (``batch_size`` sampled routes,
+      Adam ``lr``) on a copy of the model, then beam search (paper, Algorithm 2).
+
+    ``keep_greedy`` (default) also considers the greedy route, so sampling and beam search are
+    never below greedy; ``keep_greedy=False`` reproduces the published outputs exactly.
+    ``seed`` seeds sampling and active search (None: not seeded).
+    """
+    _check_args(method, beams, samples)
+    if len(tourists) == 0:
+        return []
+    if device is None:
+        device = next(model.parameters()).device
+    model = model.to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        inst = make_instances(region, tourists, device)
+        gen = torch.Generator(device=device)
+        if seed is not None:
+            gen.manual_seed(seed)
+        else:
+            gen.seed()
+        per_tourist: list[float] | None = None
+        t0 = time.perf_counter()
+        if method == "greedy":
+            routes = _greedy_routes(model, inst)
+        elif method == "sampling":
+            ids = torch.arange(inst.n_tourists, device=device).repeat_interleave(samples)
+            with torch.inference_mode():
+                out = rollout(model, inst, ids, generator=gen)
+            routes = _best_of(inst, out.routes, ids)
+        elif method == "beam":
+            routes = beam_search(model, inst, beams).routes
+        else:
+            from optw.decode.active_search import active_search
+
+            routes, per_tourist = [], []
+            for k in range(len(tourists)):
+                tk = time.perf_counter()
+                sub = make_instances(region, tourists[k], device)
+                res = active_search(model, sub, epochs=epochs, batch_size=batch_size, lr=lr,
+                                    beams=beams, generator=gen, keep_greedy=keep_greedy)
+                routes.append(res.route)
+                per_tourist.append(time.perf_counter() - tk)
+        if keep_greedy and method in ("sampling", "beam"):
+            scores = inst.scores.double()
+            routes = [_better(r, g, scores[k])
+                      for k, (r, g) in enumerate(zip(routes, _greedy_routes(model, inst),
+                                                     strict=True))]
+        elapsed = time.perf_counter() - t0
+    finally:
+        model.train(was_training)
+    return [
+        _solution(region, tourists, k, method, route,
+                  per_tourist[k] if per_tourist is not None else elapsed / len(tourists))
+        for k, route in enumerate(routes)
+    ]
+
+
+def _solution(region: Region, tourists: Tourists, k: int, method: str, route: list[int],
+              seconds: float) -> Solution:
+    check = check_route(region, route, tourists, k)
+    if not check.ok:
+        raise RuntimeError(
+            f"internal error: {method} produced an invalid route for tourist "
+            f"{int(tourists.tourist_id[k])} of {region.id}: {'; '.join(check.problems)}"
+        )
+    return Solution(
+        region=region.id, tourist=int(tourists.tourist_id[k]), method=method, route=route,
+        score=check.score, arrival=check.arrival, start=check.start, seconds=seconds,
+    )

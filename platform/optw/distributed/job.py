@@ -1,0 +1,358 @@
+"""The platform job: ILS baseline, one Ray Train run per model, evaluation, MLflow, registry.
+
+``jobs/train_all.py`` is a thin wrapper around :func:`run_job`. Everything that can be wrong
+with the input (profile, regions, groups, tracking store) fails before any training starts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from optw.catalog import CATALOG_VERSION, PROJECT_ROOT, open_catalog
+from optw.distributed.plan import Unit, plan, select_regions
+from optw.distributed.profile import JobProfile
+
+
+@dataclass
+class JobContext:
+    """Everything a unit needs, picklable for Ray tasks."""
+
+    job: Any  # optw.tracking.JobRun of the parent run
+    job_name: str
+    tracking_uri: str
+    catalog_dir: str
+    storage: str
+    models_dir: str
+    profile: dict[str, Any]
+    profile_name: str
+    config_hash: str
+    use_gpu: bool
+    test_hooks: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class JobSummary:
+    job_name: str
+    parent_run_id: str
+    tracking_uri: str
+    regions: list[str]
+    trained: list[str]
+    skipped: list[str]
+    results_path: Path | None
+    tables: dict[str, Any]
+    seconds: float
+    registered: dict[str, int] = field(default_factory=dict)
+    report: Path | None = None
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def evaluate_model(checkpoint: str, regions: list[str], method: str, settings: dict[str, Any],
+                   catalog_dir: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Greedy and beam search (and active search if asked) on each region's benchmark and
+    validation tourists: one row per (region, tourist, method); and the beam-width sweep on
+    each benchmark tourist: one row per (region, beams)."""
+    import torch
+
+    from optw.catalog import Tourists
+    from optw.decode import solve
+    from optw.model import load_model
+
+    torch.set_num_threads(1)
+    model = load_model(checkpoint)
+    catalog = open_catalog(catalog_dir)
+    rows: list[dict[str, Any]] = []
+    sweep: list[dict[str, Any]] = []
+    beams = settings["beams"]
+    for rid in regions:
+        region = catalog.region(rid)
+        tourists = Tourists.concat([catalog.benchmark(rid),
+                                    catalog.validation(rid)[: settings["validation_tourists"]]])
+        runs = [(f"{method}_greedy", {"method": "greedy"}),
+                (method, {"method": "beam", "beams": beams,
+                          "keep_greedy": settings["keep_greedy"]})]
+        if settings["active_search"]:
+            runs.append((f"{method}_as", {"method": "active_search", "beams": beams,
+                                          "epochs": settings["active_search"]}))
+        for name, kwargs in runs:
+            for i, sol in enumerate(solve(model, region, tourists, **kwargs)):
+                rows.append({"region": rid, "tourist": int(tourists.tourist_id[i]),
+                             "kind": "benchmark" if tourists.tourist_id[i] == 0 else "validation",
+                             "method": name, "score": float(sol.score),
+                             "seconds": float(sol.seconds), "route": json.dumps(sol.route)})
+        bench = catalog.benchmark(rid)
+        for width in settings.get("beam_sweep", []):
+            sol = solve(model, region, bench, "beam", beams=width,
+                        keep_greedy=settings["keep_greedy"])[0]
+            sweep.append({"region": rid, "method": method, "beams": width,
+                          "score": float(sol.score), "seconds": float(sol.seconds)})
+    return rows, sweep
+
+
+def _val_score(rows: list[dict[str, Any]], region: str, method: str) -> float:
+    vals = [r["score"] for r in rows
+            if r["region"] == region and r["method"] == method and r["kind"] == "validation"]
+    if not vals:
+        vals = [r["score"] for r in rows if r["region"] == region and r["method"] == method]
+    return float(np.mean(vals))
+
+
+# ----------------------------------------------------------------------------- one unit
+
+
+def run_unit(unit: Unit, ctx: JobContext, init_checkpoint: str | None) -> dict[str, Any]:
+    """Train (Ray Train, one worker), evaluate, log and register one model."""
+    import ray
+
+    from optw.distributed.ray_train import fit_region, ils_validation_means
+    from optw.tracking import (
+        end_run,
+        log_evaluation,
+        log_file,
+        log_tables,
+        register_version,
+        set_tags,
+    )
+
+    profile = JobProfile.from_dict({k: v for k, v in ctx.profile.items() if k != "profile"},
+                                   source=ctx.profile_name)
+    config = (profile.finetune_config(unit.train_regions) if unit.finetune
+              else profile.train.replace(regions=unit.train_regions))
+    mode = profile.job.mode
+    run_id = ctx.job.child(unit.stage, unit.key, config={"train": config.to_dict(),
+                       "evaluate": asdict(profile.evaluate), "mode": mode,
+                       "init_from": unit.init_from or "", "catalog_version": CATALOG_VERSION},
+                       tags={"mode": mode, "profile": ctx.profile_name})
+    t0 = time.perf_counter()
+    try:
+        name = f"{ctx.job_name}-{ctx.config_hash}-{unit.stage}-{unit.key}"
+        cfg = {"train": config.to_dict(), "key": unit.key, "stage": unit.stage,
+               "run_id": run_id, "tracking_uri": ctx.tracking_uri, "catalog": ctx.catalog_dir,
+               "init": init_checkpoint, **ctx.test_hooks.get(unit.key, {}),
+               "ils_means": ils_validation_means(ctx.catalog_dir, unit.train_regions,
+                                                 config.val_tourists)}
+        res = profile.resources
+        out = str(Path(ctx.models_dir) / f"{unit.stage}-{unit.key}.pt")
+        checkpoint = fit_region(cfg, ctx.storage, name, ctx.use_gpu, res.cpus_per_region,
+                                res.gpu_fraction, res.max_failures, out)
+        train_seconds = time.perf_counter() - t0
+        log_file(run_id, checkpoint, "checkpoints", uri=ctx.tracking_uri)
+        rows: list[dict[str, Any]] = []
+        sweep: list[dict[str, Any]] = []
+        if unit.eval_regions:
+            import pandas as pd
+
+            evaluate = ray.remote(num_cpus=1, max_retries=1)(evaluate_model)
+            rows, sweep = ray.get(evaluate.remote(checkpoint, unit.eval_regions, unit.method,
+                                                  asdict(profile.evaluate), ctx.catalog_dir))
+            log_evaluation(run_id, pd.DataFrame(rows), f"evaluation_{unit.key}",
+                           uri=ctx.tracking_uri)
+            if sweep:
+                log_tables(run_id, {"beam_sweep": pd.DataFrame(sweep)}, uri=ctx.tracking_uri)
+        version = None
+        val_score = _val_score(rows, unit.key, unit.method) if rows else float("nan")
+        if unit.register:
+            version = register_version(unit.key, checkpoint, run_id, tags={
+                "mode": mode, "profile": ctx.profile_name, "epochs": config.epochs,
+                "val_score": val_score, "config_hash": ctx.config_hash,
+                "catalog_version": CATALOG_VERSION, "job": ctx.job_name,
+            }, uri=ctx.tracking_uri)
+        set_tags(run_id, {"val_score": val_score, "version": version or ""}, ctx.tracking_uri)
+        end_run(run_id, "FINISHED", ctx.tracking_uri)
+    except BaseException:
+        end_run(run_id, "FAILED", ctx.tracking_uri)
+        raise
+    return {"key": unit.key, "stage": unit.stage, "checkpoint": checkpoint, "rows": rows,
+            "sweep": sweep,
+            "version": version, "val_score": val_score, "run_id": run_id,
+            "seconds": time.perf_counter() - t0, "train_seconds": train_seconds}
+
+
+# ----------------------------------------------------------------------------- the job
+
+
+def _capacity(profile: JobProfile, use_gpu: bool) -> int:
+    import ray
+
+    res = ray.cluster_resources()
+    by_cpu = int(res.get("CPU", 1) // profile.resources.cpus_per_region)
+    if use_gpu:
+        by_gpu = int(res.get("GPU", 0) // profile.resources.gpu_fraction)
+        return max(1, min(by_cpu, by_gpu))
+    return max(1, by_cpu)
+
+
+def _skip_done(stages: list[list[Unit]], config_hash: str,
+               uri: str) -> tuple[list[list[Unit]], list[str]]:
+    """Drop registering units whose champion came from the same config and catalog, and the
+    global models no remaining unit starts from (idempotent re-runs)."""
+    from optw.tracking import find_champion_with
+
+    skipped = [u.key for s in stages for u in s
+               if u.register and find_champion_with(u.key, config_hash, CATALOG_VERSION, uri=uri)]
+    left = [[u for u in s if u.key not in skipped] for s in stages]
+    needed = {u.init_from for s in left for u in s if u.init_from}
+    left = [[u for u in s if u.register or u.key in needed] for s in left]
+    return left, skipped
+
+
+def run_job(
+    profile: JobProfile,
+    *,
+    catalog_dir: str | Path | None = None,
+    tracking_uri: str | None = None,
+    storage: str | Path | None = None,
+    out_dir: str | Path | None = None,
+    force: bool = False,
+    progress: bool = True,
+    ray_address: str | None = None,
+    test_hooks: dict[str, Any] | None = None,
+) -> JobSummary:
+    """Run the job described by ``profile`` on the current (or a new local) Ray cluster."""
+    import pandas as pd
+    import ray
+
+    from optw.baselines import load_ils_results, run_ils_baseline
+    from optw.distributed.ray_train import configure_ray_env
+    from optw.tracking import check_tracking_uri, log_tables, start_job_run
+
+    t0 = time.perf_counter()
+    # -- everything that can be wrong fails here, before any training
+    catalog = open_catalog(catalog_dir)
+    selected = select_regions(catalog, profile.job.groups, profile.job.regions)
+    stages = plan(profile.job.mode, catalog, selected)
+    uri = check_tracking_uri(tracking_uri)
+    name = profile.job.name
+    out = Path(out_dir) if out_dir else PROJECT_ROOT / "runs" / name
+    storage = Path(storage) if storage else PROJECT_ROOT / "runs" / "ray_train"
+    out.mkdir(parents=True, exist_ok=True)
+    storage.mkdir(parents=True, exist_ok=True)
+
+    if not ray.is_initialized():
+        configure_ray_env()
+        ray.init(address=ray_address, configure_logging=True, logging_level="WARNING",
+                 log_to_driver=True)
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    capacity = _capacity(profile, use_gpu)
+    _say(progress, f"job {name}: mode {profile.job.mode}, {len(selected)} regions, "
+         f"{sum(len(s) for s in stages)} models, {capacity} at a time "
+         f"({'GPU' if use_gpu else 'CPU'}); tracking {uri}")
+
+    # -- ILS baseline for the tourists evaluated (incremental: stored results are reused)
+    eval_regions = sorted({r for s in stages for u in s for r in u.eval_regions})
+    if eval_regions:
+        run_ils_baseline(catalog.path, regions=eval_regions, tourists="all", progress=progress)
+
+    config_hash = profile.config_hash()
+    job = start_job_run(name, profile.to_dict(), tags={
+        "mode": profile.job.mode, "profile": profile.profile, "config_hash": config_hash,
+        "catalog_version": CATALOG_VERSION, "regions": len(selected)}, uri=uri)
+    ctx = JobContext(job, name, uri, str(catalog.path), str(storage),
+                     str(out / "models"), profile.to_dict(), profile.profile, config_hash,
+                     use_gpu, test_hooks or {})
+    remote = ray.remote(num_cpus=0, max_retries=0)(run_unit)
+    results: dict[str, dict[str, Any]] = {}
+    skipped: list[str] = []
+    if not force:
+        stages, skipped = _skip_done(stages, config_hash, uri)
+        if skipped:
+            more = "…" if len(skipped) > 8 else ""
+            _say(progress, f"{len(skipped)} region(s) already have a champion from this config "
+                 f"and catalog: skipped ({', '.join(skipped[:8])}{more})")
+    trained: list[str] = []
+    try:
+        for units in stages:
+            results.update(_run_stage(remote, units, ctx, results, capacity, progress))
+            trained += [u.key for u in units]
+        rows = [row for r in results.values() for row in r["rows"]]
+        results_path, tables = None, {}
+        if rows:
+            df = pd.DataFrame(rows)
+            results_path = out / "results.parquet"
+            df.to_parquet(results_path)
+            tables = _tables(df, catalog, load_ils_results(catalog.path))
+            sweep = [row for r in results.values() for row in r.get("sweep", [])]
+            if sweep:
+                tables["beam_sweep"] = pd.DataFrame(sweep)
+            log_tables(job.run_id, tables, uri=uri)
+        report = _report(job.run_id, out / "report", uri, progress)
+        job.finish("FINISHED")
+    except BaseException as exc:
+        job.finish("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        raise
+    registered = {r["key"]: r["version"] for r in results.values() if r.get("version")}
+    return JobSummary(name, job.run_id, uri, selected, trained, skipped, results_path, tables,
+                      time.perf_counter() - t0, registered, report)
+
+
+def _run_stage(remote, units: list[Unit], ctx: JobContext, done: dict[str, dict[str, Any]],
+               capacity: int, progress: bool) -> dict[str, dict[str, Any]]:
+    """Run units with at most ``capacity`` in flight; a failed unit fails the job at the end
+    of the stage (the others finish and are kept)."""
+    import ray
+
+    bar = None
+    if progress and units:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(units), desc=f"stage {units[0].stage}", unit="model")
+    pending = list(units)
+    in_flight: dict[Any, Unit] = {}
+    results: dict[str, dict[str, Any]] = {}
+    errors: list[str] = []
+    while pending or in_flight:
+        while pending and len(in_flight) < capacity:
+            u = pending.pop(0)
+            init = done[u.init_from]["checkpoint"] if u.init_from else None
+            in_flight[remote.remote(u, ctx, init)] = u
+        ready, _ = ray.wait(list(in_flight), num_returns=1)
+        for ref in ready:
+            u = in_flight.pop(ref)
+            try:
+                results[u.key] = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - reported with the unit's name
+                errors.append(f"{u.stage} {u.key}: {exc}")
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix_str(u.key)
+    if bar is not None:
+        bar.close()
+    if errors:
+        raise RuntimeError(f"{len(errors)} model(s) failed:\n  " + "\n  ".join(errors))
+    return results
+
+
+def _tables(df, catalog, ils) -> dict[str, Any]:
+    from optw.evaluate import evaluate, load_best_known, validate_results
+
+    clean = validate_results(df.drop(columns=["kind"]), catalog, check_routes=False)
+    try:
+        best = load_best_known()
+    except (FileNotFoundError, OSError, ValueError):
+        best = None
+    if best is not None and not set(clean["region"]) <= set(best.index):
+        best = None  # regions outside the benchmark set (custom catalogs) have no best-known
+    return evaluate(clean, ils, best)
+
+
+def _report(run_id: str, out: Path, uri: str, progress: bool) -> Path | None:
+    """The HTML report of the job, logged to the parent run (a failure here only warns)."""
+    from optw.report import write_and_log_report
+
+    try:
+        return write_and_log_report(run_id, out, uri)
+    except Exception as exc:  # noqa: BLE001 - the models and tables are already safe
+        _say(progress, f"warning: the HTML report could not be written: {exc}")
+        return None
+
+
+def _say(progress: bool, msg: str) -> None:
+    if progress:
+        print(msg, flush=True)

@@ -1,0 +1,155 @@
+"""Job profiles: what the platform job trains, fine-tunes and evaluates, loaded from TOML/YAML.
+
+A profile has four tables: ``[job]`` (name, mode, groups, regions), ``[train]`` (a
+:class:`~optw.train.TrainConfig` for scratch and global models), ``[finetune]`` (overrides of
+``[train]`` for fine-tuning stages), ``[evaluate]`` and ``[resources]``. ``smoke`` and ``paper``
+ship with the package (``optw/distributed/profiles/``); copy one to make your own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optw.train.config import ConfigError, TrainConfig, load_mapping
+
+PROFILE_DIR = Path(__file__).with_name("profiles")
+MODES = ("scratch", "global-ft", "transfer")
+GROUPS = ("solomon", "cordeau", "gavalas")
+
+
+def _from_table(cls, data: dict[str, Any], where: str):
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(known)}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+@dataclass
+class JobSection:
+    name: str = "optw"
+    mode: str = "scratch"
+    groups: list[str] = field(default_factory=lambda: list(GROUPS))
+    regions: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"job.mode = {self.mode!r}: expected one of {list(MODES)}")
+        bad = sorted(set(self.groups) - set(GROUPS))
+        if bad or not self.groups:
+            raise ConfigError(f"job.groups = {self.groups!r}: unknown group(s) {bad}; "
+                              f"expected some of {list(GROUPS)}")
+        if not self.name or any(c in self.name for c in "/\\ "):
+            raise ConfigError(f"job.name = {self.name!r}: must be a non-empty word")
+
+
+@dataclass
+class EvaluateSection:
+    beams: int = 128
+    active_search: int = 0
+    validation_tourists: int = 64
+    keep_greedy: bool = True
+    #: beam widths timed on each benchmark tourist (the paper's score/time figure)
+    beam_sweep: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128])
+
+    def __post_init__(self) -> None:
+        if not all(isinstance(w, int) and 1 <= w <= 128 for w in self.beam_sweep):
+            raise ConfigError(f"evaluate.beam_sweep = {self.beam_sweep!r}: widths in 1..128")
+        if not (isinstance(self.beams, int) and 1 <= self.beams <= 128):
+            raise ConfigError(f"evaluate.beams = {self.beams!r}: must be an integer in 1..128")
+        if not (isinstance(self.active_search, int) and self.active_search >= 0):
+            raise ConfigError(f"evaluate.active_search = {self.active_search!r}: must be >= 0")
+        if not (isinstance(self.validation_tourists, int) and
+                0 <= self.validation_tourists <= 64):
+            raise ConfigError(f"evaluate.validation_tourists = {self.validation_tourists!r}: "
+                              "must be in 0..64")
+
+
+@dataclass
+class ResourcesSection:
+    cpus_per_region: float = 1.0
+    gpu_fraction: float = 0.25
+    max_failures: int = 2
+
+    def __post_init__(self) -> None:
+        if not self.cpus_per_region > 0:
+            raise ConfigError(f"resources.cpus_per_region = {self.cpus_per_region!r}: must be > 0")
+        if not 0 < self.gpu_fraction <= 1:
+            raise ConfigError(f"resources.gpu_fraction = {self.gpu_fraction!r}: must be in (0, 1]")
+        if not (isinstance(self.max_failures, int) and self.max_failures >= -1):
+            raise ConfigError(f"resources.max_failures = {self.max_failures!r}: must be >= -1")
+
+
+@dataclass
+class JobProfile:
+    """A whole job's settings (see the module docstring)."""
+
+    job: JobSection
+    train: TrainConfig
+    finetune: dict[str, Any]
+    evaluate: EvaluateSection
+    resources: ResourcesSection
+    profile: str = "custom"  # the profile's name or file it came from
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "profile") -> JobProfile:
+        sections = {"job", "train", "finetune", "evaluate", "resources"}
+        unknown = sorted(set(data) - sections)
+        if unknown:
+            raise ConfigError(f"{source}: unknown table(s) {unknown}; expected {sorted(sections)}")
+        train = TrainConfig.from_dict(dict(data.get("train", {})), source=f"{source} [train]")
+        finetune = dict(data.get("finetune", {}))
+        # validate the fine-tune overrides now, not after hours of global training
+        TrainConfig.from_dict({**train.to_dict(), **finetune}, source=f"{source} [finetune]")
+        return cls(
+            job=_from_table(JobSection, dict(data.get("job", {})), f"{source} [job]"),
+            train=train,
+            finetune=finetune,
+            evaluate=_from_table(EvaluateSection, dict(data.get("evaluate", {})),
+                                 f"{source} [evaluate]"),
+            resources=_from_table(ResourcesSection, dict(data.get("resources", {})),
+                                  f"{source} [resources]"),
+            profile=source,
+        )
+
+    def finetune_config(self, regions: list[str]) -> TrainConfig:
+        """The fine-tuning TrainConfig (fixed lr 1e-5 unless the profile says otherwise)."""
+        merged = {**self.train.to_dict(), "finetune": True, **self.finetune, "regions": regions}
+        return TrainConfig.from_dict(merged, source=f"{self.profile} [finetune]")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": asdict(self.job), "train": self.train.to_dict(),
+                "finetune": dict(self.finetune), "evaluate": asdict(self.evaluate),
+                "resources": asdict(self.resources), "profile": self.profile}
+
+    def config_hash(self) -> str:
+        """Hash of everything that changes a trained/evaluated model (not names, resources)."""
+        d = self.to_dict()
+        d["train"] = {k: v for k, v in d["train"].items()
+                      if k not in ("device", "threads", "regions")}
+        relevant = {k: d[k] for k in ("train", "finetune", "evaluate")}
+        relevant["mode"] = d["job"]["mode"]
+        return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_profile(name_or_path: str | Path) -> JobProfile:
+    """``smoke``/``paper`` (shipped) or a TOML/YAML/JSON file path."""
+    path = Path(name_or_path)
+    if not path.suffix and (PROFILE_DIR / f"{name_or_path}.toml").exists():
+        path = PROFILE_DIR / f"{name_or_path}.toml"
+        source = str(name_or_path)
+    elif path.is_file():
+        source = str(path)
+    else:
+        shipped = sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
+        raise ConfigError(f"profile {str(name_or_path)!r} is neither a shipped profile "
+                          f"{shipped} nor an existing file")
+    return JobProfile.from_dict(load_mapping(path), source=source)

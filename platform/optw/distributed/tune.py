@@ -1,0 +1,211 @@
+"""Ray Tune sweeps of the training hyper-parameters, compared by gap to ILS.
+
+Each trial is a function that runs one TorchTrainer (Ray Train V2 no longer nests a Trainer in a
+Tuner); Train's reports reach Tune through ``TuneReportCallback``. Trials are compared by
+``val_gap_ils``: the mean over the chosen regions of the gap of the greedy validation score to
+the ILS score of the same validation tourists (raw scores differ by region). ASHA stops the
+poor ones early. Results and the best config go to MLflow; the best config can be written as a
+profile file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from optw.catalog import PROJECT_ROOT, open_catalog
+from optw.distributed.profile import JobProfile
+
+METRIC = "val_gap_ils"
+
+#: Default search space: keys of TrainConfig, or model.<key> for ModelConfig.
+DEFAULT_SPACE = {
+    "lr": ("loguniform", 1e-5, 1e-3),
+    "batch_size": ("choice", [16, 32, 64]),
+    "beta": ("loguniform", 1e-3, 1e-1),
+    "model.clip": ("choice", [5.0, 10.0, 20.0]),
+    "model.n_layers": ("choice", [1, 2, 3]),
+}
+
+
+def search_space(spec: dict[str, tuple]) -> dict[str, Any]:
+    from ray import tune
+
+    makers = {"loguniform": tune.loguniform, "uniform": tune.uniform, "choice": tune.choice}
+    out = {}
+    for key, (kind, *args) in spec.items():
+        if kind not in makers:
+            raise ValueError(f"search space {key}: unknown kind {kind!r}; use {sorted(makers)}")
+        out[key] = makers[kind](*args)
+    return out
+
+
+def apply_trial(train: dict[str, Any], trial: dict[str, Any]) -> dict[str, Any]:
+    """A TrainConfig dict with the trial's values (``model.x`` keys go to the model table)."""
+    train = {**train, "model": dict(train.get("model", {}))}
+    for key, value in trial.items():
+        if key.startswith("model."):
+            train["model"][key.split(".", 1)[1]] = value
+        else:
+            train[key] = value
+    return train
+
+
+def trial_fn(config: dict[str, Any]) -> None:
+    """One Tune trial: a TorchTrainer on the regions, reports relayed to Tune."""
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from optw.distributed.ray_train import make_trainer
+
+    base = config["base"]
+    cfg = {**base, "train": apply_trial(base["train"], config["trial"])}
+    name = f"{base['name']}-{int(time.time() * 1000) % 10**9}"
+    make_trainer(cfg, base["storage"], name, base["use_gpu"], base["cpus"], base["gpu_fraction"],
+                 0, callbacks=[TuneReportCallback()]).fit()
+
+
+@dataclass
+class SweepResult:
+    best_config: dict[str, Any]
+    best_gap: float
+    trials: Any  # pandas DataFrame
+    parent_run_id: str
+
+
+def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
+              space: dict[str, tuple] | None = None, grace_epochs: int | None = None,
+              catalog_dir: str | Path | None = None, tracking_uri: str | None = None,
+              storage: str | Path | None = None, seed: int = 0,
+              progress: bool = True) -> SweepResult:
+    """ASHA sweep over ``space`` on ``regions`` with the profile's [train] as the base."""
+    import pandas as pd
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search import BasicVariantGenerator
+
+    from optw.baselines import run_ils_baseline
+    from optw.distributed.ray_train import configure_ray_env, ils_validation_means
+    from optw.tracking import check_tracking_uri, log_params, log_tables, set_tags, start_job_run
+    from optw.tracking.runs import end_run, start_child_run
+
+    catalog = open_catalog(catalog_dir)
+    for rid in regions:
+        catalog.region(rid)
+    uri = check_tracking_uri(tracking_uri)
+    space = space or DEFAULT_SPACE
+    train = profile.train.replace(regions=list(regions))
+    if not train.val_every:
+        raise ValueError("tuning needs periodic validation: set [train] val_every > 0")
+    storage = Path(storage) if storage else PROJECT_ROOT / "runs" / "ray_tune"
+    storage.mkdir(parents=True, exist_ok=True)
+    if not ray.is_initialized():
+        configure_ray_env()
+        ray.init(configure_logging=True, logging_level="WARNING")
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    run_ils_baseline(catalog.path, regions=regions, tourists="validation", progress=progress)
+    ils_means = ils_validation_means(str(catalog.path), list(regions), train.val_tourists)
+    name = f"{profile.job.name}-tune"
+    job = start_job_run(name, {"profile": profile.to_dict(), "space": {
+        k: list(map(str, v)) for k, v in space.items()}, "regions": list(regions)},
+        tags={"kind": "tune"}, uri=uri)
+    base = {"train": train.to_dict(), "key": "+".join(regions), "stage": "tune",
+            "catalog": str(catalog.path), "tracking_uri": uri, "ils_means": ils_means,
+            "storage": str(storage), "name": name, "use_gpu": use_gpu,
+            "cpus": profile.resources.cpus_per_region,
+            "gpu_fraction": profile.resources.gpu_fraction, "run_id": None}
+
+    def trial_with_run(config: dict[str, Any]) -> None:
+        # every trial logs to its own MLflow child run
+        trial_id = tune.get_context().get_trial_id()
+        run_id = start_child_run(job, "trial", trial_id, config=config["trial"], uri=uri)
+        config["base"] = {**config["base"], "run_id": run_id}
+        try:
+            trial_fn(config)
+            end_run(run_id, "FINISHED", uri)
+        except BaseException:
+            end_run(run_id, "FAILED", uri)
+            raise
+
+    scheduler = ASHAScheduler(time_attr="epoch", max_t=train.epochs,
+                              grace_period=grace_epochs or train.val_every, reduction_factor=2)
+    # Reports between validations carry no val_gap_ils; the scheduler skips those.
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    # the trial function only waits on its TorchTrainer, whose worker holds the real resources
+    trial_cpu = 0.01
+    capacity = max(1, int((ray.cluster_resources().get("CPU", 1) - trial_cpu * num_samples)
+                          // profile.resources.cpus_per_region))
+    tuner = tune.Tuner(
+        tune.with_resources(trial_with_run, {"cpu": trial_cpu}),
+        param_space={"trial": search_space(space), "base": base},
+        tune_config=tune.TuneConfig(metric=METRIC, mode="min", scheduler=scheduler,
+                                    num_samples=num_samples,
+                                    search_alg=BasicVariantGenerator(
+                                        random_state=seed, max_concurrent=capacity)),
+        run_config=tune.RunConfig(name=name, storage_path=str(storage),
+                                  verbose=1 if progress else 0),
+    )
+    grid = tuner.fit()
+    rows = []
+    for res in grid:
+        m = res.metrics or {}
+        rows.append({**{f"trial.{k}": v for k, v in (res.config or {}).get("trial", {}).items()},
+                     METRIC: m.get(METRIC), "epoch": m.get("epoch"),
+                     "val_score": m.get("val_score"), "error": str(res.error or "")})
+    trials = pd.DataFrame(rows)
+    ok = trials.dropna(subset=[METRIC])
+    if ok.empty:
+        job.finish("FAILED")
+        raise RuntimeError(f"no trial reported {METRIC}; see the trial errors:\n{trials}")
+    best = ok.sort_values(METRIC).iloc[0]
+    best_trial = {k[len("trial."):]: v for k, v in best.items() if k.startswith("trial.")}
+    best_train = apply_trial(train.to_dict(), best_trial)
+    best_train.pop("regions")
+    log_tables(job.run_id, {"trials": trials}, uri=uri)
+    log_params(job.run_id, {f"best.{k}": v for k, v in best_trial.items()}, uri)
+    set_tags(job.run_id, {"best_val_gap_ils": float(best[METRIC])}, uri)
+    job.finish("FINISHED")
+    return SweepResult(best_train, float(best[METRIC]), trials, job.run_id)
+
+
+def write_profile(profile: JobProfile, best_train: dict[str, Any], path: str | Path) -> Path:
+    """The profile with [train] replaced by the sweep's best config, as TOML."""
+    data = profile.to_dict()
+    data.pop("profile")
+    data["train"] = {**data["train"], **best_train}
+    data["train"].pop("regions", None)
+    path = Path(path)
+    path.write_text(_toml(data))
+    JobProfile.from_dict(__import__("tomllib").loads(path.read_text()), source=str(path))
+    return path
+
+
+def _toml(data: dict[str, Any]) -> str:
+    """A small TOML writer for profile tables (scalars, lists, one level of sub-tables)."""
+    import json
+
+    def value(v: Any) -> str:
+        if hasattr(v, "item"):  # numpy scalars from the trials table
+            v = v.item()
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        raise TypeError(f"cannot write {v!r} to TOML")
+
+    lines: list[str] = ["# written by jobs/tune.py"]
+    for table, content in data.items():
+        subs = {k: v for k, v in content.items() if isinstance(v, dict)}
+        lines += ["", f"[{table}]"]
+        lines += [f"{k} = {value(v)}" for k, v in content.items()
+                  if v is not None and not isinstance(v, dict)]
+        for k, v in subs.items():
+            lines += ["", f"[{table}.{k}]"] + [f"{kk} = {value(vv)}" for kk, vv in v.items()]
+    return "\n".join(lines) + "\n"

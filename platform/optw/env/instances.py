@@ -1,0 +1,194 @@
+"""Tensor form of a batch of K tourists of one region (the model's instances).
+
+Times are kept twice: as float64 minutes for people, and as int32 *time units* (hundredths of a
+minute, :data:`~optw.catalog.TIME_UNITS_PER_MINUTE`) for the admissibility maths. Every rounded
+travel time is a whole number of hundredths, so sums and comparisons in units are exact and a
+boundary case (arrive exactly at closing time) never flips with float rounding.
+
+Static features follow ``shared/spec/published-checkpoints.md`` (the published weights), not the
+paper's prose: coordinates are divided by 100 (not min-max scaled), times by the region's
+``T_max = max(T_day, T_end^b + floor(T_day*4/24))`` and scores by ``S_max = round(1.1*S_max^b)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from optw.catalog.region import TIME_UNITS_PER_MINUTE, Region, Tourists
+
+#: Number of static / dynamic node features.
+N_STATIC = 7
+N_DYNAMIC = 8
+#: ``latest`` value of a node that can never be visited (far below any reachable time).
+NEVER = -(2**30)
+
+
+def _units(values: np.ndarray) -> np.ndarray:
+    return np.rint(np.asarray(values, dtype=np.float64) * TIME_UNITS_PER_MINUTE).astype(np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class Instances:
+    """K tourists of one region as tensors (node 0 = start, ``n - 1`` = end copy of the start).
+
+    The start and end nodes carry the tourist's ``t_start`` as opening and ``t_end`` as
+    closing time, duration 0 and score 0. ``latest[k, j]`` is the latest start of a visit of
+    ``j`` that still respects its closing time and reaches the end by ``T_end``
+    (``min(c_j, T_end - d_j - dist(j, end))``), or :data:`NEVER` when even the opening time is
+    too late; a node is admissible iff ``max(arrival, opening) <= latest``, i.e. iff
+    ``arrival <= latest`` (equivalent to the paper's two conditions).
+    """
+
+    region_id: str
+    tourist_id: torch.Tensor  # [K] int64
+    coords: torch.Tensor  # [K, n, 2] float64
+    dist_u: torch.Tensor  # [K, n, n] int32 travel time units (shared block + start/end rows)
+    node_u: torch.Tensor  # [K, n, 4] int32: opening, closing, duration, latest (time units)
+    t_start_u: torch.Tensor  # [K] int32
+    t_end_u: torch.Tensor  # [K] int32
+    scores: torch.Tensor  # [K, n] float32
+    static: torch.Tensor  # [K, n, 7] float32
+    t_max: float
+    s_max: float
+
+    @property
+    def n_tourists(self) -> int:
+        return int(self.dist_u.shape[0])
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.dist_u.shape[1])
+
+    @property
+    def end(self) -> int:
+        """Index of the end node."""
+        return self.n_nodes - 1
+
+    @property
+    def device(self) -> torch.device:
+        return self.dist_u.device
+
+    @property
+    def open_u(self) -> torch.Tensor:
+        return self.node_u[..., 0]
+
+    @property
+    def close_u(self) -> torch.Tensor:
+        return self.node_u[..., 1]
+
+    @property
+    def dur_u(self) -> torch.Tensor:
+        return self.node_u[..., 2]
+
+    @property
+    def latest_u(self) -> torch.Tensor:
+        return self.node_u[..., 3]
+
+    @property
+    def span_u(self) -> torch.Tensor:
+        """``T_end - T_start`` per tourist (the dynamic features' normaliser), in units."""
+        return self.t_end_u - self.t_start_u
+
+    # Float views in minutes (for people and tests; the maths uses the unit tensors).
+    @property
+    def distances(self) -> torch.Tensor:
+        return self.dist_u.double() / TIME_UNITS_PER_MINUTE
+
+    @property
+    def opening(self) -> torch.Tensor:
+        return self.open_u.double() / TIME_UNITS_PER_MINUTE
+
+    @property
+    def closing(self) -> torch.Tensor:
+        return self.close_u.double() / TIME_UNITS_PER_MINUTE
+
+    @property
+    def duration(self) -> torch.Tensor:
+        return self.dur_u.double() / TIME_UNITS_PER_MINUTE
+
+    @property
+    def t_start(self) -> torch.Tensor:
+        return self.t_start_u.double() / TIME_UNITS_PER_MINUTE
+
+    @property
+    def t_end(self) -> torch.Tensor:
+        return self.t_end_u.double() / TIME_UNITS_PER_MINUTE
+
+    def to(self, device: str | torch.device) -> Instances:
+        """A copy on ``device``."""
+        moved = {
+            k: (v.to(device) if isinstance(v, torch.Tensor) else v)
+            for k, v in self.__dict__.items()
+        }
+        return Instances(**moved)
+
+
+def make_instances(
+    region: Region, tourists: Tourists, device: str | torch.device = "cpu"
+) -> Instances:
+    """Build :class:`Instances` for every tourist of ``tourists`` (a batch of one region)."""
+    if tourists.region_id != region.id:
+        raise ValueError(f"tourists of region {tourists.region_id!r} given for {region.id!r}")
+    k, n = len(tourists), region.n_nodes
+    if k == 0:
+        raise ValueError("no tourists given")
+    if tourists.scores.shape != (k, n):
+        raise ValueError(f"scores have shape {tourists.scores.shape}, expected {(k, n)}")
+    t_start = np.asarray(tourists.t_start, dtype=np.float64)
+    t_end = np.asarray(tourists.t_end, dtype=np.float64)
+    if np.any(t_end <= t_start):
+        bad = int(np.flatnonzero(t_end <= t_start)[0])
+        raise ValueError(
+            f"tourist {int(tourists.tourist_id[bad])}: t_end {t_end[bad]:g} is not after "
+            f"t_start {t_start[bad]:g}"
+        )
+    coords = region.coordinates(tourists.start_xy)  # [K, n, 2]
+    dist = region.distances(tourists.start_xy)  # [K, n, n] rounded minutes
+    opening = np.broadcast_to(region.opening, (k, n)).copy()
+    closing = np.broadcast_to(region.closing, (k, n)).copy()
+    opening[:, 0] = opening[:, -1] = t_start
+    closing[:, 0] = closing[:, -1] = t_end
+    duration = np.broadcast_to(region.duration, (k, n)).copy()
+    duration[:, 0] = duration[:, -1] = 0.0
+    scores = np.asarray(tourists.scores, dtype=np.float64).copy()
+    scores[:, 0] = scores[:, -1] = 0.0
+
+    dist_u, open_u, close_u, dur_u = map(_units, (dist, opening, closing, duration))
+    ts_u, te_u = _units(t_start), _units(t_end)
+    latest = np.minimum(close_u, te_u[:, None] - dur_u - dist_u[:, :, -1])
+    latest = np.where(open_u <= latest, latest, NEVER)
+
+    t_max, s_max = region.t_max, region.s_max
+    max_dur = region.max_duration or 1.0
+    static = np.stack(
+        [
+            coords[..., 0] / 100.0,
+            coords[..., 1] / 100.0,
+            duration / max_dur,
+            opening / t_max,
+            closing / t_max,
+            scores / s_max,
+            np.broadcast_to(t_end[:, None] / t_max, (k, n)),
+        ],
+        axis=-1,
+    )
+
+    def i32(a: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(a.astype(np.int32), device=device)
+
+    return Instances(
+        region_id=region.id,
+        tourist_id=torch.tensor(np.array(tourists.tourist_id, dtype=np.int64)),
+        coords=torch.as_tensor(coords, device=device),
+        dist_u=i32(dist_u),
+        node_u=i32(np.stack([open_u, close_u, dur_u, latest], axis=-1)),
+        t_start_u=i32(ts_u),
+        t_end_u=i32(te_u),
+        scores=torch.as_tensor(scores, dtype=torch.float32, device=device),
+        static=torch.as_tensor(static, dtype=torch.float32, device=device),
+        t_max=t_max,
+        s_max=s_max,
+    )

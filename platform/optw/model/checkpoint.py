@@ -1,0 +1,205 @@
+"""Model files: our own format and an importer for the paper authors' published weights.
+
+Our format is a ``torch.save`` of a dict::
+
+    {"format": "optw-model", "version": 1, "config": asdict(ModelConfig), "state_dict": ...,
+     ...extra keys (optimizer state, epoch, metrics) added by the training code}
+
+The authors' files (``*_500000.pt``) are bare state dicts of their ``RecPointerNetwork``
+(parameter names and shapes in ``shared/spec/published-checkpoints.md``); :func:`load_model`
+reads them as they are and maps them onto our layout. Everything is read with
+``torch.load(..., weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from optw.model.config import ModelConfig
+from optw.model.network import PointerNet, heads_to_linear
+
+FORMAT = "optw-model"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A file that is not a readable model checkpoint of this architecture."""
+
+
+def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
+    """``torch.load(weights_only=True)``; unreadable files raise :class:`CheckpointError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # corrupt, truncated, not a torch file, unsafe pickle
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        why = lines[0] if lines else type(exc).__name__
+        if "weights_only" in why or "Weights only load failed" in why:
+            why = "not a torch state file, or one holding objects other than tensors and plain data"
+        raise CheckpointError(f"cannot read checkpoint {path}: {why}") from exc
+
+
+# --- the authors' layout -----------------------------------------------------------------
+
+_LAYER = re.compile(r"^encoder\.layers\.(\d+)\.")
+
+
+def is_published_state_dict(obj: Any) -> bool:
+    """True for a bare state dict in the authors' naming (``encoder.*`` / ``decoder.*``)."""
+    return (
+        isinstance(obj, Mapping)
+        and bool(obj)
+        and all(isinstance(k, str) and k.startswith(("encoder.", "decoder.")) for k in obj)
+    )
+
+
+def _published_config(sd: Mapping[str, torch.Tensor]) -> ModelConfig:
+    try:
+        n_layers = 1 + max(int(m.group(1)) for k in sd if (m := _LAYER.match(k)))
+        n_heads, d_model, _ = sd["encoder.layers.0.enc_self_attn.attention.w_q"].shape
+        d_ff = sd["encoder.layers.0.pos_ffn.w_1.weight"].shape[0]
+        n_static = sd["encoder.L1.weight"].shape[1]
+        n_dynamic = sd["encoder.L2.weight"].shape[1]
+    except (KeyError, ValueError, AttributeError) as exc:
+        raise CheckpointError(
+            f"not the authors' recursive pointer network (missing or odd entry: {exc})"
+        ) from exc
+    try:
+        return ModelConfig(d_model=int(d_model), n_heads=int(n_heads), n_layers=n_layers,
+                           d_ff=int(d_ff), n_static=int(n_static), n_dynamic=int(n_dynamic))
+    except ValueError as exc:
+        raise CheckpointError(f"incompatible published checkpoint: {exc}") from exc
+
+
+def convert_published(sd: Mapping[str, torch.Tensor]) -> tuple[ModelConfig, dict]:
+    """The authors' state dict -> (config, our state dict). Raises :class:`CheckpointError` on
+    missing, unexpected or mis-shaped entries (another architecture)."""
+    cfg = _published_config(sd)
+    src = dict(sd)
+    out: dict[str, torch.Tensor] = {}
+
+    def take(name: str) -> torch.Tensor:
+        if name not in src:
+            raise CheckpointError(f"not the published architecture: missing {name!r}")
+        return src.pop(name)
+
+    out["static_embed.weight"] = take("encoder.L1.weight")
+    out["static_embed.bias"] = take("encoder.L1.bias")
+    out["dynamic_embed.weight"] = take("encoder.L2.weight")
+    out["dynamic_embed.bias"] = take("encoder.L2.bias")
+    for i in range(cfg.n_layers):
+        a = f"encoder.layers.{i}.enc_self_attn."
+        f = f"encoder.layers.{i}.pos_ffn."
+        o = f"layers.{i}."
+        wq, wk, wv = (take(f"{a}attention.w_{c}") for c in "qkv")
+        for w, c in ((wq, "q"), (wk, "k"), (wv, "v")):
+            if w.dim() != 3 or w.shape[0] != cfg.n_heads:
+                raise CheckpointError(f"{a}attention.w_{c} has shape {tuple(w.shape)}")
+        out[o + "qv.weight"] = torch.cat([heads_to_linear(wq), heads_to_linear(wv)])
+        out[o + "k.weight"] = heads_to_linear(wk)
+        out[o + "out.weight"] = take(a + "proj.weight")
+        out[o + "out.bias"] = take(a + "proj.bias")
+        out[o + "norm1.weight"] = take(a + "layer_norm.weight")
+        out[o + "norm1.bias"] = take(a + "layer_norm.bias")
+        out[o + "ff1.weight"] = take(f + "w_1.weight")
+        out[o + "ff1.bias"] = take(f + "w_1.bias")
+        out[o + "ff2.weight"] = take(f + "w_2.weight")
+        out[o + "ff2.bias"] = take(f + "w_2.bias")
+        out[o + "norm2.weight"] = take(f + "layer_norm.weight")
+        out[o + "norm2.bias"] = take(f + "layer_norm.bias")
+    for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+        out[f"lstm.{name}"] = take(f"decoder.lstm.{name}")
+    out["h0"] = take("decoder.first_h_0")
+    out["c0"] = take("decoder.c0")
+    out["ptr_ref.weight"] = take("decoder.W1.weight")
+    out["ptr_query.weight"] = take("decoder.W2.weight")
+    out["ptr_query.bias"] = take("decoder.W2.bias")
+    out["ptr_v"] = take("decoder.V")
+    if src:
+        raise CheckpointError(f"not the published architecture: unexpected {sorted(src)[:5]}")
+    return cfg, out
+
+
+# --- loading and saving --------------------------------------------------------------------
+
+
+def model_from_state_dict(cfg: ModelConfig, state_dict: Mapping[str, torch.Tensor]) -> PointerNet:
+    """A :class:`PointerNet` with these weights; shape or name mismatches raise
+    :class:`CheckpointError`."""
+    model = PointerNet(cfg)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    for name, value in state_dict.items():
+        if not isinstance(value, torch.Tensor) or value.shape != expected[name].shape:
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value)
+            raise CheckpointError(
+                f"{name} has shape {shape}, the model expects {tuple(expected[name].shape)}"
+            )
+        if not torch.isfinite(value).all():
+            raise CheckpointError(f"{name} holds non-finite values (corrupt checkpoint?)")
+    model.load_state_dict(state_dict)
+    return model
+
+
+def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> PointerNet:
+    """Read a model from our format or from the authors' ``.pt`` state dict, in eval mode."""
+    obj = read_checkpoint(path, map_location)
+    if isinstance(obj, Mapping) and obj.get("format") == FORMAT:
+        version = obj.get("version", FORMAT_VERSION)
+        if version > FORMAT_VERSION:
+            raise CheckpointError(
+                f"{path}: format version {version} is newer than this code ({FORMAT_VERSION})"
+            )
+        try:
+            cfg = ModelConfig.from_dict(dict(obj["config"]))
+            state_dict = obj["state_dict"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: bad optw-model checkpoint ({exc})") from exc
+    elif is_published_state_dict(obj):
+        cfg, state_dict = convert_published(obj)
+    else:
+        kind = type(obj).__name__
+        keys = f" with keys {sorted(map(str, obj))[:5]}" if isinstance(obj, Mapping) else ""
+        raise CheckpointError(
+            f"{path} is not an OPTW model checkpoint (a {kind}{keys}); "
+            "expected our 'optw-model' format or the authors' published state dict"
+        )
+    try:
+        model = model_from_state_dict(cfg, state_dict)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+    return model.to(map_location).eval()
+
+
+def checkpoint_dict(model: PointerNet, **extra: Any) -> dict:
+    """Our checkpoint dict for ``model`` (extra keys, e.g. ``optimizer``, are kept)."""
+    reserved = {"format", "version", "config", "state_dict"} & set(extra)
+    if reserved:
+        raise ValueError(f"extra keys {sorted(reserved)} are reserved")
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "config": model.cfg.to_dict(),
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        **extra,
+    }
+
+
+def save_model(model: PointerNet, path: str | Path, **extra: Any) -> Path:
+    """Write ``model`` (plus ``extra`` keys) in our format; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(checkpoint_dict(model, **extra), path)
+    return path

@@ -1,0 +1,268 @@
+"""The paper's recursive, graph-masked pointer network (one decoding step at a time).
+
+Blocks (``shared/spec/published-checkpoints.md``):
+
+- embeddings ``e = [tanh(L1 · static), tanh(L2 · dynamic)]`` (64 + 64);
+- a set encoder of transformer layers. Per head, ``q = x·W_q``, ``k = r·W_k``, ``v = x·W_v``
+  where ``x`` is the layer's input and ``r`` the encoder's FINAL output of the previous decoding
+  step (recursion; both layers use the same ``r``); scores ``q·kᵀ/sqrt(d_k)`` with entries
+  where ``Ad = 0`` set to -1e32; heads concatenated, output projection, ``LN(x + ·)``; then
+  ``LN(y + W2 relu(W1 y))``;
+- a sequence encoder: an LSTM cell with learned initial state ``(h0, c0)``;
+- an additive pointer: ``u_j = Vᵀ tanh(W1 h_j + W2 h_lstm)``, logits ``C·tanh(u_j)``,
+  inadmissible nodes ``-inf``.
+
+All per-head projections are fused into single matrix products (the queries and values of all
+heads in one ``d -> 2d`` product, the keys of all layers in one ``d -> n_layers·d`` product).
+The network works on packed node rows of many routes at once (the decoder feeds it only the
+admissible nodes); a :class:`Layout` says which rows form each route's attention table.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from optw.model.config import ModelConfig
+from optw.model.fastops import embed as embed_rows
+from optw.model.fastops import feed_forward, layer_norm, linear, pointer_logits
+
+#: Score given to attention entries outside the graph (the authors' value).
+MASKED_SCORE = -1e32
+
+
+def heads_to_linear(w: torch.Tensor) -> torch.Tensor:
+    """Per-head projections ``w[H, d_in, d_k]`` (``x·w[h]``) -> a Linear weight ``[H·d_k, d_in]``
+    whose output is the heads' outputs concatenated in head order."""
+    h, d_in, d_k = w.shape
+    return w.permute(0, 2, 1).reshape(h * d_k, d_in)
+
+
+def linear_to_heads(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Inverse of :func:`heads_to_linear`."""
+    out, d_in = w.shape
+    return w.reshape(n_heads, out // n_heads, d_in).permute(0, 2, 1).contiguous()
+
+
+@dataclass
+class Bucket:
+    """Routes whose rows form one padded table ``[n_routes, width]`` starting at row ``start``;
+    ``bias[n_routes, 1, width, width]`` is 0 where the graph allows attention, -1e32 elsewhere
+    (padding rows are never a column and attend to themselves only)."""
+
+    start: int
+    n_routes: int
+    width: int
+    bias: torch.Tensor
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.n_routes * self.width
+
+
+@dataclass
+class Layout:
+    """Where the packed node rows ``[N, ...]`` of a batch of routes go for attention.
+
+    Row-wise blocks (projections, feed-forward, layer norms, pointer) run on the N packed rows;
+    attention runs per bucket on a padded table gathered from them: ``gather[T]`` gives the
+    packed row of each padded position (padding repeats a row of the same route and is masked
+    as a column), ``back[N]`` the padded position of each packed row. Buckets group routes of
+    similar row counts, laid end to end. ``route[N]`` is each packed row's route.
+    """
+
+    route: torch.Tensor
+    gather: torch.Tensor
+    back: torch.Tensor
+    buckets: list[Bucket]
+
+    @staticmethod
+    def graph_bias(adj: torch.Tensor) -> torch.Tensor:
+        """Attention bias [R, 1, m, m] from the bool graph ``adj[R, m, m]``."""
+        bias = torch.zeros(adj.shape, dtype=torch.float32, device=adj.device)
+        return bias.masked_fill_(~adj, MASKED_SCORE).unsqueeze(1)
+
+
+#: Without gradients, attention over at most this many nodes uses plain matrix products, which
+#: beat PyTorch's fused CPU kernel there (and scale with threads); longer, or with gradients
+#: (the fused kernel keeps less for the backward), the fused kernel.
+SMALL_ATTENTION = 32
+
+
+#: Without gradients and with several threads, PyTorch's fused CPU attention kernel barely
+#: speeds up; from this many score entries on, the routes are split across threads instead.
+PARALLEL_ATTENTION = 64 * 48 * 48
+_pool: ThreadPoolExecutor | None = None
+
+
+def _fused(q, k, v, bias, scale):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+
+
+def _split_attention(q, k, v, bias, scale, threads: int) -> torch.Tensor:
+    """The fused kernel on ``threads`` slices of the routes at once, one thread each."""
+    global _pool
+    if _pool is None or _pool._max_workers != threads:
+        _pool = ThreadPoolExecutor(threads, thread_name_prefix="optw-attention")
+    inference = torch.is_inference_mode_enabled()
+
+    def run(*part: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode(inference), torch.no_grad():
+            return _fused(*part, scale)
+
+    parts = zip(*(t.tensor_split(threads) for t in (q, k, v, bias)), strict=True)
+    torch.set_num_threads(1)
+    try:
+        outs = [f.result() for f in [_pool.submit(run, *p) for p in parts]]
+    finally:
+        torch.set_num_threads(threads)
+    # keep the kernel's [R, m, H, d_k] memory order, so the caller's reshape is a view
+    return torch.cat([o.transpose(1, 2) for o in outs]).transpose(1, 2)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+              scale: float) -> torch.Tensor:
+    """softmax(q·kᵀ·scale + bias)·v over [R, H, m, d_k]."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _fused(q, k, v, bias, scale)
+    r, m = q.shape[0], q.shape[-2]
+    if m <= SMALL_ATTENTION:
+        scores = torch.matmul(q * scale, k.transpose(-1, -2))
+        scores += bias
+        return torch.matmul(torch.softmax(scores, dim=-1), v)
+    threads = torch.get_num_threads()
+    if threads > 1 and r >= 2 * threads and r * m * m >= PARALLEL_ATTENTION:
+        return _split_attention(q, k, v, bias, scale, threads)
+    return _fused(q, k, v, bias, scale)
+
+
+class EncoderLayer(nn.Module):
+    """Graph-masked multi-head attention (keys given) + feed-forward, post-norm residuals."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.n_heads = cfg.n_heads
+        self.qv = nn.Linear(d, 2 * d, bias=False)  # queries then values, heads concatenated
+        self.k = nn.Linear(d, d, bias=False)
+        self.out = nn.Linear(d, d)
+        self.norm1 = nn.LayerNorm(d)
+        self.ff1 = nn.Linear(d, cfg.d_ff)
+        self.ff2 = nn.Linear(cfg.d_ff, d)
+        self.norm2 = nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor, keys: torch.Tensor, layout: Layout) -> torch.Tensor:
+        """``x`` packed rows [N, d]; ``keys`` projected and gathered to the padded table [T, d]."""
+        d = x.shape[1]
+        h = self.n_heads
+        dk = d // h
+        qv = linear(x, self.qv.weight)
+        # separate contiguous gathers: the attention kernel then keeps them without copies
+        q_all = qv[:, :d].index_select(0, layout.gather)
+        v_all = qv[:, d:].index_select(0, layout.gather)
+        outs = []
+        for b in layout.buckets:
+            r, m = b.n_routes, b.width
+            rows = slice(b.start, b.stop)
+            q = q_all[rows].view(r, m, h, dk).transpose(1, 2)
+            v = v_all[rows].view(r, m, h, dk).transpose(1, 2)
+            k = keys[rows].view(r, m, h, dk).transpose(1, 2)
+            o = attention(q, k, v, b.bias, 1.0 / math.sqrt(dk))
+            outs.append(o.transpose(1, 2).reshape(r * m, d))
+        o = outs[0] if len(outs) == 1 else torch.cat(outs)  # [T, d], a view of the kernel's output
+        # projecting in the padded layout keeps only the kernel's output for the backward
+        z = linear(o, self.out.weight, self.out.bias).index_select(0, layout.back) + x
+        y = layer_norm(z, self.norm1.weight, self.norm1.bias, self.norm1.eps)
+        z = feed_forward(y, self.ff1.weight, self.ff1.bias, self.ff2.weight, self.ff2.bias)
+        return layer_norm(z, self.norm2.weight, self.norm2.bias, self.norm2.eps)
+
+
+class PointerNet(nn.Module):
+    """The model; see the module docstring. Build with a :class:`ModelConfig`."""
+
+    def __init__(self, cfg: ModelConfig | None = None):
+        super().__init__()
+        cfg = cfg or ModelConfig()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.static_embed = nn.Linear(cfg.n_static, d // 2)
+        self.dynamic_embed = nn.Linear(cfg.n_dynamic, d // 2)
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
+        self.lstm = nn.LSTMCell(d, d)
+        self.h0 = nn.Parameter(torch.empty(1, d))
+        self.c0 = nn.Parameter(torch.empty(1, d))
+        self.ptr_ref = nn.Linear(d, d, bias=False)  # W1 (on the node encodings)
+        self.ptr_query = nn.Linear(d, d)  # W2 (on the LSTM state)
+        self.ptr_v = nn.Parameter(torch.empty(d, 1))  # V
+        self.reset_parameters()
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.cfg
+
+    def reset_parameters(self) -> None:
+        """The authors' initialisation: Xavier-uniform for every weight with 2+ dimensions, in
+        the authors' layouts (per-head projections as ``[H, d, d_k]``, ``V`` as ``[d, 1]``,
+        ``h0``/``c0`` as ``[1, d]``); biases keep PyTorch's defaults, layer norms (1, 0)."""
+        h, d = self.cfg.n_heads, self.cfg.d_model
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                continue
+            with torch.no_grad():
+                if name.endswith(".qv.weight"):
+                    halves = [nn.init.xavier_uniform_(torch.empty(h, d, d // h)) for _ in "qv"]
+                    p.copy_(torch.cat([heads_to_linear(w) for w in halves]))
+                elif name.endswith(".k.weight"):
+                    p.copy_(heads_to_linear(nn.init.xavier_uniform_(torch.empty(h, d, d // h))))
+                else:
+                    nn.init.xavier_uniform_(p)
+
+    # --- blocks ------------------------------------------------------------------------------
+    def embed_static(self, static: torch.Tensor) -> torch.Tensor:
+        """``tanh(L1 · static)`` [..., d/2] (computed once per instance)."""
+        return torch.tanh(self.static_embed(static))
+
+    def embed(self, static_emb: torch.Tensor, dynamic: torch.Tensor) -> torch.Tensor:
+        """Node inputs ``[static_emb, tanh(L2 · dynamic)]`` [R, m, d]."""
+        return embed_rows(static_emb, dynamic, self.dynamic_embed.weight, self.dynamic_embed.bias)
+
+    def encode(
+        self,
+        x: torch.Tensor,
+        rec: torch.Tensor,
+        layout: Layout,
+        rec_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One set-encoder pass over the packed rows ``x[N, d]`` of ``layout``. ``rec`` is the
+        previous pass's final output (recursion; the first pass uses ``x`` itself), ``rec_rows``
+        the row of ``rec`` for each row of ``x`` (None: the same rows); ignored without
+        recursion. The keys are projected from ``rec`` as it is, then gathered: rows shared by
+        several routes (beam siblings) are projected once and nothing is copied."""
+        layers = self.layers
+        d = x.shape[1]
+        if self.cfg.recursion:
+            w = torch.cat([layer.k.weight for layer in layers])
+            keys = linear(rec, w)  # every layer's keys in one product
+            rows = layout.gather if rec_rows is None else rec_rows.index_select(0, layout.gather)
+            for i, layer in enumerate(layers):
+                x = layer(x, keys[:, i * d:(i + 1) * d].index_select(0, rows), layout)
+        else:
+            for layer in layers:
+                x = layer(x, linear(x, layer.k.weight).index_select(0, layout.gather), layout)
+        return x
+
+    def initial_state(self, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """LSTM state ``(h0, c0)`` for ``r`` routes."""
+        return self.h0.expand(r, -1), self.c0.expand(r, -1)
+
+    def pointer(self, enc: torch.Tensor, h: torch.Tensor, route: torch.Tensor) -> torch.Tensor:
+        """Logits [N]: ``C·tanh(Vᵀ tanh(W1 enc_j + W2 h))`` for rows ``enc[N, d]`` of routes
+        ``route[N]`` with LSTM states ``h[R, d]`` (the caller masks inadmissible rows)."""
+        query = F.linear(h, self.ptr_query.weight, self.ptr_query.bias)
+        return pointer_logits(enc, self.ptr_ref.weight, query, route, self.ptr_v.squeeze(1),
+                              self.cfg.clip)

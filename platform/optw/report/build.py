@@ -1,0 +1,91 @@
+"""Write a job's report folder (``index.html`` + ``plots/*.png``) atomically, and log it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from optw.report.data import JobData, load_job
+from optw.report.html import render
+from optw.report.plots import (
+    method_colors,
+    region_gaps,
+    slug,
+    time_score,
+    time_score_points,
+    training_curves,
+)
+
+INDEX = "index.html"
+PLOTS = "plots"
+ARTIFACT_DIR = "report"
+
+
+def _figures(data: JobData, plots: Path, groups: list[str]) -> tuple[dict[str, str | None],
+                                                                        object]:
+    figures: dict[str, str | None] = {}
+
+    def rel(path: Path | None) -> str | None:
+        return f"{PLOTS}/{path.name}" if path is not None else None
+
+    for g in groups:
+        figures[f"curves_{g}"] = rel(training_curves(data.children, g,
+                                                     plots / f"curves_{slug(g)}.png"))
+    regions = data.tables.get("regions")
+    methods = list(regions["method"]) if regions is not None and len(regions) else []
+    if len(data.evaluation):
+        methods += list(data.evaluation["method"])
+    colors = method_colors(methods)
+    for kind in ("validation", "benchmark"):
+        if regions is not None and len(regions):
+            figures[f"gaps_{kind}"] = rel(region_gaps(regions, kind, groups, colors,
+                                                      plots / f"gaps_{kind}.png"))
+    points = time_score_points(data)
+    ils_seconds: dict[str, float] = {}
+    if regions is not None and len(regions):
+        bench = regions[regions["kind"] == "benchmark"].drop_duplicates("region")
+        ils_seconds = bench.groupby("group")["ils_seconds"].mean().to_dict()
+    figures["time_score"] = rel(time_score(points, groups, colors, ils_seconds,
+                                           plots / "time_score.png"))
+    return figures, points
+
+
+def write_report(parent_run_id: str, out_dir: str | Path, uri: str | None = None) -> Path:
+    """Write the report of the job whose parent run is ``parent_run_id`` into ``out_dir``
+    (replaced as a whole: built in a temporary sibling folder and moved into place, so a
+    failure leaves the old report, and a reader never sees a half-written one). Returns the
+    path of ``index.html``."""
+    data = load_job(parent_run_id, uri)
+    out = Path(out_dir).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tag = uuid.uuid4().hex[:8]
+    tmp = out.parent / f".{out.name}.tmp-{tag}"
+    old = out.parent / f".{out.name}.old-{tag}"
+    (tmp / PLOTS).mkdir(parents=True)
+    try:
+        groups = data.groups()
+        figures, points = _figures(data, tmp / PLOTS, groups)
+        page = render(data, figures, groups, points)
+        (tmp / INDEX).write_text(page, encoding="utf-8")
+        if out.exists():
+            os.replace(out, old)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not out.exists():
+            os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return out / INDEX
+
+
+def write_and_log_report(parent_run_id: str, out_dir: str | Path, uri: str | None) -> Path:
+    """:func:`write_report`, then log the folder as artifact ``report/`` of the parent run
+    (what the job calls at its end). Returns the path of ``index.html``."""
+    from optw.tracking.uri import get_client
+
+    index = write_report(parent_run_id, out_dir, uri)
+    get_client(uri).log_artifacts(parent_run_id, str(index.parent), ARTIFACT_DIR)
+    return index

@@ -1,0 +1,196 @@
+"""What a job report shows, read from MLflow: the parent run, its children, their metric
+histories, the job's tables and the children's evaluation rows.
+
+Everything is read through the tracking store's public API (``MlflowClient``); a job that
+failed half-way gives a report with what exists (missing tables are empty frames).
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from optw.tracking.runs import PARENT_TAG
+from optw.tracking.uri import get_client, tracking_uri
+
+#: Metric histories read from each child run (step = epoch); logged at validation points
+#: only, so they stay short (``mean_reward`` is logged every few epochs and is left out).
+CURVE_METRICS = ("val_score", "benchmark_score")
+#: Tables of the parent run read from ``tables/<name>.csv``.
+JOB_TABLES = ("summary", "regions", "pvalues", "beam_sweep")
+GROUP_ORDER = ("solomon", "cordeau", "gavalas")
+_GROUP_BY_ID = ((re.compile(r"^pr\d"), "cordeau"), (re.compile(r"^(c|r|rc)\d"), "solomon"),
+                (re.compile(r"^t\d"), "gavalas"))
+
+
+@dataclass
+class ChildRun:
+    """One (stage, key) model of the job."""
+
+    run_id: str
+    stage: str
+    key: str
+    status: str
+    tags: dict[str, str]
+    curves: dict[str, pd.DataFrame] = field(default_factory=dict)  # metric -> (step, value)
+    group: str = "other"
+
+    @property
+    def label(self) -> str:
+        return f"{self.stage}/{self.key}"
+
+
+@dataclass
+class JobData:
+    """Everything a report needs, loaded once."""
+
+    uri: str
+    parent_run_id: str
+    experiment_id: str
+    experiment_name: str
+    run_name: str
+    status: str
+    start_time: int | None
+    end_time: int | None
+    tags: dict[str, str]
+    children: list[ChildRun]
+    tables: dict[str, pd.DataFrame]
+    evaluation: pd.DataFrame
+
+    @property
+    def job_name(self) -> str:
+        return self.tags.get("job", self.experiment_name)
+
+    def run_url(self, run_id: str) -> str | None:
+        """The run's page in the MLflow UI for an http(s) store, else ``None``."""
+        if not self.uri.startswith(("http://", "https://")):
+            return None
+        return f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
+
+    def groups(self) -> list[str]:
+        """Groups present, in the paper's order (others after, sorted)."""
+        present = {c.group for c in self.children}
+        if "group" in self.tables.get("regions", pd.DataFrame()).columns:
+            present |= set(self.tables["regions"]["group"].dropna().astype(str))
+        return sorted(present, key=lambda g: (GROUP_ORDER.index(g) if g in GROUP_ORDER
+                                              else len(GROUP_ORDER), g))
+
+
+def group_of(key: str, known: dict[str, str]) -> str:
+    """A region's (or ``global-<group>`` / ``transfer-<group>`` model's) group."""
+    if key in known:
+        return known[key]
+    if "-" in key:
+        tail = key.rsplit("-", 1)[1]
+        if tail in GROUP_ORDER:
+            return tail
+    for pattern, group in _GROUP_BY_ID:
+        if pattern.match(key):
+            return group
+    return "other"
+
+
+def find_parent_run(job: str | None = None, uri: str | None = None) -> str:
+    """Run id of the newest parent run of job ``job`` (its experiment), or of any job when
+    ``job`` is ``None``."""
+    client = get_client(uri)
+    if job is None:
+        exp_ids = [e.experiment_id for e in client.search_experiments()]
+        filt = "tags.job != ''"
+    else:
+        exp = client.get_experiment_by_name(job)
+        if exp is None:
+            raise KeyError(f"no MLflow experiment named {job!r} in {tracking_uri(uri)}")
+        exp_ids, filt = [exp.experiment_id], f"tags.job = '{job}'"
+    runs = client.search_runs(exp_ids, filter_string=filt,
+                              order_by=["attributes.start_time DESC"],
+                              max_results=1000) if exp_ids else []
+    parents = [r for r in runs if PARENT_TAG not in r.data.tags]
+    if not parents:
+        where = f"experiment {job!r}" if job else f"the store {tracking_uri(uri)}"
+        raise KeyError(f"{where} has no parent run of a platform job")
+    return parents[0].info.run_id
+
+
+def _read_csv(client, run_id: str, path: str, tmp: Path) -> pd.DataFrame | None:
+    try:
+        local = client.download_artifacts(run_id, path, str(tmp))
+    except Exception:  # noqa: BLE001 - a missing artifact is an empty table
+        return None
+    try:
+        return pd.read_csv(local)
+    except (OSError, ValueError, pd.errors.EmptyDataError):
+        return None
+
+
+def _history(client, run_id: str, metric: str) -> pd.DataFrame:
+    points = client.get_metric_history(run_id, metric)
+    df = pd.DataFrame([(p.step, p.value, p.timestamp) for p in points],
+                      columns=["step", "value", "timestamp"])
+    # a retried worker may log a step twice: keep the latest point per step
+    return (df.sort_values(["step", "timestamp"]).drop_duplicates("step", keep="last")
+            .reset_index(drop=True)[["step", "value"]])
+
+
+def load_job(parent_run_id: str, uri: str | None = None) -> JobData:
+    """Read the parent run ``parent_run_id`` and everything of its job from the store."""
+    uri = tracking_uri(uri)
+    client = get_client(uri)
+    from mlflow.exceptions import MlflowException
+
+    try:
+        parent = client.get_run(parent_run_id)
+    except MlflowException:
+        raise KeyError(f"no run {parent_run_id!r} in {uri}") from None
+    if PARENT_TAG in parent.data.tags:
+        raise ValueError(f"run {parent_run_id} is a child run; pass its parent "
+                         f"{parent.data.tags[PARENT_TAG]}")
+    exp = client.get_experiment(parent.info.experiment_id)
+    found = client.search_runs([exp.experiment_id],
+                               filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
+                               order_by=["attributes.start_time ASC"], max_results=5000)
+    tables: dict[str, pd.DataFrame] = {}
+    evaluation = []
+    children: list[ChildRun] = []
+    with tempfile.TemporaryDirectory(prefix="optw-report-") as tmp:
+        for name in JOB_TABLES:
+            df = _read_csv(client, parent_run_id, f"tables/{name}.csv", Path(tmp))
+            if df is not None:
+                tables[name] = df
+        for run in found:
+            tags = dict(run.data.tags)
+            key = tags.get("region", run.info.run_name or run.info.run_id)
+            child = ChildRun(run.info.run_id, tags.get("stage", ""), key, run.info.status, tags)
+            for metric in CURVE_METRICS:
+                if metric in run.data.metrics:
+                    child.curves[metric] = _history(client, run.info.run_id, metric)
+            try:
+                files = client.list_artifacts(run.info.run_id, "evaluation")
+            except Exception:  # noqa: BLE001 - no evaluation folder
+                files = []
+            for f in files:
+                if f.path.endswith(".csv"):
+                    df = _read_csv(client, run.info.run_id, f.path, Path(tmp))
+                    if df is not None and len(df):
+                        evaluation.append(df.assign(stage=child.stage, model=key))
+            children.append(child)
+    known: dict[str, str] = {}
+    if "regions" in tables and {"region", "group"} <= set(tables["regions"].columns):
+        known = dict(zip(tables["regions"]["region"].astype(str),
+                         tables["regions"]["group"].astype(str), strict=True))
+    for child in children:
+        child.group = group_of(child.key, known)
+    eval_df = pd.concat(evaluation, ignore_index=True) if evaluation else pd.DataFrame(
+        columns=["region", "tourist", "kind", "method", "score", "seconds", "stage", "model"])
+    if len(eval_df):
+        eval_df["region"] = eval_df["region"].astype(str)
+        eval_df["group"] = eval_df["region"].map(lambda r: group_of(r, known))
+    return JobData(uri=uri, parent_run_id=parent_run_id, experiment_id=exp.experiment_id,
+                   experiment_name=exp.name, run_name=parent.info.run_name or "",
+                   status=parent.info.status, start_time=parent.info.start_time,
+                   end_time=parent.info.end_time, tags=dict(parent.data.tags),
+                   children=children, tables=tables, evaluation=eval_df)

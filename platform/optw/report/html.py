@@ -1,0 +1,247 @@
+"""The report page: one self-contained HTML file (inline CSS, no scripts, no network) that
+shows the PNG figures beside it and the job's tables."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from html import escape
+from typing import Any
+
+import pandas as pd
+
+from optw.report.data import JobData
+from optw.tracking.uri import sqlite_path
+
+KIND_LABEL = {"validation": "generated", "benchmark": "benchmark"}
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;
+margin:0;color:#1d232a;background:#fafbfc;line-height:1.45}
+header{background:#23313f;color:#fff;padding:18px 32px}
+header h1{margin:0 0 4px;font-size:1.5em}
+header .meta{font-size:.9em;opacity:.85}
+nav{padding:8px 32px;background:#e9eef3;font-size:.9em}
+nav a{margin-right:14px;color:#23313f}
+main{padding:8px 32px 40px;max-width:1500px}
+section{margin-top:26px}
+h2{border-bottom:2px solid #d5dde5;padding-bottom:4px;font-size:1.25em}
+h3{font-size:1.05em;margin:18px 0 6px}
+figure{margin:10px 0 18px;background:#fff;border:1px solid #e1e6eb;padding:8px;
+display:inline-block;max-width:100%}
+figure img{max-width:100%;height:auto;display:block}
+figcaption{font-size:.85em;color:#555;margin-top:4px}
+table{border-collapse:collapse;font-size:.85em;background:#fff;margin:6px 0 14px}
+th,td{border:1px solid #d5dde5;padding:3px 8px;text-align:right;white-space:nowrap}
+th{background:#eef2f6}
+td.l,th.l{text-align:left}
+tr:nth-child(even) td{background:#f7f9fb}
+code,pre{background:#eef2f6;padding:1px 4px;border-radius:3px;font-size:.9em}
+pre{padding:8px;overflow-x:auto}
+.note{color:#666;font-size:.9em}
+.status-FINISHED{color:#1a7f37}.status-FAILED,.status-KILLED{color:#c62828}
+.status-RUNNING{color:#b26a00}
+details{margin:8px 0}
+summary{cursor:pointer;font-weight:600}
+"""
+
+
+def _fmt(v: Any, digits: int = 2) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    if isinstance(v, float):
+        if v != 0 and abs(v) < 10 ** -digits:
+            return f"{v:.2g}"
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _num(row: pd.Series, col: str) -> float:
+    v = row.get(col, math.nan)
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _with_ci(row: pd.Series, col: str, digits: int = 2) -> str:
+    """``value [lo, hi]`` from columns ``col``, ``col_lo``, ``col_hi``."""
+    v, lo, hi = _num(row, col), _num(row, f"{col}_lo"), _num(row, f"{col}_hi")
+    if math.isnan(v):
+        return "–"
+    text = f"{v:.{digits}f}"
+    if not math.isnan(lo) and not math.isnan(hi):
+        text += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
+    return text
+
+
+def table(df: pd.DataFrame, left: tuple[str, ...] = (), raw: tuple[str, ...] = ()) -> str:
+    """A DataFrame as an HTML table: cells escaped (except ``raw`` columns, which hold HTML),
+    floats rounded, ``left`` columns left-aligned."""
+    head = "".join(f'<th class="{"l" if c in left else ""}">{escape(str(c))}</th>'
+                   for c in df.columns)
+    rows = []
+    for rec in df.itertuples(index=False, name=None):
+        cells = []
+        for c, v in zip(df.columns, rec, strict=True):
+            v = v.item() if hasattr(v, "item") and not isinstance(v, str) else v
+            cls = ' class="l"' if c in left else ""
+            cells.append(f"<td{cls}>{v if c in raw else escape(_fmt(v))}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def summary_tables(summary: pd.DataFrame, groups: list[str]) -> str:
+    """One table per group from ``tables/summary.csv``: means over regions with 95%
+    bootstrap CIs and the Wilcoxon p-value against ILS."""
+    out = []
+    for g in groups:
+        sub = summary[summary["group"].astype(str) == g]
+        if sub.empty:
+            continue
+        rows = []
+        for _, r in sub.iterrows():
+            rows.append({
+                "method": r["method"], "tourists": KIND_LABEL.get(r["kind"], r["kind"]),
+                "regions": r.get("regions"), "n tourists": r.get("tourists"),
+                "best-known": _num(r, "best_known"), "ILS": _num(r, "ils"),
+                "model": _num(r, "model"),
+                "gap to ILS % [95% CI]": _with_ci(r, "gap_ils"),
+                "gap to best-known % [95% CI]": _with_ci(r, "gap_bk"),
+                "time s [95% CI]": _with_ci(r, "seconds", digits=4),
+                "p (model > ILS)": _fmt(_num(r, "p_better_than_ils"), 3),
+            })
+        out.append(f"<h3>{escape(g)}</h3>" + table(pd.DataFrame(rows),
+                                                    left=("method", "tourists")))
+    return "\n".join(out)
+
+
+def _mlflow_links(data: JobData) -> str:
+    """How to open the runs in MLflow: links for a server, the ``mlflow ui`` command else."""
+    if data.run_url(data.parent_run_id):
+        url = escape(data.run_url(data.parent_run_id) or "")
+        return (f'<p>Parent run: <a href="{url}">{escape(data.parent_run_id)}</a> '
+                f"(experiment {escape(data.experiment_name)}, id "
+                f"{escape(data.experiment_id)}) on <code>{escape(data.uri)}</code>.</p>")
+    db = sqlite_path(data.uri)
+    cmd = f"mlflow ui --backend-store-uri {data.uri} --port 5000"
+    where = (f"the local store <code>{escape(str(db))}</code>" if db is not None
+             else f"<code>{escape(data.uri)}</code>")
+    return (f"<p>The runs are in {where}. Open them with</p><pre>{escape(cmd)}</pre>"
+            f"<p class=\"note\">then http://127.0.0.1:5000/#/experiments/"
+            f"{escape(data.experiment_id)}/runs/&lt;run id&gt;. Parent run: "
+            f"<code>{escape(data.parent_run_id)}</code> (experiment "
+            f"{escape(data.experiment_name)}, id {escape(data.experiment_id)}).</p>")
+
+
+def runs_table(data: JobData) -> str:
+    """Every child run: stage, model, group, status, validation score, version, run id/link."""
+    rows = []
+    for c in sorted(data.children, key=lambda c: (c.group, c.stage, c.key)):
+        url = data.run_url(c.run_id)
+        rid = (f'<a href="{escape(url)}">{escape(c.run_id)}</a>' if url
+               else f"<code>{escape(c.run_id)}</code>")
+        try:
+            val = float(c.tags.get("val_score", "nan"))
+        except ValueError:
+            val = math.nan
+        rows.append({"stage": c.stage, "model": c.key, "group": c.group,
+                     "status": f'<span class="status-{escape(c.status)}">'
+                               f"{escape(c.status)}</span>",
+                     "val_score": val, "version": c.tags.get("version", "") or "–",
+                     "run": rid})
+    if not rows:
+        return '<p class="note">No child runs.</p>'
+    return table(pd.DataFrame(rows), left=("stage", "model", "group", "status", "run"),
+                 raw=("status", "run"))
+
+
+def _figure(src: str | None, alt: str, caption: str = "") -> str:
+    if not src:
+        return f'<p class="note">{escape(alt)}: no data.</p>'
+    cap = f"<figcaption>{escape(caption)}</figcaption>" if caption else ""
+    return f'<figure><img src="{escape(src)}" alt="{escape(alt)}">{cap}</figure>'
+
+
+def _when(ms: int | None) -> str:
+    if not ms:
+        return "–"
+    return dt.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def render(data: JobData, figures: dict[str, str | None], groups: list[str],
+           time_points: pd.DataFrame | None = None) -> str:
+    """The whole page. ``figures``: figure id -> file name beside the page (or ``None``);
+    ``time_points``: the points of the time/score figure, shown as a table."""
+    t = data.tags
+    title = f"optw job report: {data.job_name}"
+    meta = " · ".join(escape(x) for x in [
+        f"mode {t.get('mode', '?')}", f"profile {t.get('profile', '?')}",
+        f"config {t.get('config_hash', '?')}", f"catalog v{t.get('catalog_version', '?')}",
+        f"status {data.status}", f"started {_when(data.start_time)}",
+        f"ended {_when(data.end_time)}", f"{len(data.children)} model(s)"])
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        '<link rel="icon" href="data:,">', f"<title>{escape(title)}</title>",
+        f"<style>{CSS}</style></head><body>",
+        f"<header><h1>{escape(title)}</h1><div class=\"meta\">{meta}</div></header>",
+        '<nav><a href="#curves">Training curves</a><a href="#gaps">Gaps per region</a>'
+        '<a href="#time">Time vs score</a><a href="#tables">Group tables</a>'
+        '<a href="#runs">MLflow runs</a></nav><main>',
+        '<section id="curves"><h2>Training curves</h2>'
+        '<p class="note">Greedy decoding of the validation tourists (mean score) and of the '
+        "benchmark tourist at each validation point; step = epoch.</p>",
+    ]
+    for g in groups:
+        key = f"curves_{g}"
+        if key in figures:
+            parts.append(_figure(figures[key], f"training curves {g}"))
+    if not any(k.startswith("curves_") and v for k, v in figures.items()):
+        parts.append('<p class="note">No metric histories logged.</p>')
+    parts.append("</section>")
+    parts.append('<section id="gaps"><h2>Gaps per region</h2>'
+                 '<p class="note">Gap = (reference − model) / reference × 100 on the mean '
+                 "score over a region's tourists; generated = the catalog's validation "
+                 "tourists.</p>")
+    for kind in ("validation", "benchmark"):
+        parts.append(f"<h3>{KIND_LABEL[kind]} tourists</h3>")
+        parts.append(_figure(figures.get(f"gaps_{kind}"), f"gaps {KIND_LABEL[kind]}"))
+    regions = data.tables.get("regions")
+    if regions is not None and regions.get("best_known", pd.Series(dtype=float)).isna().all():
+        parts.append('<p class="note">No best-known scores (no reference file when the job '
+                     "ran): gaps to best-known are left out.</p>")
+    parts.append("</section>")
+    parts.append('<section id="time"><h2>Score against inference time</h2>'
+                 '<p class="note">Beam widths from the job\'s beam sweep on each region\'s '
+                 "benchmark tourist, active search from the evaluation rows; means over the "
+                 "group's regions.</p>")
+    parts.append(_figure(figures.get("time_score"), "time vs score"))
+    if time_points is not None and len(time_points):
+        pts = time_points.drop(columns=["order"], errors="ignore")
+        parts.append("<details><summary>Points</summary>"
+                     + table(pts, left=("group", "method", "setting")) + "</details>")
+    parts.append("</section>")
+    parts.append('<section id="tables"><h2>Group tables</h2>'
+                 '<p class="note">Means over regions; 95% bootstrap confidence intervals '
+                 "over regions; p: one-sided Wilcoxon signed-rank test (model > ILS).</p>")
+    summary = data.tables.get("summary")
+    if summary is not None and len(summary):
+        parts.append(summary_tables(summary, groups))
+    else:
+        parts.append('<p class="note">No summary table (the job logged no evaluation).</p>')
+    if regions is not None and len(regions):
+        parts.append("<details><summary>Per-region table</summary>"
+                     + table(regions, left=("method", "kind", "group", "region"))
+                     + "</details>")
+    pvalues = data.tables.get("pvalues")
+    if pvalues is not None and len(pvalues):
+        parts.append("<details><summary>Pairwise p-values</summary>"
+                     + table(pvalues, left=("kind", "from", "to")) + "</details>")
+    parts.append("</section>")
+    parts.append('<section id="runs"><h2>MLflow runs</h2>' + _mlflow_links(data)
+                 + runs_table(data) + "</section>")
+    parts.append("</main></body></html>")
+    return "\n".join(parts)

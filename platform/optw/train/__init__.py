@@ -1,0 +1,28 @@
+"""REINFORCE training (the paper's Algorithm 1), its parameters and callbacks."""
+
+from optw.train.callbacks import (
+    Callback,
+    Checkpointer,
+    EarlyStopping,
+    MetricsHistory,
+    ProgressBar,
+    TrainContext,
+    save_atomic,
+)
+from optw.train.config import ConfigError, TrainConfig, load_mapping
+
+
+def __getattr__(name: str):
+    # The loop imports torch and the model; load it only when asked for.
+    if name in ("train", "validate", "TrainResult", "resolve_device"):
+        from optw.train import loop
+
+        return getattr(loop, name)
+    raise AttributeError(name)
+
+
+__all__ = [
+    "Callback", "Checkpointer", "ConfigError", "EarlyStopping", "MetricsHistory", "ProgressBar",
+    "TrainConfig", "TrainContext", "TrainResult", "load_mapping", "resolve_device",
+    "save_atomic", "train", "validate",
+]

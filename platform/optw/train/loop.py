@@ -1,0 +1,198 @@
+"""REINFORCE training of the pointer network, top to bottom (the paper's Algorithm 1).
+
+Each epoch draws a region (uniformly from the list: one region, or a "global" model's many),
+samples K generated tourists of it and B routes per tourist, uses each tourist's mean reward as
+the baseline, adds an entropy bonus β, clips the gradient norm and takes one Adam step.
+Logging, checkpointing and early stopping are callbacks (:mod:`optw.train.callbacks`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from optw.catalog import Catalog, Region, Tourists, sample_tourists
+from optw.decode import rollout, solve
+from optw.env import make_instances
+from optw.model import ModelConfig, PointerNet, checkpoint_dict, load_model, read_checkpoint
+from optw.train.callbacks import Callback, TrainContext
+from optw.train.config import TrainConfig
+
+
+@dataclass
+class TrainResult:
+    """What a finished (or stopped) run leaves behind."""
+
+    model: PointerNet
+    epochs: int
+    last_validation: dict[str, float] = field(default_factory=dict)
+    best_validation: float | None = None
+    seconds: float = 0.0
+    checkpoint: Path | None = None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {name!r} asked for, but CUDA is not available here")
+    return torch.device(name)
+
+
+def validate(
+    model: PointerNet,
+    regions: list[Region],
+    validation: dict[str, Tourists],
+    benchmark: dict[str, Tourists],
+) -> dict[str, float]:
+    """Greedy scores: mean over each region's validation tourists and its benchmark tourist,
+    averaged over regions (plus per-region values when there are several)."""
+    t0 = time.perf_counter()
+    was_training = model.training
+    model.eval()
+    val, bench, out = [], [], {}
+    for region in regions:
+        v = np.mean([s.score for s in solve(model, region, validation[region.id], "greedy")])
+        b = solve(model, region, benchmark[region.id], "greedy")[0].score
+        val.append(v), bench.append(b)
+        if len(regions) > 1:
+            out[f"val_score/{region.id}"], out[f"benchmark_score/{region.id}"] = v, b
+    model.train(was_training)
+    return {"val_score": float(np.mean(val)), "benchmark_score": float(np.mean(bench)),
+            "val_seconds": time.perf_counter() - t0, **out}
+
+
+def _rng_state(np_rng: np.random.Generator, gen: torch.Generator) -> dict[str, Any]:
+    return {"numpy": np_rng.bit_generator.state, "torch": gen.get_state(),
+            "python": random.getstate()}
+
+
+def train(
+    config: TrainConfig,
+    catalog: Catalog,
+    callbacks: list[Callback] | tuple[Callback, ...] = (),
+    init: str | Path | None = None,
+    resume: str | Path | dict | None = None,
+) -> TrainResult:
+    """Train a model on ``config.regions``.
+
+    ``init``: start from a model file's weights (ours or the authors'; fine-tuning).
+    ``resume``: a checkpoint written by this function (``last.pt``, or its dict); the run
+    continues exactly where it stopped: weights, optimiser, schedule position, RNG states.
+    """
+    if not config.regions:
+        raise ValueError("no regions to train on (config.regions is empty)")
+    regions = [catalog.region(r) for r in config.regions]  # KeyError names unknown ones
+    device = resolve_device(config.device)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    random.seed(config.seed)
+    np_rng = np.random.default_rng(config.seed)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(config.seed)
+
+    # -- model, optimiser, state to resume
+    state: dict[str, Any] | None = None
+    if resume is not None:
+        state = resume if isinstance(resume, dict) else read_checkpoint(resume)
+        if "train" not in state:
+            raise ValueError(f"{resume} is a model file, not a training checkpoint (use init=)")
+        model = PointerNet(ModelConfig.from_dict(state["config"]))
+        model.load_state_dict(state["state_dict"])
+    elif init is not None:
+        model = load_model(init)
+    else:
+        model = PointerNet(ModelConfig.from_dict(config.model))
+    model.to(device).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate(0))
+    start_epoch = 0
+    ctx = TrainContext(region_ids=[r.id for r in regions], config=config,
+                       total_epochs=config.epochs)
+    if state is not None:
+        t = state["train"]
+        optimizer.load_state_dict(t["optimizer"])
+        start_epoch = int(t["epoch"])
+        np_rng.bit_generator.state = t["rng"]["numpy"]
+        gen.set_state(t["rng"]["torch"])
+        random.setstate(t["rng"]["python"])
+        ctx.best_validation = t.get("best_validation")
+        ctx.last_validation = t.get("last_validation", {})
+    ctx.epoch = start_epoch
+
+    validation = {r.id: catalog.validation(r.id)[: config.val_tourists] for r in regions}
+    benchmark = {r.id: catalog.benchmark(r.id) for r in regions}
+
+    def snapshot() -> dict:
+        return checkpoint_dict(model, train={
+            "config": config.to_dict(), "epoch": ctx.epoch, "optimizer": optimizer.state_dict(),
+            "rng": _rng_state(np_rng, gen), "best_validation": ctx.best_validation,
+            "last_validation": ctx.last_validation, "regions": ctx.region_ids,
+        })
+
+    ctx.snapshot = snapshot
+    for cb in callbacks:
+        cb.on_train_start(ctx)
+
+    B, K = config.batch_size, config.tourists_per_epoch
+    ids = torch.arange(K, device=device).repeat_interleave(B)  # route r -> tourist r // B
+    t_run, rate, t_last = time.perf_counter(), None, time.perf_counter()
+    for epoch in range(start_epoch, config.epochs):
+        # 1. a region and K tourists for it
+        region = regions[int(np_rng.integers(len(regions)))] if len(regions) > 1 else regions[0]
+        tourists = sample_tourists(region, K, np_rng, config.score_kind)
+        instances = make_instances(region, tourists, device)
+
+        # 2. B sampled routes per tourist
+        out = rollout(model, instances, ids, greedy=False, generator=gen)
+        reward = out.reward.view(K, B)
+
+        # 3. REINFORCE with the per-tourist mean baseline and an entropy bonus
+        advantage = (reward - reward.mean(dim=1, keepdim=True)).view(-1)
+        policy_loss = -(advantage.detach() * out.log_prob).mean()
+        entropy = out.entropy.mean()
+        loss = policy_loss - config.beta * entropy
+
+        lr = config.learning_rate(epoch)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        optimizer.step()
+
+        # 4. report, validate, hand over to callbacks
+        ctx.epoch = epoch + 1
+        now = time.perf_counter()
+        inst_rate = 1.0 / max(now - t_last, 1e-9)
+        rate = inst_rate if rate is None else 0.9 * rate + 0.1 * inst_rate
+        t_last = now
+        metrics = {"mean_reward": float(reward.mean()), "loss": float(loss.detach()),
+                   "entropy": float(entropy.detach()), "grad_norm": float(grad_norm), "lr": lr,
+                   "epochs_per_s": rate}
+        for cb in callbacks:
+            cb.on_epoch_end(ctx, metrics)
+        last = ctx.epoch == config.epochs
+        if (config.val_every and ctx.epoch % config.val_every == 0) or last:
+            val = validate(model, regions, validation, benchmark)
+            ctx.last_validation = val
+            if ctx.best_validation is None or val["val_score"] > ctx.best_validation:
+                ctx.best_validation = val["val_score"]
+            for cb in callbacks:
+                cb.on_validation(ctx, val)
+            t_last = time.perf_counter()  # validation time is not training speed
+        if ctx.stop:
+            break
+
+    for cb in callbacks:
+        cb.on_train_end(ctx)
+    model.eval()
+    return TrainResult(model=model, epochs=ctx.epoch, last_validation=ctx.last_validation,
+                       best_validation=ctx.best_validation,
+                       seconds=time.perf_counter() - t_run, checkpoint=ctx.last_checkpoint)

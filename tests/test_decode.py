@@ -1,0 +1,225 @@
+"""Tests of optw.decode: published outputs, solve() methods, rollouts, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from optw.catalog import Tourists
+from optw.cli import main
+from optw.decode import beam_search, rollout, solve
+from optw.env import check_route, make_instances
+from optw.model import ModelConfig, PointerNet, load_model
+
+PRETRAINED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "pretrained"
+PR01 = PRETRAINED / "pr01_uni_samp_500000.pt"
+T101 = PRETRAINED / "t101_corr_samp_500000.pt"
+needs_weights = pytest.mark.skipif(not PR01.exists(), reason="published weights not found")
+
+PR01_BEAM = [0, 9, 24, 47, 12, 38, 30, 2, 32, 37, 10, 45, 11, 28, 1, 16, 36, 31, 35, 34, 22, 7]
+T101_BEAM = [0, 68, 29, 8, 76, 3, 62, 7, 61, 16, 69, 17, 15, 33, 39, 44, 97, 46, 92, 74, 78]
+
+
+@pytest.fixture(scope="module")
+def published():
+    return {"pr01": load_model(PR01), "t101": load_model(T101)}
+
+
+@pytest.fixture(scope="module")
+def untrained():
+    torch.manual_seed(123)
+    return PointerNet(ModelConfig()).eval()
+
+
+@needs_weights
+@pytest.mark.parametrize("region_id,score,route", [("pr01", 308, PR01_BEAM),
+                                                    ("t101", 399, T101_BEAM)])
+def test_published_beam_search_outputs(catalog, published, region_id, score, route):
+    """Beam search 128 in published-outputs mode reproduces the authors' benchmark routes
+    (pr01 -> 308, t101 -> 399)."""
+    region = catalog.region(region_id)
+    sol = solve(published[region_id], region, catalog.benchmark(region_id), "beam", beams=128,
+                keep_greedy=False)[0]
+    assert sol.score == score
+    assert sol.route == route + [region.n_nodes - 1]
+
+
+@needs_weights
+def test_published_greedy_is_repeatable(catalog, published):
+    """Greedy decoding of the t101 benchmark tourist gives 397, identically on every call."""
+    region = catalog.region("t101")
+    runs = [solve(published["t101"], region, catalog.benchmark("t101"), "greedy")[0]
+            for _ in range(2)]
+    assert runs[0].score == 397 and runs[0].route == runs[1].route
+
+
+@needs_weights
+def test_compaction_and_batching_do_not_change_beam_results(catalog, published):
+    """Beam search over admissible nodes only, batched over tourists, finds the same routes as
+    the full-node computation run one tourist at a time."""
+    region = catalog.region("pr01")
+    tourists = catalog.validation("pr01")[:3]
+    inst = make_instances(region, tourists)
+    batched = beam_search(published["pr01"], inst, 16)
+    for k in range(len(tourists)):
+        single = beam_search(published["pr01"], make_instances(region, tourists[k]), 16,
+                             compact=False)
+        assert single.routes[0] == batched.routes[k]
+        assert single.log_probs[0] == pytest.approx(batched.log_probs[k], abs=1e-4)
+
+
+def test_beam_with_keep_greedy_is_never_below_greedy(catalog, untrained):
+    """With keep_greedy (the default), beam search and sampling are never below greedy, on an
+    untrained model and several tourists of three groups."""
+    for region_id in ("c101", "pr01", "t201"):
+        region = catalog.region(region_id)
+        tourists = catalog.validation(region_id)[:6]
+        greedy = solve(untrained, region, tourists, "greedy")
+        for method, kw in (("beam", {"beams": 4}), ("sampling", {"samples": 4})):
+            other = solve(untrained, region, tourists, method, **kw)
+            for g, b in zip(greedy, other, strict=True):
+                assert b.score >= g.score - 1e-9
+
+
+def test_every_method_returns_valid_solutions(catalog, untrained):
+    """Every method returns one validated Solution per tourist with a consistent schedule."""
+    region = catalog.region("t101")
+    tourists = catalog.validation("t101")[:3]
+    for method, kw in (("greedy", {}), ("sampling", {"samples": 8}), ("beam", {"beams": 8}),
+                       ("active_search", {"epochs": 2, "batch_size": 4, "beams": 4})):
+        sols = solve(untrained, region, tourists, method, **kw)
+        assert [s.tourist for s in sols] == tourists.tourist_id.tolist()
+        for k, s in enumerate(sols):
+            check = check_route(region, s.route, tourists, k, claimed_score=s.score)
+            assert check.ok and s.method == method and s.seconds > 0
+            assert len(s.arrival) == len(s.route) == len(s.start)
+
+
+def test_bad_arguments_raise_clear_errors(catalog, untrained):
+    """Beam widths outside 1..128, unknown methods and bad sample counts raise ValueError."""
+    region = catalog.region("pr01")
+    tourists = catalog.benchmark("pr01")
+    for beams in (0, 129, 2.5):
+        with pytest.raises(ValueError, match="beam width"):
+            solve(untrained, region, tourists, "beam", beams=beams)
+    with pytest.raises(ValueError, match="unknown method 'dfs'"):
+        solve(untrained, region, tourists, "dfs")
+    with pytest.raises(ValueError, match="samples"):
+        solve(untrained, region, tourists, "sampling", samples=0)
+
+
+def test_tourist_with_no_reachable_point_gets_the_empty_route(catalog, untrained):
+    """A tourist whose window is too short for any visit gets [0, n-1] with score 0, by every
+    method, and the rollout gives it log-probability 0."""
+    region = catalog.region("c101")
+    bench = catalog.benchmark("c101")
+    short = Tourists("c101", np.array([5]), "file", bench.start_xy, np.array([100.0]),
+                     np.array([100.5]), bench.scores)
+    for method in ("greedy", "sampling", "beam"):
+        sol = solve(untrained, region, short, method, beams=8, samples=4)[0]
+        assert sol.route == [0, region.n_nodes - 1] and sol.score == 0
+    out = rollout(untrained, make_instances(region, short), greedy=True)
+    assert out.log_prob.item() == 0 and out.routes.tolist() == [[0, region.n_nodes - 1]]
+    trainable = PointerNet(ModelConfig())
+    out = rollout(trainable, make_instances(region, short), torch.zeros(4, dtype=torch.long))
+    (out.log_prob.sum() + out.entropy.sum()).backward()  # a training step stays valid
+
+
+def test_rollout_for_training(catalog):
+    """rollout() samples R routes over shared instances (ids), reproducibly for a seeded
+    generator, with rewards equal to the route scores and a differentiable summed log-prob
+    and entropy."""
+    region = catalog.region("pr01")
+    tourists = catalog.validation("pr01")[:2]
+    inst = make_instances(region, tourists)
+    torch.manual_seed(0)
+    model = PointerNet()
+    ids = torch.arange(2).repeat_interleave(8)
+    out = rollout(model, inst, ids, generator=torch.Generator().manual_seed(5))
+    again = rollout(model, inst, ids, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(out.routes, again.routes)
+    assert out.routes.shape[0] == 16 and out.log_prob.requires_grad and out.entropy.requires_grad
+    for r in range(16):
+        route = [v for v in out.routes[r].tolist() if v >= 0]
+        check = check_route(region, route, tourists, int(ids[r]))
+        assert check.ok and out.reward[r].item() == pytest.approx(check.score, rel=1e-5)
+        assert out.lengths[r] == len(route)
+    baseline = out.reward.view(2, 8).mean(1).repeat_interleave(8)
+    loss = -((out.reward - baseline) * out.log_prob).mean() - 0.01 * out.entropy.mean()
+    loss.backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert any(g.abs().sum() > 0 for g in grads)
+
+
+@needs_weights
+def test_shared_prefixes_change_nothing(catalog, published):
+    """Evaluating each distinct route prefix once gives the same sampled routes, log-probs,
+    entropies and gradients as evaluating every route separately."""
+    region = catalog.region("t101")
+    inst = make_instances(region, catalog.validation("t101")[:2])
+    ids = torch.arange(2).repeat_interleave(16)
+    model = published["t101"]
+    outs, grads = [], []
+    for share in (True, False):
+        model.zero_grad()
+        out = rollout(model, inst, ids, generator=torch.Generator().manual_seed(3),
+                      share_prefixes=share)
+        (out.log_prob.sum() + out.entropy.sum()).backward()
+        outs.append(out)
+        grads.append([p.grad.clone() for p in model.parameters()])
+    model.zero_grad()
+    assert torch.equal(outs[0].routes, outs[1].routes)
+    assert torch.allclose(outs[0].log_prob, outs[1].log_prob, atol=1e-4)
+    assert torch.allclose(outs[0].entropy, outs[1].entropy, atol=1e-4)
+    for a, b in zip(*grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-3, rtol=1e-3)
+
+
+def test_active_search_leaves_the_model_untouched(catalog, untrained):
+    """Active search tunes a copy: the caller's weights do not change, and its answer is at
+    least the greedy route's score."""
+    region = catalog.region("pr01")
+    tourists = catalog.benchmark("pr01")
+    before = {k: v.clone() for k, v in untrained.state_dict().items()}
+    sol = solve(untrained, region, tourists, "active_search", epochs=3, batch_size=4, beams=4)[0]
+    greedy = solve(untrained, region, tourists, "greedy")[0]
+    assert sol.score >= greedy.score
+    for k, v in untrained.state_dict().items():
+        assert torch.equal(v, before[k])
+
+
+@needs_weights
+def test_cli_solves_with_published_weights(capsys):
+    """`optw solve` takes the authors' .pt unchanged and prints one JSON object per tourist."""
+    assert main(["solve", "--region", "pr01", "--checkpoint", str(PR01), "--published",
+                 "--beams", "128", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.strip())
+    assert row["score"] == 308 and row["route"][:3] == [0, 9, 24] and row["method"] == "beam"
+    assert set(row) == {"region", "tourist", "method", "route", "score", "seconds"}
+
+
+@needs_weights
+def test_cli_reads_tourist_files_and_reports_bad_ones(tmp_path, capsys, catalog):
+    """Tourist files (object or list, scores per point) are solved; a missing field or
+    T_end <= T_start is reported by name; a bad beam width is an error."""
+    region = catalog.region("pr01")
+    good = {"start": [0.0, 0.0], "t_start": 0, "t_end": 600, "scores": [1] * region.n_points}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([good, {**good, "t_end": 300}]))
+    assert main(["solve", "--region", "pr01", "--checkpoint", str(PR01), "--greedy",
+                 "--tourist", str(path)]) == 0
+    assert capsys.readouterr().out.count("route:") == 2
+    for bad, field in (({k: v for k, v in good.items() if k != "t_end"}, "t_end"),
+                       ({**good, "t_end": 0}, "t_end"),
+                       ({**good, "scores": [1, 2]}, "scores")):
+        path.write_text(json.dumps(bad))
+        assert main(["solve", "--region", "pr01", "--checkpoint", str(PR01),
+                     "--tourist", str(path)]) == 2
+        assert field in capsys.readouterr().err
+    assert main(["solve", "--region", "pr01", "--checkpoint", str(PR01), "--beams", "200"]) == 2
+    assert "beam width" in capsys.readouterr().err

@@ -1,0 +1,187 @@
+"""The platform job on a real local Ray cluster and a real MLflow store (tiny regions)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from optw.distributed import JobProfile, load_profile, plan
+from optw.train.config import ConfigError
+
+TINY = ["r199", "pr99"]
+
+
+def tiny_profile(name: str, mode: str = "scratch", regions=TINY, **train) -> JobProfile:
+    data = {
+        "job": {"name": name, "mode": mode, "regions": list(regions)},
+        "train": {"epochs": 4, "batch_size": 4, "val_every": 0, "val_tourists": 4,
+                  "checkpoint_every": 2, "threads": 1, **train},
+        "finetune": {"epochs": 2},
+        "evaluate": {"beams": 2, "validation_tourists": 4, "beam_sweep": [1, 2]},
+        "resources": {"cpus_per_region": 1, "max_failures": 2},
+    }
+    return JobProfile.from_dict(data, source=f"test-{name}")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    from optw.distributed.ray_train import configure_ray_env
+
+    configure_ray_env()
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
+             object_store_memory=200 * 1024**2)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("mlflow")
+    return f"sqlite:///{root / 'mlflow.db'}"
+
+
+def _run(profile, tiny_catalog, store, tmp_path, **kw):
+    from optw.distributed.job import run_job
+
+    return run_job(profile, catalog_dir=tiny_catalog.path, tracking_uri=store,
+                   storage=tmp_path / "ray_train", out_dir=tmp_path / "out", progress=False,
+                   **kw)
+
+
+# ----------------------------------------------------------------------------- no cluster
+
+
+def test_shipped_profiles_and_bad_profiles(tmp_path):
+    """smoke and paper load; unknown keys and bad values are named before anything runs."""
+    smoke, paper = load_profile("smoke"), load_profile("paper")
+    assert paper.train.epochs == 500_000 and paper.finetune_config(["c101"]).epochs == 50_000
+    assert paper.finetune_config(["c101"]).learning_rate(10**6) == 1e-5
+    assert paper.evaluate.beams == 128 and smoke.job.groups == ["solomon", "cordeau", "gavalas"]
+    assert smoke.config_hash() != paper.config_hash()
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train]\nepochz = 3\n")
+    with pytest.raises(ConfigError, match="epochz"):
+        load_profile(bad)
+    bad.write_text("[job]\nmode = 'sideways'\n")
+    with pytest.raises(ConfigError, match="sideways"):
+        load_profile(bad)
+    bad.write_text("[evaluate]\nbeams = 500\n")
+    with pytest.raises(ConfigError, match="beams"):
+        load_profile(bad)
+    bad.write_text("[finetune]\nlr = -1\n")
+    with pytest.raises(ConfigError, match="lr"):
+        load_profile(bad)
+    with pytest.raises(ConfigError, match="neither"):
+        load_profile("no-such-profile")
+
+
+def test_plan_per_mode(catalog):
+    """scratch: one model per region; global-ft: a global model per group then fine-tunes;
+    transfer: global models without the subset of 28, fine-tuned on the left-out regions."""
+    sel = ["c101", "r101", "pr01", "t101"]
+    (s,) = plan("scratch", catalog, sel)
+    assert [u.key for u in s] == sel and all(u.register for u in s)
+    g, f = plan("global-ft", catalog, sel)
+    assert {u.key for u in g} == {"global-solomon", "global-cordeau", "global-gavalas"}
+    assert all(u.init_from == f"global-{catalog.regions_table.at[u.key, 'group']}" for u in f)
+    tg, tf = plan("transfer", catalog, ["c101", "c103", "pr01"])
+    sol = next(u for u in tg if u.key == "transfer-solomon")
+    assert "c101" not in sol.train_regions and "c103" in sol.train_regions
+    assert sol.eval_regions == ["c101"] and sol.method == "tl"
+    assert [u.key for u in tf] == ["c101", "pr01"] and tf[0].method == "ft_tl"
+
+
+def test_bad_input_fails_before_training(tiny_catalog, tmp_path):
+    """Unknown regions and an unreachable tracking store fail at once, with a clear error."""
+    with pytest.raises(KeyError, match="zz9"):
+        _run(tiny_profile("bad", regions=["zz9"]), tiny_catalog, "sqlite:///x.db", tmp_path)
+    from optw.tracking import TrackingUnavailableError
+
+    with pytest.raises(TrackingUnavailableError):
+        _run(tiny_profile("bad"), tiny_catalog, "http://127.0.0.1:9", tmp_path)
+    assert not (tmp_path / "ray_train").exists()
+
+
+# ----------------------------------------------------------------------------- real cluster
+
+
+def test_job_end_to_end_and_idempotent_rerun(ray_cluster, tiny_catalog, store, tmp_path):
+    """The job trains, evaluates and registers each region (champion set, tables logged);
+    running it again skips every region and registers nothing new."""
+    from optw.tracking import champion, get_client
+
+    summary = _run(tiny_profile("e2e"), tiny_catalog, store, tmp_path)
+    assert sorted(summary.registered) == sorted(TINY)
+    client = get_client(store)
+    for rid in TINY:
+        champ = champion(rid, uri=store)
+        assert champ is not None and champ.version == summary.registered[rid]
+        assert len(client.search_model_versions(f"name = 'optw-{rid}'")) == 1
+    assert summary.results_path.exists() and "summary" in summary.tables
+    assert summary.report is not None and summary.report.exists()
+    arts = [a.path for a in client.list_artifacts(summary.parent_run_id, "tables")]
+    assert any("summary" in a for a in arts)
+
+    again = _run(tiny_profile("e2e"), tiny_catalog, store, tmp_path)
+    assert sorted(again.skipped) == sorted(TINY) and again.trained == []
+    for rid in TINY:
+        assert len(client.search_model_versions(f"name = 'optw-{rid}'")) == 1
+
+
+def test_killed_worker_resumes_from_checkpoint(ray_cluster, tiny_catalog, store, tmp_path):
+    """SIGKILL of one region's Ray Train worker after its first checkpoint: Ray Train restarts
+    it from that checkpoint, the job completes every region, one registry version each."""
+    from optw.tracking import get_client
+
+    marker = tmp_path / "paused.pid"
+    killed = {}
+
+    def killer():
+        deadline = time.time() + 150
+        while time.time() < deadline and not marker.exists():
+            time.sleep(0.2)
+        if marker.exists():
+            time.sleep(0.5)
+            pid = int(marker.read_text())
+            os.kill(pid, signal.SIGKILL)
+            killed["pid"] = pid
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    profile = tiny_profile("kill", epochs=6, checkpoint_every=2)
+    summary = _run(profile, tiny_catalog, store, tmp_path,
+                   test_hooks={"pr99": {"pause_after_checkpoint": str(marker)}})
+    t.join(5)
+    assert killed, "the worker never reached its first checkpoint"
+    assert sorted(summary.registered) == sorted(TINY)
+    client = get_client(store)
+    for rid in TINY:
+        versions = client.search_model_versions(f"name = 'optw-{rid}'")
+        job_versions = [v for v in versions if v.tags.get("job") == "kill"]
+        assert len(job_versions) == 1
+    import torch
+
+    ckpt = torch.load(Path(tmp_path / "out" / "models" / "scratch-pr99.pt"), weights_only=True)
+    assert ckpt["train"]["epoch"] == 6
+
+
+def test_tune_sweep_few_trials(ray_cluster, tiny_catalog, store, tmp_path):
+    """A Tune sweep of a few trials reports gap to ILS, picks the best, writes a profile."""
+    from optw.distributed.tune import run_sweep, write_profile
+
+    profile = tiny_profile("sweep", epochs=4, val_every=2)
+    res = run_sweep(profile, ["r199"], num_samples=2,
+                    space={"lr": ("choice", [1e-4, 1e-3]), "model.clip": ("choice", [5.0, 10.0])},
+                    catalog_dir=tiny_catalog.path, tracking_uri=store,
+                    storage=tmp_path / "tune", progress=False)
+    assert len(res.trials) == 2 and res.best_config["lr"] in (1e-4, 1e-3)
+    out = write_profile(profile, res.best_config, tmp_path / "best.toml")
+    best = load_profile(out)
+    assert best.train.lr == res.best_config["lr"]
+    assert best.train.model.get("clip") == res.best_config["model"]["clip"]

@@ -1,0 +1,406 @@
+"""Job reports (``optw report``): content from a real MLflow store, atomic writes, the
+artifact logged to the parent run, and the page in a real headless Chromium.
+
+The store is written through the real tracking API in the job's structure (parent run with
+tables, child runs with metric histories and evaluation rows): fast, no training. One slow
+test runs the tiny platform job itself and reports it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+REGIONS = {"r199": "solomon", "c199": "solomon", "pr99": "cordeau", "t199": "gavalas"}
+BEST_KNOWN = {"r199": 60.0, "c199": 70.0, "pr99": 90.0, "t199": 80.0}
+METHODS = ("model_greedy", "model", "model_as")
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+#: What the test set-up runs when Chromium is missing (Debian; needs root).
+CHROMIUM_INSTALL = "apt-get update && apt-get install -y chromium"
+
+
+# ----------------------------------------------------------------------------- a job's store
+
+
+def make_job_store(uri: str, job: str = "optw-report-test") -> str:
+    """A parent run + one child per region in the platform job's structure, written through
+    the real tracking API (tables computed by ``optw.evaluate``); returns the parent run id."""
+    from mlflow.entities import Metric
+
+    from optw.evaluate import evaluate
+    from optw.tracking import (
+        end_run,
+        get_client,
+        log_evaluation,
+        log_tables,
+        set_tags,
+        start_job_run,
+    )
+
+    rng = np.random.default_rng(0)
+    client = get_client(uri)
+    parent = start_job_run(job, {"train": {"epochs": 6}}, tags={
+        "mode": "scratch", "profile": "test", "catalog_version": "1", "regions": len(REGIONS)},
+        uri=uri)
+    rows, ils, sweep = [], [], []
+    for rid, group in REGIONS.items():
+        run_id = parent.child("scratch", rid, {"train": {"epochs": 6}},
+                              tags={"mode": "scratch", "profile": "test"})
+        ts = int(time.time() * 1000)
+        metrics = []
+        for epoch in range(1, 7):
+            metrics.append(Metric("mean_reward", 10 + 5 * epoch + rng.normal(), ts, epoch))
+            if epoch % 2 == 0:
+                metrics += [Metric("val_score", 20 + 6 * epoch + rng.normal(), ts, epoch),
+                            Metric("benchmark_score", 30 + 4 * epoch, ts, epoch)]
+        client.log_batch(run_id, metrics=metrics)
+        base = BEST_KNOWN[rid]
+        eval_rows = []
+        for tourist in range(5):
+            kind = "benchmark" if tourist == 0 else "validation"
+            ils_score = base * (0.95 if tourist == 0 else rng.uniform(0.5, 0.9))
+            ils.append({"region": rid, "tourist": tourist, "kind": kind, "score": ils_score,
+                        "seconds": 0.5})
+            for i, method in enumerate(METHODS):
+                score = ils_score * (0.80 + 0.07 * i + rng.uniform(-0.02, 0.02))
+                eval_rows.append({"region": rid, "tourist": tourist, "kind": kind,
+                                  "method": method, "score": score,
+                                  "seconds": 0.01 * (1 + 20 * i), "route": "[1, 2]"})
+        for beams in (1, 2, 4, 8):
+            sweep.append({"region": rid, "method": "model", "beams": beams,
+                          "score": base * (0.75 + 0.03 * np.log2(beams)),
+                          "seconds": 0.01 * beams})
+        log_evaluation(run_id, pd.DataFrame(eval_rows), f"evaluation_{rid}", uri=uri)
+        log_tables(run_id, {"beam_sweep": pd.DataFrame([s for s in sweep
+                                                        if s["region"] == rid])}, uri=uri)
+        set_tags(run_id, {"val_score": eval_rows[-1]["score"], "version": "1"}, uri)
+        end_run(run_id, "FINISHED", uri)
+        rows += [{**r, "group": group} for r in eval_rows]
+    results = pd.DataFrame(rows).drop(columns=["route"])
+    tables = evaluate(results, pd.DataFrame(ils), pd.Series(BEST_KNOWN), n_resamples=200)
+    tables["beam_sweep"] = pd.DataFrame(sweep)
+    log_tables(parent.run_id, tables, uri=uri)
+    parent.finish("FINISHED")
+    return parent.run_id
+
+
+@pytest.fixture(scope="module")
+def job_store(tmp_path_factory) -> tuple[str, str]:
+    """(tracking URI, parent run id) of a small job store in a temp folder."""
+    root = tmp_path_factory.mktemp("report-store")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    return uri, make_job_store(uri)
+
+
+# ----------------------------------------------------------------------------- content
+
+
+def test_report_content(job_store, tmp_path):
+    """The page has every section (curves per group, gaps, time/score, group tables with CIs,
+    run ids and the `mlflow ui` command for a sqlite store), every linked image exists as a
+    non-empty PNG, and nothing refers to the network."""
+    import re
+
+    from optw.report import write_report
+
+    uri, parent = job_store
+    index = write_report(parent, tmp_path / "report", uri)
+    html = index.read_text()
+    for anchor in ("curves", "gaps", "time", "tables", "runs"):
+        assert f'id="{anchor}"' in html
+    srcs = re.findall(r'<img src="([^"]+)"', html)
+    expected = {"plots/curves_solomon.png", "plots/curves_cordeau.png",
+                "plots/curves_gavalas.png", "plots/gaps_validation.png",
+                "plots/gaps_benchmark.png", "plots/time_score.png"}
+    assert set(srcs) == expected
+    for src in srcs:
+        data = (index.parent / src).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
+    assert "gap to ILS % [95% CI]" in html and "gap to best-known % [95% CI]" in html
+    assert re.search(r"-?\d+\.\d\d \[-?\d+\.\d\d, -?\d+\.\d\d\]", html)  # value [lo, hi]
+    assert "mlflow ui --backend-store-uri" in html and parent in html
+    assert "active search" in html  # model_as rows become the time/score figure's stars
+    assert not re.search(r"(src|href)=\"(https?:)?//", html)  # no external resources
+    assert "<script" not in html
+
+
+def test_time_score_points_and_http_links(job_store):
+    """Time/score points: one per (group, method, beam width) from the beam sweep plus active
+    search from the evaluation rows, gap to ILS from the regions table; an http store gets
+    links `<uri>/#/experiments/<exp>/runs/<run>`."""
+    from optw.report import load_job
+    from optw.report.plots import time_score_points
+
+    uri, parent = job_store
+    data = load_job(parent, uri)
+    pts = time_score_points(data)
+    sol = pts[pts["group"] == "solomon"]
+    assert list(sol["setting"]) == ["beams=1", "beams=2", "beams=4", "beams=8",
+                                    "active search"]
+    assert (sol["regions"] == 2).all() and pts["gap_ils"].notna().all()
+    assert {c.group for c in data.children} == {"solomon", "cordeau", "gavalas"}
+    curve = data.children[0].curves["val_score"]
+    assert list(curve["step"]) == [2, 4, 6]
+    data.uri = "http://mlflow.example:5000/"
+    assert data.run_url("abc") == (f"http://mlflow.example:5000/#/experiments/"
+                                   f"{data.experiment_id}/runs/abc")
+
+
+def test_report_replaces_atomically_and_keeps_old_on_failure(job_store, tmp_path,
+                                                             monkeypatch):
+    """A second report replaces the folder as a whole (stale files go); a failing one leaves
+    the previous report untouched and no temporary folders behind."""
+    from optw.report import build, write_report
+
+    uri, parent = job_store
+    out = tmp_path / "report"
+    write_report(parent, out, uri)
+    (out / "stale.txt").write_text("old")
+    write_report(parent, out, uri)
+    assert not (out / "stale.txt").exists()
+    before = (out / "index.html").read_text()
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("render failed")
+
+    monkeypatch.setattr(build, "render", boom)
+    with pytest.raises(RuntimeError, match="render failed"):
+        write_report(parent, out, uri)
+    assert (out / "index.html").read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+
+
+def test_report_of_a_job_that_failed_before_evaluation(tmp_path):
+    """A job with training curves but no tables or evaluation rows (failed half-way) still
+    gets a report: the curves, and 'no data' notes instead of missing images."""
+    from mlflow.entities import Metric
+
+    from optw.report import write_report
+    from optw.tracking import end_run, get_client, start_job_run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = start_job_run("optw-broken", {"train": {"epochs": 4}}, uri=uri)
+    child = parent.child("global", "global-gavalas")
+    get_client(uri).log_batch(child, metrics=[Metric("val_score", 10.0 * e, 0, e)
+                                              for e in (2, 4)])
+    end_run(child, "FAILED", uri)
+    parent.finish("FAILED")
+    html = write_report(parent.run_id, tmp_path / "report", uri).read_text()
+    assert html.count("<img ") == 1 and "plots/curves_gavalas.png" in html
+    assert "no data" in html and "No summary table" in html
+    assert 'class="status-FAILED"' in html
+
+
+def test_write_and_log_report_and_cli(job_store, tmp_path, capsys):
+    """`write_and_log_report` logs the folder as artifact `report/` of the parent run;
+    `optw report --job` finds the newest parent run of the job and writes the folder."""
+    from optw.cli import main
+    from optw.report import write_and_log_report
+    from optw.tracking import get_client
+
+    uri, parent = job_store
+    write_and_log_report(parent, tmp_path / "logged", uri)
+    client = get_client(uri)
+    names = {f.path for f in client.list_artifacts(parent, "report")}
+    assert {"report/index.html", "report/plots"} <= names
+    assert len(client.list_artifacts(parent, "report/plots")) == 6
+    assert main(["report", "--job", "optw-report-test", "--tracking-uri", uri,
+                 "--out", str(tmp_path / "cli")]) == 0
+    assert (tmp_path / "cli" / "index.html").is_file()
+    assert "wrote" in capsys.readouterr().out
+    assert main(["report", "--job", "no-such-job", "--tracking-uri", uri]) == 2
+    assert main(["report", "--run", "0" * 32, "--tracking-uri", uri]) == 2
+
+
+# ----------------------------------------------------------------------------- the browser
+
+
+def find_chromium() -> str | None:
+    """Chromium's executable: ``$OPTW_CHROMIUM``, else the first known name on PATH."""
+    env = os.environ.get("OPTW_CHROMIUM")
+    if env:
+        return env if Path(env).exists() or shutil.which(env) else None
+    return next((p for p in map(shutil.which, CHROMIUM_NAMES) if p), None)
+
+
+class DevTools:
+    """A minimal Chrome DevTools Protocol client over an open WebSocket to one page target
+    (``websockets``' sync client); events are kept in ``events``."""
+
+    def __init__(self, ws: Any):
+        self.ws = ws
+        self.events: list[dict[str, Any]] = []
+        self._id = 0
+
+    def call(self, method: str, timeout: float = 20.0, **params: Any) -> dict[str, Any]:
+        self._id += 1
+        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = json.loads(self.ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+            if msg.get("id") == self._id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+            self.events.append(msg)
+
+    def wait_for(self, event: str, timeout: float = 20.0) -> dict[str, Any]:
+        for msg in self.events:
+            if msg.get("method") == event:
+                return msg
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = json.loads(self.ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+            self.events.append(msg)
+            if msg.get("method") == event:
+                return msg
+
+
+def start_chromium(binary: str, profile: Path) -> tuple[subprocess.Popen, int]:
+    """Headless Chromium with remote debugging on a free port (read from the profile's
+    ``DevToolsActivePort`` file)."""
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", f"--user-data-dir={profile}", "--remote-debugging-port=0",
+             "--remote-allow-origins=*", "about:blank"]
+    proc = subprocess.Popen([binary, *flags], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    port_file = profile / "DevToolsActivePort"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+            raise RuntimeError(f"chromium exited with {proc.returncode}: {err}")
+        if port_file.exists() and port_file.read_text().strip():
+            return proc, int(port_file.read_text().split()[0])
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("chromium did not open its DevTools port within 30 s")
+
+
+def page_target(port: int) -> str:
+    """The WebSocket URL of Chromium's first page target."""
+    deadline = time.monotonic() + 10
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as r:
+            targets = json.load(r)
+        pages = [t for t in targets if t.get("type") == "page"]
+        if pages:
+            return pages[0]["webSocketDebuggerUrl"]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no page target in {targets}")
+        time.sleep(0.2)
+
+
+def _errors(events: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for e in events:
+        m, p = e.get("method"), e.get("params", {})
+        if m == "Runtime.exceptionThrown":
+            out.append(f"exception: {p['exceptionDetails'].get('text')}")
+        elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+            out.append("console.error: " + " ".join(str(a.get("value", a.get("description")))
+                                                    for a in p.get("args", [])))
+        elif m == "Log.entryAdded" and p["entry"].get("level") == "error":
+            out.append(f"log: {p['entry'].get('text')} {p['entry'].get('url', '')}")
+        elif m == "Network.loadingFailed":
+            out.append(f"load failed: {p.get('errorText')} ({p.get('type')})")
+    return out
+
+
+def test_report_in_headless_chromium(job_store, tmp_path, output_dir):
+    """The report opens in a real headless Chromium without console errors, failed loads or
+    any non-file request; every plot image has decoded (naturalWidth > 0); a full-page
+    screenshot is saved as test-output/report-screenshot.png."""
+    from websockets.sync.client import connect
+
+    from optw.report import write_report
+
+    binary = find_chromium()
+    if binary is None:
+        pytest.skip(f"chromium not found (install it: {CHROMIUM_INSTALL})")
+    uri, parent = job_store
+    index = write_report(parent, tmp_path / "report", uri)
+    proc, port = start_chromium(binary, tmp_path / "chromium-profile")
+    try:
+        with connect(page_target(port), max_size=64 * 1024**2, open_timeout=10) as ws:
+            devtools = DevTools(ws)
+            for domain in ("Page", "Runtime", "Log", "Network"):
+                devtools.call(f"{domain}.enable")
+            devtools.call("Emulation.setDeviceMetricsOverride", width=1400, height=1000,
+                          deviceScaleFactor=1, mobile=False)
+            devtools.call("Page.navigate", url=index.as_uri())
+            devtools.wait_for("Page.loadEventFired", timeout=30)
+            state = devtools.call(
+                "Runtime.evaluate", returnByValue=True, awaitPromise=True,
+                expression="Promise.all([...document.images].map(i => i.decode().catch(() => 0)))"
+                           ".then(() => JSON.stringify({title: document.title,"
+                           " height: document.documentElement.scrollHeight,"
+                           " images: [...document.images].map(i => [i.getAttribute('src'),"
+                           " i.naturalWidth, i.naturalHeight]),"
+                           " tables: document.querySelectorAll('table').length}))")
+            info = json.loads(state["result"]["value"])
+            assert info["title"] == "optw job report: optw-report-test"
+            assert len(info["images"]) == 6, info["images"]
+            assert all(w > 0 and h > 0 for _, w, h in info["images"]), info["images"]
+            assert info["tables"] >= 4
+            requests = [e["params"]["request"]["url"] for e in devtools.events
+                        if e.get("method") == "Network.requestWillBeSent"]
+            assert requests and all(u.startswith(("file:", "data:")) for u in requests), requests
+            assert _errors(devtools.events) == []
+            height = min(int(info["height"]), 16000)
+            devtools.call("Emulation.setDeviceMetricsOverride", width=1400, height=height,
+                          deviceScaleFactor=1, mobile=False)
+            shot = devtools.call("Page.captureScreenshot", format="png", timeout=60)
+            png = base64.b64decode(shot["data"])
+            assert png[:8] == b"\x89PNG\r\n\x1a\n"
+            (output_dir / "report-screenshot.png").write_bytes(png)
+            assert _errors(devtools.events) == []
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+# ----------------------------------------------------------------------------- the real job
+
+
+@pytest.mark.slow
+def test_report_of_a_real_tiny_job(tiny_catalog, tmp_path):
+    """The report of a real tiny platform job (Ray, two regions) has training curves, gap
+    and time/score plots, and is logged as `report/` of the parent run."""
+    ray = pytest.importorskip("ray")
+    from optw.distributed.job import run_job
+    from optw.report import write_and_log_report
+    from optw.tracking import get_client
+    from test_distributed import tiny_profile
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
+             object_store_memory=200 * 1024**2)
+    try:
+        summary = run_job(tiny_profile("report-e2e", val_every=2), catalog_dir=tiny_catalog.path,
+                          tracking_uri=uri, storage=tmp_path / "ray_train",
+                          out_dir=tmp_path / "out", progress=False)
+    finally:
+        ray.shutdown()
+    index = write_and_log_report(summary.parent_run_id, tmp_path / "out" / "report", uri)
+    plots = sorted(p.name for p in (index.parent / "plots").iterdir())
+    assert "time_score.png" in plots and "gaps_benchmark.png" in plots
+    assert any(p.startswith("curves_") for p in plots)
+    names = {f.path for f in get_client(uri).list_artifacts(summary.parent_run_id, "report")}
+    assert "report/index.html" in names
