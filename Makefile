@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test test-slow test-all lint catalog install clean-catalog mlflow-server
+.PHONY: browser run test test-slow test-all lint catalog install clean-catalog mlflow-server
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,14 @@ catalog: $(STAMP)
 run: catalog
 	PROFILE=$(or $(PROFILE),smoke) bash jobs/embedded.sh $(ARGS)
 
-test: catalog
+# Headless Chromium (Debian's package) for the report's browser test; without root or apt the
+# test is skipped instead.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "chromium could not be installed: the report's browser test will be skipped"
+
+test: catalog browser
 	$(BIN)/python -m pytest
 
 test-slow: catalog

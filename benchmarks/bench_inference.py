@@ -194,6 +194,7 @@ def bench_training(threads: list[int], quick: bool, quiet: float = 0.0) -> list[
 
 
 def report(inf: list[dict], train: list[dict]) -> None:
+    """The table: our figure, the authors', and the speed-up (or memory ratio)."""
     print(f"{'measure':<44}{'ours':>10}{'authors':>10}{'speed-up':>10}")
 
     def line(label: str, ours: float, theirs: float | None, lower_is_better: bool) -> None:
@@ -216,7 +217,8 @@ def report(inf: list[dict], train: list[dict]) -> None:
             line(f"train {r['region']} published {r['threads']}T (s/epoch)", r["s_per_epoch"],
                  AUTHORS.get(("train_s_per_epoch_published", r["region"], r["threads"])), True)
     for r in train:
-        label = f"peak RSS {r['region']} {r['init']} {r['threads']}T (GB)"
+        init = "scratch" if r["init"] == "scratch" else "published"
+        label = f"peak RSS {r['region']} {init} {r['threads']}T (GB)"
         theirs = AUTHORS[("peak_gb", "t101", 0)] if r["region"] == "t101" else None
         line(label, r["peak_rss_mb"] / 1e3, theirs, True)
         print(f"{'':<6}(process baseline {r['baseline_rss_mb'] / 1e3:.2f} GB, "

@@ -8,8 +8,13 @@ cd "$(dirname "$0")/.."
 # The job's `python` is the one on the PATH of the process that starts the head.
 export PATH="$PWD/.venv/bin:$PATH"
 export RAY_USAGE_STATS_ENABLED=0
+# Ray >= 2.59 protects local clusters with a token (kept in ~/.ray/auth_token); say so
+# explicitly so that `ray job submit` sends it too.
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
 # a Ray Train worker importing torch on a busy 2-core machine may need more than 60 s to start
 export RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="${RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S:-600}"
+# one machine, no preemptible nodes: no preemption watcher actor per training run
+export RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="${RAY_TRAIN_ENABLE_PREEMPTION_WATCHER:-0}"
 address="http://127.0.0.1:8265"
 started=0
 if ! ray status >/dev/null 2>&1; then

@@ -8,29 +8,17 @@ ship with the package (``optw/distributed/profiles/``); copy one to make your ow
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optw.train.config import ConfigError, TrainConfig, load_mapping
+from optw.train.config import ConfigError, TrainConfig, from_table, load_mapping
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 MODES = ("scratch", "global-ft", "transfer")
 GROUPS = ("solomon", "cordeau", "gavalas")
-
-
-def _from_table(cls, data: dict[str, Any], where: str):
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(known)}")
-    try:
-        return cls(**data)
-    except TypeError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
 
 
 @dataclass
@@ -110,12 +98,12 @@ class JobProfile:
         # validate the fine-tune overrides now, not after hours of global training
         TrainConfig.from_dict({**train.to_dict(), **finetune}, source=f"{source} [finetune]")
         return cls(
-            job=_from_table(JobSection, dict(data.get("job", {})), f"{source} [job]"),
+            job=from_table(JobSection, dict(data.get("job", {})), f"{source} [job]"),
             train=train,
             finetune=finetune,
-            evaluate=_from_table(EvaluateSection, dict(data.get("evaluate", {})),
+            evaluate=from_table(EvaluateSection, dict(data.get("evaluate", {})),
                                  f"{source} [evaluate]"),
-            resources=_from_table(ResourcesSection, dict(data.get("resources", {})),
+            resources=from_table(ResourcesSection, dict(data.get("resources", {})),
                                   f"{source} [resources]"),
             profile=source,
         )

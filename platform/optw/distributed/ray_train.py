@@ -23,9 +23,15 @@ CHECKPOINT_FILE = "last.pt"
 WORKER_START_TIMEOUT_ENV = ("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "600")
 
 
+#: Ray Train's preemption watcher (one more actor process per run) only matters on clusters of
+#: preemptible nodes; a local cluster started by the job switches it off.
+LOCAL_PREEMPTION_ENV = ("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+
+
 def configure_ray_env() -> None:
-    """Environment Ray Train reads in its controller; call before ``ray.init``."""
+    """Environment Ray Train reads in its controller; call before a local ``ray.init``."""
     os.environ.setdefault(*WORKER_START_TIMEOUT_ENV)
+    os.environ.setdefault(*LOCAL_PREEMPTION_ENV)
 
 
 def gap_to_ils(metrics: dict[str, float], ils_means: dict[str, float]) -> float | None:

@@ -1,4 +1,4 @@
-"""Linear layers through oneDNN on CPU (a speed-up, same maths).
+"""Fast building blocks: linear layers through oneDNN on CPU, memory-lean training blocks.
 
 PyTorch sends float32 ``F.linear`` on CPU to MKL's sgemm, which on AMD processors runs its
 generic path (~100 GFLOP/s per core on the development machine) while oneDNN's AVX-512 kernels,
@@ -11,6 +11,10 @@ else (small inputs, GPU, other dtypes, a PyTorch build without oneDNN, or ``OPTW
 oneDNN compiles one kernel per input shape (~0.6 MB each, kept in two caches of 1024 entries
 by default), so callers should keep the number of distinct row counts small (the decoder pads
 rows on a grid); the cache capacities are lowered here unless already set.
+
+:func:`layer_norm`, :func:`feed_forward`, :func:`pointer_logits` and :func:`embed` compute the
+same values as the plain compositions but, when gradients are recorded, keep fewer tensors for
+the backward (deriving them from outputs that are kept anyway, or recomputing cheap ones).
 """
 
 from __future__ import annotations
@@ -59,6 +63,15 @@ def _mm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, act: str,
     return op(x, w, b, act, [], "")
 
 
+def _grad_needed(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _fast_rows(x: torch.Tensor) -> bool:
+    return (ONEDNN and x.dim() == 2 and x.shape[0] >= MIN_ROWS and x.dtype == torch.float32
+            and x.device.type == "cpu")
+
+
 class _OneDNNLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, act, other):  # noqa: D102
@@ -93,32 +106,17 @@ def linear(
     """``act(x·Wᵀ + b + add)`` for ``x[N, in]`` (``act``: none, relu, tanh)."""
     if act not in _ACTS:
         raise ValueError(f"unknown activation {act!r}; expected one of {_ACTS}")
-    fast = (
-        ONEDNN and x.dim() == 2 and x.shape[0] >= MIN_ROWS and x.dtype == torch.float32
-        and x.device.type == "cpu"
-        and weight.dtype == torch.float32 and (add is None or add.shape == (x.shape[0],
-                                                                            weight.shape[0]))
-    )
-    if fast:
+    if _fast_rows(x) and weight.dtype == torch.float32 and (
+            add is None or add.shape == (x.shape[0], weight.shape[0])):
         x = x.contiguous()
         add = add.contiguous() if add is not None else None
-        tensors = (x, weight, bias, add)
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        if _grad_needed(x, weight, bias, add):
             return _OneDNNLinear.apply(x, weight, bias, act, add)
         return _mm(x, weight, bias, act, add)
     y = F.linear(x, weight, bias)
     if add is not None:
         y = y + add
     return y if act == "none" else (torch.relu(y) if act == "relu" else torch.tanh(y))
-
-
-def _grad_needed(*tensors: torch.Tensor | None) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def _fast_rows(x: torch.Tensor) -> bool:
-    return (ONEDNN and x.dim() == 2 and x.shape[0] >= MIN_ROWS and x.dtype == torch.float32
-            and x.device.type == "cpu")
 
 
 # --- memory-lean blocks for training ----------------------------------------------------------

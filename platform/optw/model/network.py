@@ -5,8 +5,8 @@ Blocks (``shared/spec/published-checkpoints.md``):
 - embeddings ``e = [tanh(L1 · static), tanh(L2 · dynamic)]`` (64 + 64);
 - a set encoder of transformer layers. Per head, ``q = x·W_q``, ``k = r·W_k``, ``v = x·W_v``
   where ``x`` is the layer's input and ``r`` the encoder's FINAL output of the previous decoding
-  step (recursion; both layers use the same ``r``); scores ``q·kᵀ/sqrt(d_k)`` with entries
-  where ``Ad = 0`` set to -1e32; heads concatenated, output projection, ``LN(x + ·)``; then
+  step (recursion; both layers use the same ``r``); scores ``q·kᵀ/sqrt(d_k)``, -1e32 where
+  ``Ad = 0`` (their weight is exactly 0); heads concatenated, output projection, ``LN(x + ·)``; then
   ``LN(y + W2 relu(W1 y))``;
 - a sequence encoder: an LSTM cell with learned initial state ``(h0, c0)``;
 - an additive pointer: ``u_j = Vᵀ tanh(W1 h_j + W2 h_lstm)``, logits ``C·tanh(u_j)``,
@@ -21,7 +21,6 @@ admissible nodes); a :class:`Layout` says which rows form each route's attention
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -73,7 +72,8 @@ class Layout:
     attention runs per bucket on a padded table gathered from them: ``gather[T]`` gives the
     packed row of each padded position (padding repeats a row of the same route and is masked
     as a column), ``back[N]`` the padded position of each packed row. Buckets group routes of
-    similar row counts, laid end to end. ``route[N]`` is each packed row's route.
+    similar row counts, laid end to end. ``route[N]`` is each packed row's route. (The decoder
+    appends a few padding rows, copies of row 0, so that N takes few distinct values.)
     """
 
     route: torch.Tensor
@@ -88,57 +88,10 @@ class Layout:
         return bias.masked_fill_(~adj, MASKED_SCORE).unsqueeze(1)
 
 
-#: Without gradients, attention over at most this many nodes uses plain matrix products, which
-#: beat PyTorch's fused CPU kernel there (and scale with threads); longer, or with gradients
-#: (the fused kernel keeps less for the backward), the fused kernel.
-SMALL_ATTENTION = 32
-
-
-#: Without gradients and with several threads, PyTorch's fused CPU attention kernel barely
-#: speeds up; from this many score entries on, the routes are split across threads instead.
-PARALLEL_ATTENTION = 64 * 48 * 48
-_pool: ThreadPoolExecutor | None = None
-
-
-def _fused(q, k, v, bias, scale):
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
-
-
-def _split_attention(q, k, v, bias, scale, threads: int) -> torch.Tensor:
-    """The fused kernel on ``threads`` slices of the routes at once, one thread each."""
-    global _pool
-    if _pool is None or _pool._max_workers != threads:
-        _pool = ThreadPoolExecutor(threads, thread_name_prefix="optw-attention")
-    inference = torch.is_inference_mode_enabled()
-
-    def run(*part: torch.Tensor) -> torch.Tensor:
-        with torch.inference_mode(inference), torch.no_grad():
-            return _fused(*part, scale)
-
-    parts = zip(*(t.tensor_split(threads) for t in (q, k, v, bias)), strict=True)
-    torch.set_num_threads(1)
-    try:
-        outs = [f.result() for f in [_pool.submit(run, *p) for p in parts]]
-    finally:
-        torch.set_num_threads(threads)
-    # keep the kernel's [R, m, H, d_k] memory order, so the caller's reshape is a view
-    return torch.cat([o.transpose(1, 2) for o in outs]).transpose(1, 2)
-
-
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
               scale: float) -> torch.Tensor:
-    """softmax(q·kᵀ·scale + bias)·v over [R, H, m, d_k]."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _fused(q, k, v, bias, scale)
-    r, m = q.shape[0], q.shape[-2]
-    if m <= SMALL_ATTENTION:
-        scores = torch.matmul(q * scale, k.transpose(-1, -2))
-        scores += bias
-        return torch.matmul(torch.softmax(scores, dim=-1), v)
-    threads = torch.get_num_threads()
-    if threads > 1 and r >= 2 * threads and r * m * m >= PARALLEL_ATTENTION:
-        return _split_attention(q, k, v, bias, scale, threads)
-    return _fused(q, k, v, bias, scale)
+    """softmax(q·kᵀ·scale + bias)·v over [R, H, m, d_k] (PyTorch's fused kernel)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
 
 class EncoderLayer(nn.Module):

@@ -77,14 +77,7 @@ class TrainConfig:
     # -- construction
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"{source}: unknown key(s) {unknown}; known keys: {sorted(known)}")
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
+        return from_table(cls, data, source)
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> TrainConfig:
@@ -110,6 +103,19 @@ class TrainConfig:
         if self.finetune:
             return self.finetune_lr
         return max(self.lr_min, self.lr * self.lr_decay ** (epoch // self.lr_decay_every))
+
+
+def from_table(cls, data: dict[str, Any], where: str):
+    """Build dataclass ``cls`` from a table; unknown keys and bad values are a
+    :class:`ConfigError` naming ``where``."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(known)}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def load_mapping(path: str | Path) -> dict[str, Any]:
