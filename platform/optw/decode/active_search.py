@@ -52,8 +52,8 @@ def active_search(
     """Active search for the single tourist of ``inst``.
 
     With ``keep_greedy`` the answer is the best of the beam route, the original model's greedy
-    route and the best route sampled during the search; without it, the beam route (the
-    paper's algorithm).
+    and beam routes and the best route sampled during the search (so it is never below plain
+    beam search); without it, the tuned model's beam route (the paper's algorithm).
     """
     if inst.n_tourists != 1:
         raise ValueError(f"active search works on one tourist at a time, got {inst.n_tourists}")
@@ -91,6 +91,7 @@ def active_search(
         with torch.inference_mode():
             greedy = rollout(model, inst, greedy=True).routes[0]
         candidates.append([v for v in greedy.tolist() if v >= 0])
+        candidates.append(beam_search(model, inst, beams).routes[0])
         if best is not None:
             candidates.append(best[1])
     totals = [float(scores[c].sum()) for c in candidates]

@@ -106,7 +106,8 @@ def solve(
       Adam ``lr``) on a copy of the model, then beam search (paper, Algorithm 2).
 
     ``keep_greedy`` (default) also considers the greedy route, so sampling and beam search are
-    never below greedy; ``keep_greedy=False`` reproduces the published outputs exactly.
+    never below greedy (active search also keeps the untuned model's beam route and its best
+    sample); ``keep_greedy=False`` reproduces the published outputs exactly.
     ``seed`` seeds sampling and active search (None: not seeded).
     """
     _check_args(method, beams, samples)
