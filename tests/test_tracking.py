@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import types
 import uuid
 from pathlib import Path
 
@@ -357,83 +356,38 @@ def test_register_rejects_missing_checkpoint(store, tmp_path):
 # ----------------------------------------------------------------------------- pyfunc / solver
 
 
-class _Solution(types.SimpleNamespace):
-    pass
-
-
-@pytest.fixture
-def stub_solver(monkeypatch):
-    """Stand-ins for optw.model.load_model and optw.decode.solve that record their calls."""
-    calls = {}
-    model_mod = types.ModuleType("optw.model")
-    decode_mod = types.ModuleType("optw.decode")
-
-    def load_model(path):
-        calls["checkpoint"] = Path(path).read_bytes()
-        return "MODEL"
-
-    def solve(model, region, tourists, method="beam", beams=16):
-        calls.update(model=model, region=region, tourists=tourists, method=method, beams=beams)
-        return [_Solution(route=[0, 1, region.n_nodes - 1], score=float(i), seconds=0.01)
-                for i in range(len(tourists))]
-
-    model_mod.load_model = load_model
-    decode_mod.solve = solve
-    monkeypatch.setitem(sys.modules, "optw.model", model_mod)
-    monkeypatch.setitem(sys.modules, "optw.decode", decode_mod)
-    return calls
-
-
-def test_load_solver_and_pyfunc_predict_wire_tourists_to_decode(store, checkpoint, tmp_path,
-                                                                 tiny_catalog, stub_solver):
-    """models:/optw-<region>@champion loads a RegionSolver (version, bundled region, the exact
-    checkpoint) whose solve/predict turn tourist dicts into a Tourists batch for
-    optw.decode.solve; the plain pyfunc predict takes a list of dicts and params."""
+def test_registered_model_solves_with_real_model(store, tmp_path, tiny_catalog):
+    """models:/optw-<region>@champion loads a RegionSolver (version, bundled region) that turns
+    tourist dicts into valid routes with the real model and decoder; the plain MLflow pyfunc
+    predict takes a list of dicts and params; bad tourists are named."""
     import mlflow.pyfunc
 
+    from optw.env import check_route
+    from optw.model import ModelConfig, PointerNet, save_model
+
     region = tiny_catalog.region("r199")
-    name = region.id
-    version = register_version(name, checkpoint, _run(region=name), {"val_score": 2.0},
+    ckpt = save_model(PointerNet(ModelConfig()), tmp_path / "m.pt")
+    version = register_version(region.id, ckpt, _run(region=region.id), {"val_score": 1.0},
                                region_data=region)
-    solver = load_solver(f"models:/{model_name(name)}@champion", dst_path=tmp_path / "dl")
-    assert solver.version == version and solver.region_id == name
-    assert stub_solver["checkpoint"] == checkpoint.read_bytes()
+    solver = load_solver(f"models:/{model_name(region.id)}@champion", dst_path=tmp_path / "dl")
+    assert solver.version == version and solver.region_id == region.id
     np.testing.assert_array_equal(solver.region.closing, region.closing)
+    tourists = tiny_catalog.validation(region.id)[:2]
+    sols = solver.solve(tourists.to_records(), method="beam", beams=2)
+    assert len(sols) == 2
+    for i, sol in enumerate(sols):
+        assert check_route(region, sol.route, tourists, i, claimed_score=sol.score).ok
 
     n = region.n_nodes
     poi_scores = list(range(1, n - 1))  # per point of interest: start/end 0 are added
-    sols = solver.solve({"start": [1.0, 2.0], "t_start": 5, "t_end": 200,
-                         "scores": poi_scores}, method="greedy", beams=4)
-    assert [s.score for s in sols] == [0.0]
-    t = stub_solver["tourists"]
-    assert (stub_solver["method"], stub_solver["beams"], len(t)) == ("greedy", 4, 1)
-    assert t.scores.shape == (1, n) and t.scores[0, 0] == t.scores[0, -1] == 0
-    np.testing.assert_array_equal(t.start_xy, [[1.0, 2.0]])
-    assert (t.t_start[0], t.t_end[0]) == (5.0, 200.0)
-
+    (one,) = solver.solve({"start": [1.0, 2.0], "t_start": 5, "t_end": 200,
+                           "scores": poi_scores}, method="greedy")
+    assert one.route[0] == 0 and one.route[-1] == n - 1
     pyfunc = mlflow.pyfunc.load_model(solver.local_path)
     out = pyfunc.predict([{"start": [0, 0], "scores": poi_scores}, {}], params={"beams": 3})
     assert list(out.columns) == ["route", "score", "seconds"] and len(out) == 2
-    assert stub_solver["beams"] == 3 and stub_solver["method"] == "beam"
-    assert stub_solver["tourists"].t_end[1] == region.t_end  # defaults: the benchmark tourist
     with pytest.raises(ValueError, match="scores"):
         solver.solve({"scores": [1, 2, 3]})
-
-
-def test_registered_model_solves_with_real_model(store, tmp_path, tiny_catalog):
-    """End to end with the real optw.model / optw.decode (skipped until both exist)."""
-    model_mod = pytest.importorskip("optw.model")
-    decode_mod = pytest.importorskip("optw.decode")
-    if not hasattr(decode_mod, "solve") or not hasattr(model_mod, "save_model"):
-        pytest.skip("optw.decode.solve / optw.model.save_model not available yet")
-    region = tiny_catalog.region("r199")
-    ckpt = model_mod.save_model(model_mod.PointerNet(model_mod.ModelConfig()), tmp_path / "m.pt")
-    register_version(region.id, ckpt, _run(region=region.id), {"val_score": 1.0},
-                     region_data=region)
-    solver = load_solver(f"models:/{model_name(region.id)}@champion", dst_path=tmp_path / "dl")
-    tourists = tiny_catalog.validation(region.id)[:2]
-    sols = solver.solve(tourists.to_records(), method="beam", beams=2)
-    assert len(sols) == 2 and all(s.route[0] == 0 for s in sols)
 
 
 # ----------------------------------------------------------------------------- evaluation
