@@ -34,7 +34,9 @@ def ray_cluster():
     from optw.distributed.ray_train import configure_ray_env
 
     configure_ray_env()
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
+    # The dashboard serves the State API that Ray Train's placement-group cleaner relies on:
+    # without it a finished Tune trial can leave its worker's placement group behind.
+    ray.init(num_cpus=2, include_dashboard=True, configure_logging=False,
              object_store_memory=200 * 1024**2)
     yield ray
     ray.shutdown()
