@@ -72,7 +72,7 @@ def ray_metrics():
     ray = pytest.importorskip("ray")
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=1, include_dashboard=False, configure_logging=False,
+        ray.init(address="local", num_cpus=1, include_dashboard=False, configure_logging=False,
                  object_store_memory=100 * 1024**2)
 
     @ray.remote(num_cpus=0)

@@ -36,7 +36,7 @@ def ray_cluster():
     configure_ray_env()
     # The dashboard serves the State API that Ray Train's placement-group cleaner relies on:
     # without it a finished Tune trial can leave its worker's placement group behind.
-    ray.init(num_cpus=2, include_dashboard=True, configure_logging=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=True, configure_logging=False,
              object_store_memory=200 * 1024**2)
     yield ray
     ray.shutdown()
@@ -187,3 +187,20 @@ def test_tune_sweep_few_trials(ray_cluster, tiny_catalog, store, tmp_path):
     best = load_profile(out)
     assert best.train.lr == res.best_config["lr"]
     assert best.train.model.get("clip") == res.best_config["model"]["clip"]
+
+
+def test_global_ft_mode_fine_tunes_from_the_global_model(ray_cluster, tiny_catalog, store,
+                                                         tmp_path):
+    """global-ft trains one global model per group, then fine-tunes each region from it (fixed
+    fine-tuning lr) and registers the fine-tuned models as method global_ft."""
+    import pandas as pd
+    import torch
+
+    summary = _run(tiny_profile("gft", mode="global-ft"), tiny_catalog, store, tmp_path)
+    assert sorted(summary.trained) == sorted(["global-solomon", "global-cordeau", *TINY])
+    assert sorted(summary.registered) == sorted(TINY)
+    models = tmp_path / "out" / "models"
+    ft = torch.load(models / "finetune-pr99.pt", weights_only=True)
+    assert ft["train"]["config"]["finetune"] is True and ft["train"]["epoch"] == 2
+    methods = set(pd.read_parquet(summary.results_path)["method"])
+    assert {"global_ft", "global_ft_greedy"} <= methods

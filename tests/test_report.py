@@ -390,7 +390,7 @@ def test_report_of_a_real_tiny_job(tiny_catalog, tmp_path):
     from test_distributed import tiny_profile
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False,
              object_store_memory=200 * 1024**2)
     try:
         summary = run_job(tiny_profile("report-e2e", val_every=2), catalog_dir=tiny_catalog.path,
