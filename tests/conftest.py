@@ -7,6 +7,7 @@ benchmark content), so model and training tests run in seconds.
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -87,3 +88,13 @@ def output_dir() -> Path:
     out = Path(os.environ.get("OPTW_TEST_OUTPUT", default))
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """Terminate a helper process a test started (kill it if it does not exit in time)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import stop_process
+
 DASHBOARD = Path(__file__).resolve().parents[1] / "dashboards" / "optw_training.json"
 #: The gauges RayReport sets (``optw_<name>``), as Ray exports them to Prometheus.
 GAUGES = ("epochs_per_s", "mean_reward", "val_score", "val_gap_ils")
@@ -178,9 +180,4 @@ def test_panel_queries_in_a_real_prometheus(dashboard, ray_metrics, tmp_path):
                 {tuple(sorted(TAGS.items()))}, expr
         assert results and all(results.values()), results
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc)

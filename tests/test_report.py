@@ -22,6 +22,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import stop_process
+
 REGIONS = {"r199": "solomon", "c199": "solomon", "pr99": "cordeau", "t199": "gavalas"}
 BEST_KNOWN = {"r199": 60.0, "c199": 70.0, "pr99": 90.0, "t199": 80.0}
 METHODS = ("model_greedy", "model", "model_as")
@@ -368,12 +370,7 @@ def test_report_in_headless_chromium(job_store, tmp_path, output_dir):
             (output_dir / "report-screenshot.png").write_bytes(png)
             assert _errors(devtools.events) == []
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc)
 
 
 # ----------------------------------------------------------------------------- the real job
