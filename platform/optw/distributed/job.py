@@ -282,11 +282,12 @@ def run_job(
             if sweep:
                 tables["beam_sweep"] = pd.DataFrame(sweep)
             log_tables(job.run_id, tables, uri=uri)
-        report = _report(job.run_id, out / "report", uri, progress)
         job.finish("FINISHED")
     except BaseException as exc:
         job.finish("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
+    # after finish(), so the report shows the run's final status and end time
+    report = _report(job.run_id, out / "report", uri, progress)
     registered = {r["key"]: r["version"] for r in results.values() if r.get("version")}
     return JobSummary(name, job.run_id, uri, selected, trained, skipped, results_path, tables,
                       time.perf_counter() - t0, registered, report)
