@@ -7,6 +7,7 @@ with the input (profile, regions, groups, tracking store) fails before any train
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -276,7 +277,9 @@ def run_job(
         if rows:
             df = pd.DataFrame(rows)
             results_path = out / "results.parquet"
-            df.to_parquet(results_path)
+            tmp = results_path.with_name(f".{results_path.name}.tmp")
+            df.to_parquet(tmp)
+            os.replace(tmp, results_path)  # never a half-written results file
             tables = _tables(df, catalog, load_ils_results(catalog.path))
             sweep = [row for r in results.values() for row in r.get("sweep", [])]
             if sweep:
