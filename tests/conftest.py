@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from optw.catalog import Catalog, CatalogError, build_catalog, default_catalog_dir, default_source
+from optw.catalog.store import FILES
 
 
 def write_toptw(path: Path, n_points: int, seed: int, t_end: float = 400.0,
@@ -98,3 +99,13 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=timeout)
+
+
+def copy_catalog(cat: Catalog, dst: Path) -> Path:
+    """A private copy of a built catalog (Parquet files and manifest) at ``dst``."""
+    import shutil
+
+    dst.mkdir(parents=True)
+    for name in (*FILES, "manifest.json"):
+        shutil.copy(cat.path / name, dst / name)
+    return dst

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import copy_catalog
 from optw.baselines.store import ILS_VERSION, write_ils_results
 from optw.catalog.store import CatalogError, open_catalog
 from optw.evaluate import (
@@ -178,10 +178,7 @@ def test_write_tables_all_or_nothing(cat, tmp_path, monkeypatch):
 @pytest.fixture()
 def setup(cat, tmp_path):
     """A private catalog copy with a hand-made ILS store and a reference CSV."""
-    dst = tmp_path / "catalog"
-    dst.mkdir()
-    for f in ("regions.parquet", "nodes.parquet", "tourists.parquet", "manifest.json"):
-        shutil.copy(cat.path / f, dst / f)
+    dst = copy_catalog(cat, tmp_path / "catalog")
     _, ils = _case_frames()
     write_ils_results(dst, ils)
     ref = tmp_path / "ref.csv"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import copy_catalog
 from optw.baselines import (
     IlsProblem,
     RouteState,
@@ -358,11 +358,7 @@ def test_fidelity_against_paper(cat):
 @pytest.fixture()
 def tmp_catalog(cat, tmp_path):
     """A private copy of the catalog (the store is written beside it)."""
-    dst = tmp_path / "catalog"
-    dst.mkdir()
-    for f in ("regions.parquet", "nodes.parquet", "tourists.parquet", "manifest.json"):
-        shutil.copy(cat.path / f, dst / f)
-    return dst
+    return copy_catalog(cat, tmp_path / "catalog")
 
 
 def test_store_is_incremental_and_atomic(tmp_catalog):
