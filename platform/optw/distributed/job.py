@@ -30,8 +30,7 @@ class JobContext:
     catalog_dir: str
     storage: str
     models_dir: str
-    profile: dict[str, Any]
-    profile_name: str
+    profile: JobProfile
     config_hash: str
     use_gpu: bool
     test_hooks: dict[str, Any] = field(default_factory=dict)
@@ -122,15 +121,14 @@ def run_unit(unit: Unit, ctx: JobContext, init_checkpoint: str | None) -> dict[s
         set_tags,
     )
 
-    profile = JobProfile.from_dict({k: v for k, v in ctx.profile.items() if k != "profile"},
-                                   source=ctx.profile_name)
+    profile = ctx.profile
     config = (profile.finetune_config(unit.train_regions) if unit.finetune
               else profile.train.replace(regions=unit.train_regions))
     mode = profile.job.mode
     run_id = ctx.job.child(unit.stage, unit.key, config={"train": config.to_dict(),
                        "evaluate": asdict(profile.evaluate), "mode": mode,
                        "init_from": unit.init_from or "", "catalog_version": CATALOG_VERSION},
-                       tags={"mode": mode, "profile": ctx.profile_name})
+                       tags={"mode": mode, "profile": profile.profile})
     t0 = time.perf_counter()
     try:
         name = f"{ctx.job_name}-{ctx.config_hash}-{unit.stage}-{unit.key}"
@@ -161,7 +159,7 @@ def run_unit(unit: Unit, ctx: JobContext, init_checkpoint: str | None) -> dict[s
         val_score = _val_score(rows, unit.key, unit.method) if rows else float("nan")
         if unit.register:
             version = register_version(unit.key, checkpoint, run_id, tags={
-                "mode": mode, "profile": ctx.profile_name, "epochs": config.epochs,
+                "mode": mode, "profile": profile.profile, "epochs": config.epochs,
                 "val_score": val_score, "config_hash": ctx.config_hash,
                 "catalog_version": CATALOG_VERSION, "job": ctx.job_name,
             }, uri=ctx.tracking_uri)
@@ -256,7 +254,7 @@ def run_job(
         "mode": profile.job.mode, "profile": profile.profile, "config_hash": config_hash,
         "catalog_version": CATALOG_VERSION, "regions": len(selected)}, uri=uri)
     ctx = JobContext(job, name, uri, str(catalog.path), str(storage),
-                     str(out / "models"), profile.to_dict(), profile.profile, config_hash,
+                     str(out / "models"), profile, config_hash,
                      use_gpu, test_hooks or {})
     remote = ray.remote(num_cpus=0, max_retries=0)(run_unit)
     results: dict[str, dict[str, Any]] = {}
