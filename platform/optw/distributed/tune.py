@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from optw.catalog import PROJECT_ROOT, open_catalog
-from optw.distributed.profile import JobProfile
+from optw.distributed.profile import JobProfile, load_profile
 
 METRIC = "val_gap_ils"
 
@@ -179,7 +179,7 @@ def write_profile(profile: JobProfile, best_train: dict[str, Any], path: str | P
     data["train"].pop("regions", None)
     path = Path(path)
     path.write_text(_toml(data))
-    JobProfile.from_dict(__import__("tomllib").loads(path.read_text()), source=str(path))
+    load_profile(path)  # what we wrote must load back as a valid profile
     return path
 
 
