@@ -15,6 +15,11 @@ import pytest
 
 from optw.catalog import Catalog, CatalogError, build_catalog, default_catalog_dir, default_source
 from optw.catalog.store import FILES
+from optw.model import CHECK_ENV
+
+# Every checkpoint written in the tests (Ray workers inherit this) proves it loads back with
+# torch.load(weights_only=True).
+os.environ[CHECK_ENV] = "1"
 
 
 def write_toptw(path: Path, n_points: int, seed: int, t_end: float = 400.0,

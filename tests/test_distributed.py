@@ -204,3 +204,69 @@ def test_global_ft_mode_fine_tunes_from_the_global_model(ray_cluster, tiny_catal
     assert ft["train"]["config"]["finetune"] is True and ft["train"]["epoch"] == 2
     methods = set(pd.read_parquet(summary.results_path)["method"])
     assert {"global_ft", "global_ft_greedy"} <= methods
+
+
+# ----------------------------------------------------------------------------- real regions
+
+REAL = ["pr01", "pr02"]
+
+
+@pytest.fixture(scope="module")
+def real_catalog(catalog, tmp_path_factory):
+    """A private copy of the benchmark catalog (the job stores ILS results into it)."""
+    from conftest import copy_catalog
+    from optw.catalog import Catalog
+
+    return Catalog(copy_catalog(catalog, tmp_path_factory.mktemp("real") / "catalog"))
+
+
+def _check_real_job(summary, store, tmp_path, method: str):
+    """Registered versions of both regions load as files, as MLflow models (by version and
+    by the champion alias) and solve; results carry ``method``."""
+    import pandas as pd
+
+    from optw.model import load_model
+    from optw.tracking import load_solver
+
+    assert sorted(summary.registered) == sorted(REAL)
+    df = pd.read_parquet(summary.results_path)
+    assert {method, f"{method}_greedy"} <= set(df["method"])
+    for rid in REAL:
+        stage = "scratch" if method == "model" else "finetune"
+        load_model(tmp_path / "out" / "models" / f"{stage}-{rid}.pt")
+        for ref in (f"models:/optw-{rid}/{summary.registered[rid]}",
+                    f"models:/optw-{rid}@champion"):
+            solver = load_solver(ref, uri=store)
+            n = solver.region.n_points
+            sol = solver.solve([{"start": [0, 0], "t_start": 0, "t_end": 1000,
+                                 "scores": [1] * n}], method="greedy")
+            assert len(sol) == 1
+    return df
+
+
+@pytest.mark.parametrize("mode,method", [("scratch", "model"), ("global-ft", "global_ft")])
+def test_job_modes_on_real_regions(ray_cluster, real_catalog, tmp_path, mode, method):
+    """scratch and global-ft on two real Cordeau regions with stored ILS results (validation
+    over several regions, gaps to ILS): both complete and register loadable champions."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    profile = tiny_profile(f"real-{mode}", mode=mode, regions=REAL, val_every=2)
+    summary = _run(profile, real_catalog, store, tmp_path)
+    _check_real_job(summary, store, tmp_path, method)
+    if mode == "global-ft":
+        from optw.model import read_checkpoint
+
+        glob = read_checkpoint(tmp_path / "out" / "models" / "global-global-cordeau.pt")
+        assert {"val_score/pr01", "val_score/pr02", "val_gap_ils"} <= set(
+            glob["train"]["last_validation"])
+
+
+def test_transfer_mode_on_real_regions(ray_cluster, real_catalog, tmp_path):
+    """transfer on a Cordeau subset: the global model (trained without pr01, pr02) is
+    evaluated as is (tl) and fine-tuned (ft_tl); both are in the job's tables."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    profile = tiny_profile("real-transfer", mode="transfer", regions=REAL, val_tourists=1,
+                           epochs=2)
+    summary = _run(profile, real_catalog, store, tmp_path)
+    df = _check_real_job(summary, store, tmp_path, "ft_tl")
+    assert {"tl", "tl_greedy"} <= set(df["method"])
+    assert {"tl", "ft_tl"} <= set(summary.tables["summary"]["method"])

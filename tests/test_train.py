@@ -120,3 +120,78 @@ def test_cli_train_and_resume(tiny_catalog, tmp_path, capsys):
     assert torch.load(out / "last.pt", weights_only=True)["train"]["epoch"] == 6
     assert main(["train", "--region", "nope", "--catalog", str(tiny_catalog.path)]) == 2
     assert "unknown region" in capsys.readouterr().err
+
+
+def test_global_model_file_loads_and_solves(tiny_catalog, tmp_path):
+    """A model trained on several regions (per-region validation metrics in its file) loads
+    with ``weights_only=True``, resumes, and solves through ``optw solve`` (issue 15)."""
+    from optw.cli import main
+    from optw.model import load_model, read_checkpoint
+
+    ckpt = Checkpointer(tmp_path)
+    res = train(_config(regions=["r199", "pr99"], epochs=4, val_every=2), tiny_catalog, [ckpt])
+    assert all(type(v) is float for v in res.last_validation.values()), res.last_validation
+    state = read_checkpoint(ckpt.last)
+    assert {"val_score/r199", "val_score/pr99"} <= set(state["train"]["last_validation"])
+    load_model(ckpt.last)
+    train(_config(regions=["r199", "pr99"], epochs=6), tiny_catalog, resume=ckpt.last)
+    rc = main(["solve", "--catalog", str(tiny_catalog.path), "--region", "pr99",
+               "--checkpoint", str(ckpt.last), "--beams", "2", "--json"])
+    assert rc == 0
+
+
+def test_every_checkpoint_writer_guards_plain_values(tmp_path):
+    """Model files, training snapshots and Ray Train checkpoints all go through one writer
+    that refuses values ``torch.load(weights_only=True)`` would reject, naming the field."""
+    import numpy as np
+
+    from optw.model import ModelConfig, PointerNet, save_model, write_checkpoint
+
+    with pytest.raises(TypeError, match=r"train\.last_validation\.val_score.*numpy"):
+        write_checkpoint({"train": {"last_validation": {"val_score": np.float64(1.0)}}},
+                         tmp_path / "x.pt")
+    assert not (tmp_path / "x.pt").exists()
+    model = PointerNet(ModelConfig())
+    with pytest.raises(TypeError, match="epoch"):
+        save_model(model, tmp_path / "m.pt", epoch=np.int64(3))
+    assert list(tmp_path.iterdir()) == []
+    save_model(model, tmp_path / "m.pt", epoch=3, metrics={"a": 1.5, "b": [1, (2, None)]})
+
+
+def test_model_files_written_before_the_fix_still_load(tmp_path):
+    """Files whose metrics hold numpy scalars (written before issue 15's fix) load: numpy
+    scalars are rebuilt from an allow-list and returned as Python numbers; other globals are
+    still refused."""
+    import io
+
+    import numpy as np
+
+    from optw.model import (
+        CheckpointError,
+        ModelConfig,
+        PointerNet,
+        checkpoint_dict,
+        load_model,
+        read_checkpoint,
+    )
+
+    model = PointerNet(ModelConfig())
+    old = checkpoint_dict(model, train={"last_validation": {"val_score/pr01": np.float64(2.5),
+                                                            "n": np.int64(4)}})
+    path = tmp_path / "old.pt"
+    torch.save(old, path)  # what the code before the fix wrote
+    state = read_checkpoint(path)
+    val = state["train"]["last_validation"]
+    assert val == {"val_score/pr01": 2.5, "n": 4}
+    assert type(val["val_score/pr01"]) is float and type(val["n"]) is int
+    load_model(path)
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    buf = io.BytesIO()
+    torch.save({"x": Evil()}, buf)
+    (tmp_path / "evil.pt").write_bytes(buf.getvalue())
+    with pytest.raises(CheckpointError):
+        read_checkpoint(tmp_path / "evil.pt")

@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from optw.train.callbacks import Callback, TrainContext, save_atomic
+from optw.model import write_checkpoint
+from optw.train.callbacks import Callback, TrainContext
 
 CHECKPOINT_FILE = "last.pt"
 #: A worker that imports torch on a busy 2-core machine can take more than Ray Train's default
@@ -42,7 +43,7 @@ def gap_to_ils(metrics: dict[str, float], ils_means: dict[str, float]) -> float 
         score = metrics.get(f"val_score/{rid}", metrics.get("val_score"))
         if score is not None and ils > 0:
             gaps.append((ils - score) / ils * 100.0)
-    return sum(gaps) / len(gaps) if gaps else None
+    return float(sum(gaps) / len(gaps)) if gaps else None
 
 
 class RayReport(Callback):
@@ -80,7 +81,7 @@ class RayReport(Callback):
             ray.train.report(metrics)
             return
         with tempfile.TemporaryDirectory(prefix="optw-ckpt-") as tmp:
-            save_atomic(ctx.snapshot(), Path(tmp) / CHECKPOINT_FILE)
+            write_checkpoint(ctx.snapshot(), Path(tmp) / CHECKPOINT_FILE)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
     def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:

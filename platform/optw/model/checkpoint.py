@@ -1,6 +1,6 @@
 """Model files: our own format and an importer for the paper authors' published weights.
 
-Our format is a ``torch.save`` of a dict::
+Our format is a ``torch.save`` of a dict (written by :func:`write_checkpoint` only)::
 
     {"format": "optw-model", "version": 1, "config": asdict(ModelConfig), "state_dict": ...,
      ...extra keys (optimizer state, epoch, metrics) added by the training code}
@@ -13,6 +13,8 @@ reads them as they are and maps them onto our layout. Everything is read with
 
 from __future__ import annotations
 
+import io
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,19 +33,100 @@ class CheckpointError(ValueError):
     """A file that is not a readable model checkpoint of this architecture."""
 
 
+#: Set (to anything but "" or "0") to make every :func:`write_checkpoint` also prove that
+#: ``torch.load(weights_only=True)`` reads its object back; the test suite sets it.
+CHECK_ENV = "OPTW_CHECK_CHECKPOINTS"
+
+_PLAIN = (bool, int, float, complex, str, bytes, type(None))
+_LEAVES = (torch.Tensor, torch.dtype, torch.device, torch.Size)
+
+
+def check_plain(obj: Any, where: str = "") -> None:
+    """Raise ``TypeError`` naming the first value ``torch.load(weights_only=True)`` would
+    refuse (numpy scalars, dataclasses, paths, ...): checkpoints hold tensors and plain data."""
+    if isinstance(obj, _LEAVES) or type(obj) in _PLAIN:  # exact: np.float64 is a float
+        return
+    if isinstance(obj, Mapping):
+        for key, value in obj.items():
+            if type(key) not in _PLAIN:
+                raise TypeError(f"{where or 'checkpoint'}: key {key!r} is a "
+                                f"{type(key).__module__}.{type(key).__qualname__}")
+            check_plain(value, f"{where}.{key}" if where else str(key))
+    elif type(obj) in (list, tuple, set):
+        for i, value in enumerate(obj):
+            check_plain(value, f"{where}[{i}]")
+    else:
+        raise TypeError(f"{where or 'checkpoint'} is a {type(obj).__module__}."
+                        f"{type(obj).__qualname__}; a checkpoint holds only tensors and plain "
+                        "Python values (convert it where it is made)")
+
+
+def write_checkpoint(obj: Mapping[str, Any], path: str | Path) -> Path:
+    """The one writer of model files, training snapshots and Ray Train checkpoints: checks
+    the object is plain (:func:`check_plain`), then writes a temporary file beside ``path``
+    and renames it (never a half-written file). With ``$OPTW_CHECK_CHECKPOINTS`` set it also
+    proves the bytes load back with ``weights_only=True``."""
+    check_plain(obj)
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    if os.environ.get(CHECK_ENV, "") not in ("", "0"):
+        buf.seek(0)
+        torch.load(buf, map_location="cpu", weights_only=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(buf.getvalue())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _numpy_scalar_globals() -> list:
+    """What a pickled numpy number needs (its reconstructor and numeric dtypes), allowed so
+    files written before numpy metrics were converted still load; nothing else is allowed."""
+    import numpy as np
+
+    try:
+        from numpy._core.multiarray import scalar
+    except ImportError:  # numpy 1.x names the module numpy.core
+        from numpy.core.multiarray import scalar  # type: ignore[no-redef]
+    kinds = [np.float64, np.float32, np.float16, np.int64, np.int32, np.int16, np.int8,
+             np.uint64, np.uint32, np.uint16, np.uint8, np.bool_]
+    return [scalar, np.dtype, *{type(np.dtype(k)) for k in kinds}]
+
+
+def _to_plain(obj: Any) -> Any:
+    """numpy scalars anywhere in containers -> Python numbers (everything else unchanged)."""
+    import numpy as np
+
+    if isinstance(obj, dict):
+        return type(obj)((k, _to_plain(v)) for k, v in obj.items())
+    if type(obj) in (list, tuple):
+        return type(obj)(_to_plain(v) for v in obj)
+    return obj.item() if isinstance(obj, np.generic) else obj
+
+
 def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
-    """``torch.load(weights_only=True)``; unreadable files raise :class:`CheckpointError`."""
+    """``torch.load(weights_only=True)``; unreadable files raise :class:`CheckpointError`.
+
+    numpy numbers in files written before every writer went through
+    :func:`write_checkpoint` are rebuilt from an allow-list and returned as Python numbers."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with torch.serialization.safe_globals(_numpy_scalar_globals()):
+            obj = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # corrupt, truncated, not a torch file, unsafe pickle
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         why = lines[0] if lines else type(exc).__name__
         if "weights_only" in why or "Weights only load failed" in why:
-            why = "not a torch state file, or one holding objects other than tensors and plain data"
+            why = ("not a torch state file, or one holding objects other than tensors and "
+                   "plain data; re-create it with this version (e.g. `optw train`)")
         raise CheckpointError(f"cannot read checkpoint {path}: {why}") from exc
+    return _to_plain(obj)
 
 
 # --- the authors' layout -----------------------------------------------------------------
@@ -199,7 +282,4 @@ def checkpoint_dict(model: PointerNet, **extra: Any) -> dict:
 
 def save_model(model: PointerNet, path: str | Path, **extra: Any) -> Path:
     """Write ``model`` (plus ``extra`` keys) in our format; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(checkpoint_dict(model, **extra), path)
-    return path
+    return write_checkpoint(checkpoint_dict(model, **extra), path)

@@ -7,7 +7,6 @@ from optw.train.callbacks import (
     MetricsHistory,
     ProgressBar,
     TrainContext,
-    save_atomic,
 )
 from optw.train.config import ConfigError, TrainConfig, load_mapping
 
@@ -24,5 +23,5 @@ def __getattr__(name: str):
 __all__ = [
     "Callback", "Checkpointer", "ConfigError", "EarlyStopping", "MetricsHistory", "ProgressBar",
     "TrainConfig", "TrainContext", "TrainResult", "load_mapping", "resolve_device",
-    "save_atomic", "train", "validate",
+    "train", "validate",
 ]

@@ -6,7 +6,6 @@ that wants the run to end sets ``ctx.stop = True``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,18 +109,6 @@ class MetricsHistory(Callback):
         self.validations.append({"epoch": ctx.epoch, **metrics})
 
 
-def save_atomic(obj: dict, path: Path) -> Path:
-    """torch.save to a temporary file beside ``path``, then rename: never a half-written file."""
-    import torch
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-    return path
-
-
 class Checkpointer(Callback):
     """Writes ``last.pt`` every ``every`` epochs and at the end, and ``best.pt`` on a new best
     validation score. ``last.pt`` resumes the run exactly (see :func:`optw.train.train`)."""
@@ -137,10 +124,13 @@ class Checkpointer(Callback):
     def best(self) -> Path:
         return self.folder / "best.pt"
 
-    def _save(self, ctx: TrainContext, path: Path) -> None:
+    def _save(self, ctx: TrainContext, path: Path, last: bool = True) -> None:
+        from optw.model import write_checkpoint  # torch only where checkpoints are written
+
         assert ctx.snapshot is not None, "the training loop sets ctx.snapshot"
-        save_atomic(ctx.snapshot(), path)
-        ctx.last_checkpoint = path
+        write_checkpoint(ctx.snapshot(), path)
+        if last:
+            ctx.last_checkpoint = path
 
     def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
         if self.every and ctx.epoch % self.every == 0:
@@ -148,7 +138,7 @@ class Checkpointer(Callback):
 
     def on_validation(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
         if self.keep_best and ctx.best_validation == metrics["val_score"]:
-            save_atomic(ctx.snapshot(), self.best)
+            self._save(ctx, self.best, last=False)
 
     def on_train_end(self, ctx: TrainContext) -> None:
         self._save(ctx, self.last)

@@ -57,9 +57,10 @@ def validate(
     was_training = model.training
     model.eval()
     val, bench, out = [], [], {}
-    for region in regions:
-        v = np.mean([s.score for s in solve(model, region, validation[region.id], "greedy")])
-        b = solve(model, region, benchmark[region.id], "greedy")[0].score
+    for region in regions:  # Python floats: these go into checkpoints (weights_only=True)
+        v = float(np.mean([s.score for s in solve(model, region, validation[region.id],
+                                                  "greedy")]))
+        b = float(solve(model, region, benchmark[region.id], "greedy")[0].score)
         val.append(v), bench.append(b)
         if len(regions) > 1:
             out[f"val_score/{region.id}"], out[f"benchmark_score/{region.id}"] = v, b
