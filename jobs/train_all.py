@@ -3,12 +3,13 @@
     ray job submit --working-dir . -- python jobs/train_all.py --profile smoke
     python jobs/train_all.py --profile paper --groups gavalas --mode global-ft
 
-Runs on the Ray cluster it is submitted to (or starts a local one); see README.md.
+Runs on the Ray cluster it is submitted to (or starts a local one); see README.md. Same as
+``optw job run``.
 """
 
 import sys
 
-from optw.distributed.cli import main
+from optw.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["job", "run", *sys.argv[1:]]))

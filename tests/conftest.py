@@ -114,3 +114,87 @@ def copy_catalog(cat: Catalog, dst: Path) -> Path:
     for name in (*FILES, "manifest.json"):
         shutil.copy(cat.path / name, dst / name)
     return dst
+
+
+# ----------------------------------------------------------------------------- bad tourists
+# The generated bad-tourist family, shared by the tests of every entry point that reads
+# tourists (catalog reader, optw solve, the planner, the MLflow pyfunc).
+
+
+def good_tourist(region) -> dict:
+    """A valid tourist of ``region`` (a catalog ``Region``) in the JSON format: string id,
+    benchmark start and times, score 1 per point."""
+    return {"tourist": "alice", "start": list(region.start_xy), "t_start": region.t_start,
+            "t_end": region.t_end, "scores": [1.0] * region.n_points}
+
+
+def tourist_with(tourist: dict, path: str, value) -> dict:
+    """A copy of ``tourist`` with ``value`` at ``path`` ("t_end", "start.x", "scores[3]")."""
+    import copy
+
+    out = copy.deepcopy(tourist)
+    if path.startswith("start."):
+        out["start"]["xy".index(path[-1])] = value
+    elif path.startswith("scores["):
+        out["scores"][int(path[7:-1])] = value
+    else:
+        out[path] = value
+    return out
+
+
+def bad_tourists(region, required: bool = True) -> list[tuple[str, dict, str]]:
+    """A generated family of bad tourists of ``region``: (case id, tourist dict, the field its
+    error must name). Every numeric field gets NaN, ±inf, a bool, a string, a list and an int too
+    large for a float; then absurd coordinates and times, negative and too large scores, wrong
+    score counts and shapes, bad starts and ids, unknown fields, ``t_end <= t_start`` and (with
+    ``required``, for readers without defaults) each required field left out."""
+    import math
+
+    from optw.catalog.tourist_json import REQUIRED_FIELDS, SCORE_LIMIT, start_box
+
+    good, n = good_tourist(region), region.n_points
+    cases: list[tuple[str, dict, str]] = []
+    numbers = ["start.x", "start.y", "t_start", "t_end", "scores[0]", f"scores[{n // 2}]",
+               f"scores[{n - 1}]"]
+    odd = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "true": True, "false": False,
+           "string": "1", "list": [1], "object": {"v": 1}, "int-overflow": 10**400}
+    for path in numbers:
+        cases += [(f"{path}={name}", tourist_with(good, path, v), path)
+                  for name, v in odd.items()]
+    (x_lo, x_hi), (y_lo, y_hi) = start_box(region)
+    for path, lo, hi in (("start.x", x_lo, x_hi), ("start.y", y_lo, y_hi)):
+        cases += [(f"{path}={v:g}", tourist_with(good, path, v), path)
+                  for v in (lo - 1, hi + 1, 1e300, -1e300)]
+    for path in ("t_start", "t_end"):
+        cases += [(f"{path}={v:g}", tourist_with(good, path, v), path)
+                  for v in (-3 * region.t_max, 3 * region.t_max, 1e300)]
+    for k in (0, n // 2, n - 1):
+        cases += [(f"scores[{k}]={v:g}", tourist_with(good, f"scores[{k}]", v), f"scores[{k}]")
+                  for v in (-1, -1e-9, SCORE_LIMIT * 10)]
+    for count in (0, 1, n - 1, n + 1, n + 3):
+        cases.append((f"scores-count-{count}", {**good, "scores": [1.0] * count}, "scores"))
+    for name, v in (("string", "1,2"), ("object", {"a": 1}), ("number", 5), ("nested", [[1]] * n)):
+        cases.append((f"scores-{name}", {**good, "scores": v},
+                      "scores[0]" if name == "nested" else "scores"))
+    for name, v in (("one", [1]), ("three", [1, 2, 3]), ("string", "1,2"), ("x-only", {"x": 1}),
+                    ("xyz", {"x": 1, "y": 2, "z": 3}), ("number", 5)):
+        cases.append((f"start-{name}", {**good, "start": v}, "start"))
+    for key in ("foo", "Start", "start_x", "tourists", "scores_"):
+        cases.append((f"unknown-{key}", {**good, key: 1}, key))
+    ts, te = good["t_start"], good["t_end"]
+    cases += [("t_end=t_start", {**good, "t_end": ts}, "t_end"),
+              ("t_end<t_start", {**good, "t_end": ts - 1}, "t_end"),
+              ("t_start=t_end", {**good, "t_start": te}, "t_end")]
+    for name, v in (("true", True), ("float", 1.5), ("empty", ""), ("list", ["a"]),
+                    ("long", "x" * 1000)):
+        cases.append((f"id-{name}", {**good, "tourist": v}, "tourist"))
+    if required:
+        for key in REQUIRED_FIELDS:
+            cases.append((f"missing-{key}", {k: v for k, v in good.items() if k != key}, key))
+            cases.append((f"null-{key}", {**good, key: None}, key))
+    return cases
+
+
+def assert_names_field(message: str, field: str) -> None:
+    """One line that names ``field`` as ``<field>: ...``."""
+    assert "\n" not in message.strip() and f"{field}:" in message, (field, message)

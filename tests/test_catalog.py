@@ -10,19 +10,32 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import write_tiny_source, write_toptw, write_ttdp
+from conftest import (
+    assert_names_field,
+    bad_tourists,
+    good_tourist,
+    write_tiny_source,
+    write_toptw,
+    write_ttdp,
+)
 from optw.catalog import (
     PAPER_SUBSET,
+    TIME_UNITS_PER_MINUTE,
     Catalog,
     CatalogError,
     SourceError,
+    TouristError,
     build_catalog,
     open_catalog,
+    read_tourist,
+    read_tourists,
     round_down,
     sample_tourists,
+    to_time_units,
     validation_tourists,
 )
 from optw.catalog.store import FILES
+from optw.catalog.tourist_json import SCORE_LIMIT, start_box
 from optw.cli import main as cli
 
 
@@ -277,3 +290,70 @@ def test_old_catalog_version_says_how_to_rebuild(tiny_catalog, tmp_path):
         Catalog(copy)
     with pytest.raises(CatalogError, match="no region catalog"):
         Catalog(tmp_path / "nowhere")
+
+
+# ----------------------------------------------------------------------------- tourists as JSON
+# good_tourist, bad_tourists and assert_names_field live in conftest.py: the tests of every
+# entry point that reads tourists (test_decode, test_tracking, test_serve) share them.
+
+
+def test_tourist_reader_reads_records_ids_and_both_score_forms(catalog):
+    """The one tourist reader takes Tourists.to_records() unchanged (per-node scores, region,
+    kind), per-point scores, [x, y] and {x, y} starts and string ids; it builds the same batch
+    (positional tourist_id, the given ids kept for output); absent fields take the benchmark's
+    values only with defaults; values on the edges of the accepted ranges pass."""
+    region = catalog.region("pr01")
+    val = catalog.validation("pr01")
+    batch = read_tourists(val.to_records(), region)
+    for name in ("start_xy", "t_start", "t_end"):
+        np.testing.assert_array_equal(getattr(batch.tourists, name), getattr(val, name))
+    np.testing.assert_array_equal(batch.tourists.scores[:, 1:-1], val.scores[:, 1:-1])
+    assert batch.ids == val.tourist_id.tolist() and batch.tourists.tourist_id.tolist() == list(
+        range(len(val)))
+    good = good_tourist(region)
+    one = read_tourist({**good, "start": {"x": good["start"][0], "y": good["start"][1]}}, region)
+    assert one.id == "alice" and one.start_xy == region.start_xy and one.scores.shape == (48,)
+    batch = read_tourists([good, {k: v for k, v in good.items() if k != "tourist"}], region)
+    assert batch.ids == ["alice", 1] and batch.tourists.kind == "generated"
+    (x_lo, x_hi), _ = start_box(region)
+    edge = {**good, "start": [x_lo, 0], "t_end": good["t_start"] + 0.01,
+            "scores": [0.0] * 47 + [SCORE_LIMIT]}
+    assert read_tourist(edge, region).t_end == good["t_start"] + 0.01
+    default = read_tourist({}, region, defaults=True)
+    assert (default.t_start, default.t_end, default.start_xy) == (
+        region.t_start, region.t_end, region.start_xy)
+    np.testing.assert_array_equal(default.scores, region.score[1:-1])
+    with pytest.raises(TouristError, match="^start: missing"):
+        read_tourist({}, region)
+
+
+@pytest.mark.parametrize("required", [True, False], ids=["required", "defaults"])
+def test_tourist_reader_names_the_field_of_each_generated_bad_tourist(tiny_catalog, required):
+    """Every tourist of the generated bad family, in each tiny region, fails with a one-line
+    TouristError (a ValueError) naming its field; read among others, the error also names the
+    tourist's index."""
+    for rid in tiny_catalog.list_regions():
+        region = tiny_catalog.region(rid)
+        good = good_tourist(region)
+        for case, bad, field in bad_tourists(region, required):
+            with pytest.raises(TouristError) as err:
+                read_tourist(bad, region, defaults=not required)
+            assert err.value.field == field, (rid, case, str(err.value))
+            assert_names_field(str(err.value), field)
+            with pytest.raises(ValueError) as err:
+                read_tourists([good, bad], region, defaults=not required)
+            assert err.value.field == field and err.value.index == 1, (rid, case)
+            assert str(err.value).startswith("tourist 1")
+
+
+def test_to_time_units_matches_the_formula_it_replaced():
+    """to_time_units is bit-identical to the rint(minutes * 100) int64 conversion that the
+    environment, the validator, ILS and the planner each wrote (halves, negatives, arrays)."""
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.uniform(-2000, 2000, 10_000), np.arange(-5, 5) + 0.005,
+                             np.round(rng.uniform(0, 1500, 1000), 2)])
+    old = np.rint(np.asarray(values, dtype=np.float64) * TIME_UNITS_PER_MINUTE).astype(np.int64)
+    got = to_time_units(values)
+    assert got.dtype == np.int64 and np.array_equal(got, old)
+    assert to_time_units(12.34).shape == () and int(to_time_units(12.34)) == 1234
+

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from conftest import assert_names_field, bad_tourists, good_tourist
 from optw.catalog import Tourists
 from optw.cli import main
 from optw.decode import beam_search, rollout, solve
 from optw.env import check_route, make_instances
-from optw.model import ModelConfig, PointerNet, load_model
+from optw.model import ModelConfig, PointerNet, load_model, save_model
 
 PRETRAINED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "pretrained"
 PR01 = PRETRAINED / "pr01_uni_samp_500000.pt"
@@ -223,3 +226,123 @@ def test_cli_reads_tourist_files_and_reports_bad_ones(tmp_path, capsys, catalog)
         assert field in capsys.readouterr().err
     assert main(["solve", "--region", "pr01", "--checkpoint", str(PR01), "--beams", "200"]) == 2
     assert "beam width" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """An untrained model file (tourist-file tests need no trained weights)."""
+    torch.manual_seed(5)
+    return save_model(PointerNet(ModelConfig()), tmp_path_factory.mktemp("ckpt") / "m.pt")
+
+
+def _solve_file(tiny_catalog, checkpoint: Path, path: Path, *extra: str) -> int:
+    return main(["solve", "--region", "r199", "--checkpoint", str(checkpoint), "--catalog",
+                 str(tiny_catalog.path), "--tourist", str(path), *extra])
+
+
+def test_cli_tourist_file_echoes_string_ids(tmp_path, capsys, tiny_catalog, tiny_checkpoint):
+    """Tourist ids in a file may be strings: `optw solve` echoes "alice" (and integer ids, and
+    the position of a tourist without id) in its JSON and text output, for a list and for a
+    {"tourists": [...]} file."""
+    region = tiny_catalog.region("r199")
+    good = good_tourist(region)
+    tourists = [good, {**good, "tourist": 7}, {k: v for k, v in good.items() if k != "tourist"}]
+    path = tmp_path / "t.json"
+    for data in (tourists, {"tourists": tourists}):
+        path.write_text(json.dumps(data))
+        assert _solve_file(tiny_catalog, tiny_checkpoint, path, "--greedy", "--json") == 0
+        rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [r["tourist"] for r in rows] == ["alice", 7, 2]
+    assert _solve_file(tiny_catalog, tiny_checkpoint, path, "--beams", "2") == 0
+    assert "r199 tourist alice (beam search 2)" in capsys.readouterr().out
+
+
+def test_cli_rejects_each_generated_bad_tourist_file(tmp_path, capsys, tiny_catalog,
+                                                     tiny_checkpoint):
+    """Every tourist of the generated bad family, alone in a file or second in a
+    {"tourists": [...]} file, makes `optw solve` exit 2 with one line on stderr naming the file
+    and the field, printing and writing nothing; a bad outer format and a missing file say so."""
+    region = tiny_catalog.region("r199")
+    path = tmp_path / "t.json"
+    for case, bad, field in bad_tourists(region):
+        for data in (bad, {"tourists": [good_tourist(region), bad]}):
+            path.write_text(json.dumps(data))
+            assert _solve_file(tiny_catalog, tiny_checkpoint, path) == 2, case
+            out, err = capsys.readouterr()
+            assert out == "" and str(path) in err, case
+            assert_names_field(err, field)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]
+    for data, field in (({"tourists": [], "x": 1}, "tourists"), ({"tourists": []}, "tourists"),
+                        (5, "tourists"), ([5], "tourist")):
+        path.write_text(json.dumps(data))
+        assert _solve_file(tiny_catalog, tiny_checkpoint, path) == 2
+        assert_names_field(capsys.readouterr().err, field)
+    assert _solve_file(tiny_catalog, tiny_checkpoint, tmp_path / "all") == 2
+    assert "benchmark, validation or a tourist JSON file" in capsys.readouterr().err
+
+
+def test_cli_bad_tourist_file_is_one_line_without_traceback(tmp_path, tiny_catalog,
+                                                             tiny_checkpoint):
+    """Through the real command line (a subprocess), a tourist file with a NaN score ends with
+    exit code 2 and one line naming the field, no traceback."""
+    region = tiny_catalog.region("r199")
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({**good_tourist(region), "scores": [float("nan")] * 10}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "optw.cli", "solve", "--region", "r199", "--checkpoint",
+         str(tiny_checkpoint), "--catalog", str(tiny_catalog.path), "--tourist", str(path)],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "scores[0]:" in proc.stderr
+
+
+
+def _beam_literals(path: Path) -> list[str]:
+    """Beam-width constants written outside optw.decode.limits: ``*BEAMS = <number>`` and
+    ``beams``/``width`` parameters whose default is a number."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            found += [f"{path.name}:{node.lineno} {t.id}" for t in node.targets
+                      if isinstance(t, ast.Name) and t.id.endswith("BEAMS")]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            args = a.posonlyargs + a.args
+            pairs = [*zip(args[len(args) - len(a.defaults):], a.defaults, strict=True),
+                     *zip(a.kwonlyargs, a.kw_defaults, strict=True)]
+            found += [f"{path.name}:{node.lineno} {node.name}({arg.arg}={d.value})"
+                      for arg, d in pairs if arg.arg in ("beams", "width", "beam_width")
+                      and isinstance(d, ast.Constant) and isinstance(d.value, int)]
+    return found
+
+
+def test_beam_widths_have_one_home():
+    """Beam-width bounds and defaults come only from optw.decode.limits: no module of the
+    package writes its own MAX_BEAMS or a numeric beams/width default (RegionSolver once said
+    16, beam.py 128); solve, beam search and active search default to PAPER_BEAMS, the
+    registry's solver and the pyfunc to SERVE_BEAMS; check_width takes MIN_BEAMS..MAX_BEAMS;
+    Solution.tourist may hold a caller's string id."""
+    import inspect
+    import typing
+
+    from optw.decode import active_search, check_width, limits
+    from optw.decode.solve import Solution
+    from optw.tracking import RegionSolver
+
+    package = Path(__file__).resolve().parents[1] / "platform" / "optw"
+    offenders = [hit for p in sorted(package.rglob("*.py"))
+                 if p != package / "decode" / "limits.py" for hit in _beam_literals(p)]
+    assert offenders == []
+    for fn, name in ((solve, "beams"), (active_search, "beams"), (beam_search, "width")):
+        assert inspect.signature(fn).parameters[name].default == limits.PAPER_BEAMS
+    for method in (RegionSolver.solve, RegionSolver.predict):
+        assert inspect.signature(method).parameters["beams"].default == limits.SERVE_BEAMS
+    assert check_width(limits.MIN_BEAMS) == limits.MIN_BEAMS
+    assert check_width(limits.MAX_BEAMS) == limits.MAX_BEAMS
+    for bad in (limits.MIN_BEAMS - 1, limits.MAX_BEAMS + 1):
+        with pytest.raises(ValueError, match=f"{limits.MIN_BEAMS}..{limits.MAX_BEAMS}"):
+            check_width(bad)
+    assert typing.get_type_hints(Solution)["tourist"] == int | str

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from ray import cloudpickle
 
 from optw.distributed import JobProfile, load_profile, plan
+from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import ConfigError
 
 TINY = ["r199", "pr99"]
@@ -48,6 +51,24 @@ def store(tmp_path_factory) -> str:
     return f"sqlite:///{root / 'mlflow.db'}"
 
 
+class PauseAfterCheckpoint(Callback):
+    """Fault injection: after the first checkpoint, write this worker's pid to a marker file
+    and sleep, so a test can SIGKILL the worker at a known point."""
+
+    def __init__(self, marker: str):
+        self.marker = Path(marker)
+
+    def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
+        every = ctx.config.checkpoint_every
+        if every and ctx.epoch == every and not self.marker.exists():
+            self.marker.write_text(str(os.getpid()))
+            time.sleep(120)
+
+
+# Ray workers cannot import this test module: ship its classes by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
 def _run(profile, tiny_catalog, store, tmp_path, **kw):
     from optw.distributed.job import run_job
 
@@ -81,6 +102,104 @@ def test_shipped_profiles_and_bad_profiles(tmp_path):
         load_profile(bad)
     with pytest.raises(ConfigError, match="neither"):
         load_profile("no-such-profile")
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and v != v:
+        return "nan"
+    if isinstance(v, float) and v in (float("inf"), float("-inf")):
+        return "inf" if v > 0 else "-inf"
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, list):
+        return "[" + ", ".join(map(_toml_value, v)) + "]"
+    return repr(v)
+
+
+#: (table, key, bad values): a generated family per kind of field
+BAD_PROFILE_VALUES = [
+    *[("train", k, [0, -1, 1.5, "x", True]) for k in
+      ("epochs", "batch_size", "tourists_per_epoch", "lr_decay_every")],
+    *[("train", k, [-1, 2.5, "x", False]) for k in
+      ("val_every", "checkpoint_every", "val_tourists")],
+    *[("train", k, [0.0, -1e-3, float("nan"), float("inf"), "x", True]) for k in
+      ("lr", "lr_min", "finetune_lr", "max_grad_norm")],
+    ("train", "lr_decay", [0.0, 1.5, float("nan")]),
+    ("train", "beta", [-0.1, float("inf"), float("nan")]),
+    ("train", "device", ["gpu", "cuda:x", 3]),
+    ("train", "threads", [0, -2, 1.5]),
+    ("train", "score_kind", ["gaussian"]),
+    ("train", "seed", [1.5, "x"]),
+    ("train", "unknown_key", [1]),
+    *[("finetune", k, [0, -1, "x"]) for k in ("epochs", "batch_size")],
+    ("finetune", "finetune_lr", [0.0, float("nan"), float("inf")]),
+    ("finetune", "unknown_key", [1]),
+    ("evaluate", "beams", [0, 129, 1.5, "x", True]),
+    ("evaluate", "beam_sweep", [[0], [1, 500], ["x"], 4]),
+    ("evaluate", "active_search", [-1, 1.5]),
+    ("evaluate", "validation_tourists", [-1, 65, 2.5]),
+    ("evaluate", "keep_greedy", ["yes", 1]),
+    ("evaluate", "one_by_one", ["yes", 0]),
+    ("evaluate", "unknown_key", [1]),
+    ("resources", "cpus_per_region", [0, -1, float("nan"), float("inf"), "x"]),
+    ("resources", "gpu_fraction", [0, 1.5, float("nan")]),
+    ("resources", "max_failures", [-2, 1.5]),
+    ("resources", "unknown_key", [1]),
+    ("job", "mode", ["sideways", 3]),
+    ("job", "groups", [[], ["nope"], "solomon", [3]]),
+    ("job", "regions", ["c101", [3], [""]]),
+    ("job", "name", ["", "two words", "a/b", 3]),
+    ("job", "unknown_key", [1]),
+]
+
+
+def test_bad_profile_values_name_file_table_and_key(tmp_path):
+    """Every generated bad value in every table of a profile file fails at load time with a
+    ConfigError naming the file, the table and the key (model keys included)."""
+    problems = []
+    for table, key, values in BAD_PROFILE_VALUES:
+        for value in values:
+            path = tmp_path / f"{table}-{key}.toml"
+            path.write_text(f"[{table}]\n{key} = {_toml_value(value)}\n")
+            try:
+                load_profile(path)
+                problems.append(f"[{table}] {key} = {value!r} accepted")
+            except ConfigError as exc:
+                msg = str(exc)
+                if not (str(path) in msg and f"[{table}]" in msg and key in msg):
+                    problems.append(f"[{table}] {key} = {value!r}: {msg}")
+    path = tmp_path / "model.toml"
+    for line in ("clipp = 3", "clip = nan", "n_layers = 0", "graph = 'ring'", "d_model = 1.5"):
+        path.write_text(f"[train.model]\n{line}\n")
+        with pytest.raises(ConfigError, match=rf"{path}.*\[train\].*model"):
+            load_profile(path)
+    assert problems == []
+
+
+def test_tune_space_is_checked_before_any_trial(tiny_catalog, tmp_path):
+    """A search space that can draw an invalid config (a bad choice, a range end, an unknown
+    key) fails in run_sweep before Ray or MLflow are touched, naming the key and value."""
+    import ray
+
+    from optw.distributed.tune import apply_trial, check_space, run_sweep
+
+    base = tiny_profile("space").train.replace(regions=["r199"], val_every=2)
+    assert apply_trial(base, {"lr": 1e-3, "model.clip": 5.0}).model["clip"] == 5.0
+    for space, word in (({"batch_size": ("choice", [16, 0])}, "batch_size = 0"),
+                        ({"lr": ("loguniform", -1.0, 1e-3)}, "lr = -1.0"),
+                        ({"model.n_layers": ("choice", [1, 0])}, "model.n_layers = 0"),
+                        ({"model.nope": ("choice", [1])}, "nope"),
+                        ({"epochz": ("choice", [1])}, "epochz"),
+                        ({"beta": ("choice", [])}, "non-empty")):
+        with pytest.raises(ConfigError, match=word):
+            check_space(base, space)
+        with pytest.raises(ConfigError, match=word):
+            run_sweep(tiny_profile("space", val_every=2), ["r199"], num_samples=1, space=space,
+                      catalog_dir=tiny_catalog.path, tracking_uri="http://127.0.0.1:9",
+                      storage=tmp_path / "tune", progress=False)
+    assert not ray.is_initialized() and not (tmp_path / "tune").exists()
 
 
 def test_plan_per_mode(catalog):
@@ -158,7 +277,7 @@ def test_killed_worker_resumes_from_checkpoint(ray_cluster, tiny_catalog, store,
     t.start()
     profile = tiny_profile("kill", epochs=6, checkpoint_every=2)
     summary = _run(profile, tiny_catalog, store, tmp_path,
-                   test_hooks={"pr99": {"pause_after_checkpoint": str(marker)}})
+                   callbacks={"pr99": [PauseAfterCheckpoint(str(marker))]})
     t.join(5)
     assert killed, "the worker never reached its first checkpoint"
     assert sorted(summary.registered) == sorted(TINY)

@@ -278,3 +278,30 @@ def test_default_reference_path(monkeypatch, tmp_path):
     monkeypatch.delenv("OPTW_REFERENCE")
     assert tables_mod.default_reference_path().parts[-3:] == (
         "shared", "reference", "paper_benchmark_scores.csv")
+
+
+@pytest.mark.parametrize("one_by_one", [False, True])
+def test_evaluation_stores_per_tourist_solve_times(tiny_catalog, tmp_path, one_by_one):
+    """The benchmark tourist is timed on its own (not as a share of the validation batch), and
+    with ``one_by_one`` each validation tourist has its own time; scores do not depend on it."""
+    from optw.evaluate.protocol import EvaluateSettings, evaluate_model
+    from optw.model import ModelConfig, PointerNet, save_model
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    ckpt = save_model(PointerNet(ModelConfig()), tmp_path / "m.pt")
+    settings = EvaluateSettings(beams=2, validation_tourists=6, beam_sweep=[],
+                                one_by_one=one_by_one)
+    rows, _ = evaluate_model(str(ckpt), ["pr99"], "model", settings, str(tiny_catalog.path))
+    for method in ("model", "model_greedy"):
+        mine = [r for r in rows if r["method"] == method]
+        bench = [r["seconds"] for r in mine if r["kind"] == "benchmark"]
+        val = [r["seconds"] for r in mine if r["kind"] == "validation"]
+        assert len(bench) == 1 and len(val) == 6 and all(s > 0 for s in bench + val)
+        assert bench[0] not in val
+        assert (len(set(val)) > 1) == one_by_one
+    if one_by_one:
+        batch, _ = evaluate_model(str(ckpt), ["pr99"], "model",
+                                  EvaluateSettings(beams=2, validation_tourists=6,
+                                                   beam_sweep=[]), str(tiny_catalog.path))
+        assert [r["score"] for r in batch] == [r["score"] for r in rows]

@@ -17,10 +17,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from optw.catalog import Catalog, Tourists
+from conftest import assert_names_field, bad_tourists
+from optw.catalog import Catalog, Tourists, sample_tourists
 from optw.env import check_route
-from optw.serve import PREFERENCES, format_time, parse_time, preference_scores
-from optw.serve.planner import MAX_BODY_BYTES, PlanError
+from optw.serve import (
+    MAX_BODY_BYTES,
+    PREFERENCES,
+    PlanError,
+    format_time,
+    parse_time,
+    preference_scores,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -158,7 +165,7 @@ def test_preference_profiles_give_one_nonnegative_score_per_point(tiny_catalog):
     assert long[d.argmax()] == long.max() and long[d.argmin()] == long.min()
 
 
-def test_model_cache_checks_alias_at_most_every_interval(monkeypatch, tmp_path):
+def test_model_cache_checks_alias_at_most_every_interval(monkeypatch):
     """RegistryModels asks the registry at most once per check interval, loads a version only
     when the alias moved, keeps serving its cached model when the registry fails, and says 409
     for a region without a champion."""
@@ -181,7 +188,7 @@ def test_model_cache_checks_alias_at_most_every_interval(monkeypatch, tmp_path):
 
     monkeypatch.setattr(tracking, "champion", champion)
     monkeypatch.setattr(tracking, "load_solver", load_solver)
-    cache = RegistryModels("sqlite:///unused.db", check_interval=0.2, cache_dir=tmp_path)
+    cache = RegistryModels("sqlite:///unused.db", check_interval=0.2)
     assert cache.get("r").model == "m1" and cache.get("r").model == "m1"
     assert state["checks"] == 1 and state["loads"] == [1]
     state["version"] = 2
@@ -198,6 +205,342 @@ def test_model_cache_checks_alias_at_most_every_interval(monkeypatch, tmp_path):
     with pytest.raises(PlanError) as err:
         cache.get("none")
     assert err.value.status == 409 and "champion" in err.value.message
+
+
+def test_model_cache_answers_within_timeout_when_registry_hangs(monkeypatch):
+    """A registry that accepts a lookup and never answers (a hung MLflow server) holds no
+    request longer than the cache's timeout: a region with a cached model is served with it,
+    one without gets 503 naming the registry, 12 concurrent requests are all answered, and
+    only one lookup per region is in flight. (The cache used to wait for the registry without
+    a limit.)"""
+    import threading
+    import types
+
+    import optw.tracking as tracking
+    from optw.serve import RegistryModels
+
+    hang = threading.Event()
+    calls: dict[str, int] = {}
+
+    def champion(region, uri=None):
+        calls[region] = calls.get(region, 0) + 1
+        if calls[region] > 1 or region == "new":
+            hang.wait(60)  # the registry stops answering
+        return types.SimpleNamespace(version=1)
+
+    def load_solver(name, uri=None, dst_path=None):
+        return types.SimpleNamespace(model="m1", version=1)
+
+    monkeypatch.setattr(tracking, "champion", champion)
+    monkeypatch.setattr(tracking, "load_solver", load_solver)
+    cache = RegistryModels("http://registry.invalid", check_interval=0.0, timeout=0.5)
+    try:
+        assert cache.get("old").version == 1  # cached before the registry hangs
+        t0 = time.monotonic()
+        assert cache.get("old").version == 1  # the check hangs: cached model after 0.5 s
+        with pytest.raises(PlanError) as err:
+            cache.get("new")
+        assert err.value.status == 503 and err.value.field == "region"
+        assert "did not answer within 0.5 s" in err.value.message
+        assert time.monotonic() - t0 < 3
+        t0 = time.monotonic()
+
+        def one(region: str) -> int:
+            try:
+                return cache.get(region).version or 0
+            except PlanError as exc:
+                return exc.status
+
+        with ThreadPoolExecutor(12) as pool:
+            got = list(pool.map(one, ["old", "new"] * 6))
+        assert got == [1, 503] * 6 and time.monotonic() - t0 < 5
+        assert calls == {"old": 2, "new": 1}  # one lookup in flight per region
+    finally:
+        hang.set()
+        cache.close()
+
+
+def _bad_requests(catalog: Catalog) -> list[tuple[str, dict[str, Any], str]]:
+    """The generated bad-tourist family as /plan requests of every tiny region (the planner
+    has no tourist ids, and fills absent fields with the benchmark's), plus a missing region."""
+    out: list[tuple[str, dict[str, Any], str]] = [("missing-region", {"start": [1, 2]},
+                                                   "region")]
+    for rid in catalog.list_regions():
+        for case, bad, field in bad_tourists(catalog.region(rid), required=False):
+            if field != "tourist":
+                body = {"region": rid, **{k: v for k, v in bad.items() if k != "tourist"}}
+                out.append((f"{rid}:{case}", body, field))
+    return out
+
+
+def test_parse_rejects_each_generated_bad_tourist(tiny_catalog):
+    """Every request of the generated bad-tourist family is refused by the planner's parsing
+    (what /plan and `optw plan` run first) with a PlanError 422 whose body is
+    {error, field, status}, the one-line message starting with the field."""
+    from optw.serve import Planner
+
+    planner = Planner(tiny_catalog, models=None)  # parsing needs no model
+    for case, body, field in _bad_requests(tiny_catalog):
+        for given in (body, json.dumps(body).encode()):
+            with pytest.raises(PlanError) as err:
+                planner.parse(given)
+            got = err.value.to_dict()
+            assert (got["status"], got["field"]) == (422, field), (case, got)
+            assert got["error"].startswith(f"{field}:"), (case, got)
+            assert_names_field(got["error"], field)
+
+
+def test_reachable_points_are_the_env_first_step_mask(tiny_catalog, catalog):
+    """The planner's "can be visited alone" set (the env's mask at the first step) is exactly
+    the set of points j whose route [start, j, end] the independent validator accepts, for
+    generated tourists of tiny and real regions (short days included)."""
+    from optw.env import check_route
+    from optw.serve.request import PlanRequest, reachable
+
+    for cat, rid in ((tiny_catalog, "r199"), (tiny_catalog, "t199"), (catalog, "c101"),
+                     (catalog, "pr01")):
+        region = cat.region(rid)
+        tourists = sample_tourists(region, 12, rng=3)
+        for k in range(len(tourists)):
+            t_end = float(tourists.t_end[k]) if k % 3 else float(tourists.t_start[k]) + 40
+            req = PlanRequest(region, tuple(tourists.start_xy[k]), float(tourists.t_start[k]),
+                              t_end, tourists.scores[k, 1:-1], None, "beam", 4, False)
+            one = req.tourists()
+            expect = [check_route(region, [0, j, region.n_nodes - 1], one, 0).ok
+                      for j in range(1, region.n_nodes - 1)]
+            assert reachable(req).tolist() == expect, (rid, k)
+
+
+# ----------------------------------------------------------------------------- options
+
+
+@pytest.fixture
+def no_work(tmp_path, monkeypatch):
+    """Bad invocations run here: Ray cannot start (ray.init, serve.start and serve.run fail
+    the test), the current folder and the temp folder are empty folders checked afterwards."""
+    import tempfile
+
+    import ray
+    from ray import serve
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("Ray or Serve was started for a bad invocation")
+
+    for target, name in ((ray, "init"), (serve, "start"), (serve, "run")):
+        monkeypatch.setattr(target, name, refuse)
+    for name in ("cwd", "tmp", "inputs", "store"):
+        (tmp_path / name).mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}")
+    was_running = ray.is_initialized()
+    yield tmp_path
+    assert ray.is_initialized() == was_running
+
+
+def _tree(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*"))}
+
+
+def _blackhole() -> Any:
+    """A TCP socket that listens and never answers (a hung server): connections complete in
+    the kernel's backlog, requests get no reply."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    return sock
+
+
+def _run_bad(argv: list[str], capsys) -> tuple[int, str, float]:
+    from optw.cli import main
+
+    t0 = time.monotonic()
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert out == "", (argv, out)
+    return code, err, time.monotonic() - t0
+
+
+def _assert_one_line(argv: list[str], code: int, err: str, elapsed: float, command: str,
+                     option: str) -> None:
+    assert code == 2, (argv, code, err)
+    assert err.count("\n") == 1 and "Traceback" not in err, (argv, err)
+    assert err.startswith(f"optw {command}: error: --"), (argv, err)
+    assert option in err, (argv, option, err)
+    assert elapsed < 10, (argv, elapsed)
+
+
+def _bad_serve(tmp: Path, catalog: Path) -> list[tuple[list[str], str]]:
+    """Generated bad `optw serve` invocations -> the option each error must name."""
+    from optw.serve.settings import local_cpus
+    from optw.tracking.server import free_port
+
+    cases: list[tuple[list[str], str]] = []
+
+    def add(option: str, values: list[str], name: str | None = None) -> None:
+        cases.extend(([f"{option}={v}"], name or option) for v in values)
+
+    add("--port", ["-1", "65536", "70000", "abc", "1.5", "", "8e3", "0x50"])
+    add("--replicas", ["0", "-1", "x", "1.5", "2000", "", str(2 * local_cpus() + 1)])
+    add("--solve-threads", ["0", "-2", "17", "x", "2.5", "", str(2 * local_cpus() + 2)])
+    add("--check-interval", ["-1", "nan", "inf", "-inf", "x", "1e9", ""])
+    add("--registry-timeout", ["0", "-1", "nan", "1e9"])
+    add("--request-timeout", ["0", "nan", "inf"])
+    add("--host", ["", " ", "a b", "192.0.2.1"])
+    add("--catalog", ["/nonexistent", str(tmp / "inputs" / "scores.json"), str(tmp / "inputs"),
+                      ""])
+    add("--tracking-uri", [f"http://127.0.0.1:{free_port()}", "",
+                           f"sqlite:///{tmp / 'no-such-dir' / 'mlflow.db'}"])
+    add("--ray-address", ["", "a b", f"127.0.0.1:{free_port()}", "host:99999"])
+    return [(["serve", f"--catalog={catalog}", *args], option) for args, option in cases]
+
+
+def test_bad_serve_options_fail_before_ray(no_work, capsys, tiny_catalog):
+    """Every generated bad `optw serve` option (ports, replicas, solve threads, intervals,
+    timeouts, host, catalog, tracking store, Ray address, a port in use, a hung tracking
+    server) exits 2 with one line naming the option, no traceback, within seconds, before Ray
+    or Serve start, writing nothing. (`--port 70000` used to be a traceback, `--replicas 0`
+    failed only after Ray started, `--check-interval -1` and `--solve-threads 0` were
+    accepted, and a bad catalog said only "Deploying application planner failed".)"""
+    tmp = no_work
+    (tmp / "inputs" / "scores.json").write_text("[1, 2]")
+    cases = _bad_serve(tmp, tiny_catalog.path)
+    busy, hung = _blackhole(), _blackhole()
+    try:
+        cases.append((["serve", f"--catalog={tiny_catalog.path}",
+                       f"--port={busy.getsockname()[1]}"], "--port"))
+        cases.append((["serve", f"--catalog={tiny_catalog.path}",
+                       f"--tracking-uri=http://127.0.0.1:{hung.getsockname()[1]}"],
+                      "--tracking-uri"))
+        before = _tree(tmp)
+        for argv, option in cases:
+            code, err, elapsed = _run_bad(argv, capsys)
+            _assert_one_line(argv, code, err, elapsed, "serve", option)
+    finally:
+        busy.close()
+        hung.close()
+    code, err, _ = _run_bad(["serve", "--catalog=/nonexistent"], capsys)
+    assert code == 2 and "--catalog: no region catalog at /nonexistent" in err
+    assert _tree(tmp) == before
+    assert list((tmp / "tmp").iterdir()) == [] and list((tmp / "cwd").iterdir()) == []
+
+
+def _bad_plan(tmp: Path) -> list[tuple[list[str], str]]:
+    """Generated bad `optw plan` invocations (region t199) -> the option each must name."""
+    from optw.tracking.server import free_port
+
+    inputs = tmp / "inputs"
+    files = {"missing": inputs / "missing.json", "not-json": inputs / "bad.json",
+             "short": inputs / "short.json", "nan": inputs / "nan.json",
+             "string": inputs / "string.json"}
+    files["not-json"].write_text("[1, 2,")
+    files["short"].write_text("[1, 2, 3]")
+    files["nan"].write_text("[" + ", ".join(["1"] * 11 + ["NaN"]) + "]")
+    files["string"].write_text(json.dumps([1] * 11 + ["x"]))
+    garbage = inputs / "garbage.pt"
+    garbage.write_bytes(b"not a model")
+    cases: list[tuple[list[str], str]] = []
+
+    def add(option: str, values: list[str], name: str | None = None) -> None:
+        cases.extend(([f"{option}={v}"], name or option) for v in values)
+
+    add("--start", ["a,b", "1", "1,2,3", "nan,1", "1,inf", "1e400,1", "99999,1", "1,-99999",
+                    ""])
+    add("--from", ["abc", "nan", "inf", "-5", "99:00", "9am", "25:61", "1e300", ""])
+    add("--to", ["abc", "-inf", "99:00", "0"])
+    add("--beams", ["0", "129", "-1", "x", "4.5", ""])
+    add("--method", ["sampling", "", "BEAM"])
+    add("--preference", ["museums", ""])
+    add("--scores", [str(f) for f in files.values()])
+    add("--region", ["nope", ""])
+    add("--catalog", ["/nonexistent", ""])
+    add("--checkpoint", [str(inputs / "missing.pt"), str(garbage)])
+    add("--tracking-uri", [f"http://127.0.0.1:{free_port()}", "",
+                           f"sqlite:///{tmp / 'no-such-dir' / 'mlflow.db'}",
+                           f"sqlite:///{tmp / 'store' / 'mlflow.db'}"])  # no store there
+    cases.append((["--from=600", "--to=500"], "--to"))
+    cases.append((["--scores", str(files["short"]), "--preference=uniform"], "--scores"))
+    return cases
+
+
+def test_bad_plan_options_fail_before_any_work(no_work, capsys, tiny_catalog):
+    """Every generated bad `optw plan` option (start, times, beams, method, preference, score
+    files, region, catalog, checkpoint, tracking store, a hung tracking server) exits 2 with
+    one line naming the option (and the request field it became), no traceback, within
+    seconds, before any model is loaded, writing nothing (no mlflow.db is created)."""
+    tmp = no_work
+    hung = _blackhole()
+    try:
+        cases = _bad_plan(tmp)
+        cases.append(([f"--tracking-uri=http://127.0.0.1:{hung.getsockname()[1]}"],
+                      "--tracking-uri"))
+        before = _tree(tmp)
+        for args, option in cases:
+            argv = ["plan", "--region=t199", f"--catalog={tiny_catalog.path}", *args]
+            code, err, elapsed = _run_bad(argv, capsys)
+            _assert_one_line(argv, code, err, elapsed, "plan", option)
+    finally:
+        hung.close()
+    assert _tree(tmp) == before
+    assert list((tmp / "tmp").iterdir()) == [] and list((tmp / "cwd").iterdir()) == []
+
+
+def _optw() -> str:
+    import shutil
+    import sys
+
+    return shutil.which("optw", path=str(Path(sys.executable).parent)) or "optw"
+
+
+def test_serve_bad_port_in_a_subprocess(tmp_path):
+    """The real console script: `optw serve --port 70000` (a traceback before) exits 2 with
+    one line naming --port, quickly, with no Ray started (nothing on stdout, no Ray log)."""
+    import subprocess
+
+    t0 = time.monotonic()
+    proc = subprocess.run([_optw(), "serve", "--port", "70000"], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("optw serve: error: --port: ") and "70000" in proc.stderr
+    assert "ray" not in proc.stderr.lower() and list(tmp_path.iterdir()) == []
+    assert time.monotonic() - t0 < 60
+
+
+def test_plan_with_unreachable_tracking_server_fails_fast(tmp_path, tiny_catalog):
+    """`optw plan` against a tracking server that refuses connections or accepts them and
+    never answers (it used to wait for ever), named by --tracking-uri or by
+    $MLFLOW_TRACKING_URI, exits 2 within seconds with one line naming where the URI came
+    from."""
+    import os
+    import subprocess
+
+    from optw.tracking.server import free_port
+
+    hung = _blackhole()
+    try:
+        for uri in (f"http://127.0.0.1:{free_port()}",
+                    f"http://127.0.0.1:{hung.getsockname()[1]}"):
+            for via_env in (False, True):
+                env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+                args = [_optw(), "plan", "--region", "t199", "--catalog", str(tiny_catalog.path)]
+                if not via_env:
+                    args += ["--tracking-uri", uri]
+                t0 = time.monotonic()
+                proc = subprocess.run(args, capture_output=True, text=True, timeout=120,
+                                      cwd=tmp_path, env=env)
+                elapsed = time.monotonic() - t0
+                name = "$MLFLOW_TRACKING_URI" if via_env else "--tracking-uri"
+                assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+                assert proc.stderr.startswith(f"optw plan: error: {name}: MLflow tracking "
+                                              f"server {uri} is unreachable"), proc.stderr
+                assert proc.stderr.count("\n") == 1 and elapsed < 30, (elapsed, proc.stderr)
+    finally:
+        hung.close()
+    assert list(tmp_path.iterdir()) == []
 
 
 # ----------------------------------------------------------------------------- service
@@ -307,6 +650,16 @@ def test_bad_request_gets_4xx_naming_the_field(service, body, status, field):
     assert ans["field"] == field and field.split("[")[0] in ans["error"]
 
 
+def test_bad_tourist_family_over_http_gets_422(service):
+    """Over HTTP too, every request of the generated bad-tourist family (NaN and Infinity
+    sent as JSON tokens) gets 422 and the JSON {error, field, status} naming the field."""
+    for case, body, field in _bad_requests(service.catalog):
+        status, ans = _post(f"{service.url}/plan", json.dumps(body).encode())
+        assert status == 422 and set(ans) == {"error", "field", "status"}, (case, ans)
+        assert ans["field"] == field and ans["status"] == 422, (case, ans)
+        assert_names_field(ans["error"], field)
+
+
 def test_body_over_size_limit_gets_413(service):
     """A body over 256 KB is refused with 413 before it is parsed."""
     body = b'{"region": "r199", "pad": "' + b"x" * MAX_BODY_BYTES + b'"}'
@@ -374,3 +727,129 @@ def test_cli_plan_in_process(service, tmp_path, capsys):
     _check_answer(service, {"region": "t199"}, ans)
     assert main([*args, "--preference", "nope"]) == 2
     assert "preference" in capsys.readouterr().err
+
+
+def _call(method: str, url: str, timeout: float = 30) -> tuple[int, Any]:
+    req = urllib.request.Request(url, method=method, data=b"{}" if method != "GET" else None)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def test_unknown_path_and_wrong_method_get_the_documented_error_body(service):
+    """404 (unknown path) and 405 (wrong method) answer {error, field, status} like every
+    other error of the planner (they were FastAPI's {"detail": ...}); 405 keeps its Allow
+    header's methods in the message."""
+    for method, path, status, field in (
+            ("GET", "/nope", 404, "path"), ("POST", "/plans", 404, "path"),
+            ("GET", "/regions/t199/points", 404, "path"), ("GET", "/plan", 405, "method"),
+            ("POST", "/regions", 405, "method"), ("DELETE", "/healthz", 405, "method"),
+            ("PUT", "/plan", 405, "method")):
+        got, body = _call(method, f"{service.url}{path}")
+        assert got == status and set(body) == {"error", "field", "status"}, (path, body)
+        assert body["field"] == field and body["status"] == status, (path, body)
+        assert body["error"].startswith(f"{field}: ") and "\n" not in body["error"]
+    assert "POST" in _call("GET", f"{service.url}/plan")[1]["error"]
+
+
+def test_start_planner_refuses_edge_settings_before_deploying(service):
+    """start_planner and build_app check every setting first, also with Ray running: 0 solve
+    threads (a Semaphore(0) that accepted requests and never answered them), 0 replicas, a
+    negative or NaN check interval, port 70000, a 0 s registry timeout, a missing catalog and
+    an unknown solve_options method each raise one ValueError naming the parameter; the
+    running planner is untouched."""
+    from ray import serve
+
+    from optw.serve import build_app, start_planner
+
+    _, before = _get(f"{service.url}/healthz")
+    cat = service.catalog.path
+    for kwargs, name in (({"solve_threads": 0}, "solve_threads"),
+                         ({"solve_threads": 17}, "solve_threads"),
+                         ({"num_replicas": 0}, "num_replicas"),
+                         ({"check_interval": -1}, "check_interval"),
+                         ({"check_interval": float("nan")}, "check_interval"),
+                         ({"registry_timeout": 0}, "registry_timeout"),
+                         ({"num_cpus": -0.5}, "num_cpus"),
+                         ({"catalog": "/nonexistent"}, "catalog"),
+                         ({"solve_options": {"sampling": {}}}, "solve_options")):
+        for fn in (start_planner, build_app):
+            with pytest.raises(ValueError, match=f"^{name}: ") as err:
+                fn(**{"catalog": cat, "tracking_uri": service.uri, **kwargs})
+            assert "\n" not in str(err.value)
+    for kwargs, name in (({"port": 70000}, "port"), ({"host": ""}, "host"),
+                         ({"request_timeout": 0}, "request_timeout")):
+        with pytest.raises(ValueError, match=f"^{name}: "):
+            start_planner(catalog=cat, tracking_uri=service.uri, **kwargs)
+    assert list(serve.status().applications) == ["planner"]
+    _, after = _get(f"{service.url}/healthz")
+    assert after["pid"] == before["pid"]
+
+
+def test_requests_are_answered_while_the_mlflow_server_hangs_or_is_dead(service, tmp_path):
+    """A planner on a real local `mlflow server` (check interval 0: a registry lookup on every
+    request, the edge setting), with models registered for r199 and t199 and only r199
+    loaded: while the server is stopped (SIGSTOP: it accepts connections and never answers)
+    and after it is killed, every request is answered within seconds: r199 with its cached
+    model (200), t199 with 503 {error, field, status} naming the registry, /healthz at once;
+    also a burst of concurrent requests. (Requests used to wait for MLflow's own retries, a
+    minute and more.)"""
+    import os
+    import signal
+    import subprocess
+
+    from ray import serve
+
+    from optw.serve.app import build_app
+    from optw.tracking.server import free_port, server_command, stop_server, wait_for_server
+
+    port = free_port()
+    cmd = server_command(port=port, backend_store_uri=f"sqlite:///{tmp_path / 'server.db'}",
+                         artifacts_destination=tmp_path / "art")
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    log = open(tmp_path / "server.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    base = f"{service.url}/dead"
+    deployed = False
+    try:
+        wait_for_server(uri, 120, proc)
+        for i, rid in enumerate(SERVED):
+            _register(service.catalog.region(rid), tmp_path, seed=20 + i, val_score=1.0,
+                      uri=uri)
+        serve.run(build_app(service.catalog.path, uri, check_interval=0.0,
+                            registry_timeout=2.0), name="planner-dead", route_prefix="/dead")
+        deployed = True
+        status, ans = _post(f"{base}/plan", {"region": "r199", "method": "greedy"}, timeout=120)
+        assert status == 200 and ans["model_version"] == 1, ans
+
+        def check_answers(phase: str) -> None:
+            t0 = time.monotonic()
+            assert _get(f"{base}/healthz")[0] == 200
+            status, ans = _post(f"{base}/plan", {"region": "r199", "method": "greedy"}, 30)
+            assert status == 200 and ans["model_version"] == 1, (phase, ans)
+            status, ans = _post(f"{base}/plan", {"region": "t199"}, 30)
+            assert status == 503 and set(ans) == {"error", "field", "status"}, (phase, ans)
+            assert ans["field"] == "region" and "registry" in ans["error"], (phase, ans)
+            with ThreadPoolExecutor(6) as pool:
+                got = list(pool.map(
+                    lambda rid: _post(f"{base}/plan", {"region": rid, "method": "greedy"},
+                                      30)[0], ["r199", "t199"] * 3))
+            assert got == [200, 503] * 3, (phase, got)
+            assert time.monotonic() - t0 < 30, (phase, time.monotonic() - t0)
+
+        os.killpg(proc.pid, signal.SIGSTOP)  # hung: connections accepted, never answered
+        check_answers("hung")
+        os.killpg(proc.pid, signal.SIGKILL)  # dead: connections refused
+        proc.wait(30)
+        check_answers("dead")
+    finally:
+        if deployed:
+            serve.delete("planner-dead")
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGCONT)
+            stop_server(proc)
+        log.close()

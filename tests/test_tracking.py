@@ -390,6 +390,113 @@ def test_registered_model_solves_with_real_model(store, tmp_path, tiny_catalog):
         solver.solve({"scores": [1, 2, 3]})
 
 
+def test_load_solver_leaves_no_download_behind(store, tmp_path, monkeypatch, tiny_catalog):
+    """load_solver without dst_path loads the model into memory and deletes its download (it
+    used to leave a ~5 MB optw-model-* folder per call): three calls leave the temp folder
+    empty and solve; with load=False the files live as long as the solver; with dst_path they
+    stay where asked."""
+    import gc
+    import tempfile
+
+    region = tiny_catalog.region("r199")
+    torch.manual_seed(5)
+    from optw.model import ModelConfig, PointerNet, save_model
+
+    ckpt = save_model(PointerNet(ModelConfig()), tmp_path / "m.pt")
+    register_version(region.id, ckpt, _run(region=region.id), {"val_score": 1.0},
+                     region_data=region)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    ref = f"models:/{model_name(region.id)}@champion"
+    for _ in range(3):
+        solver = load_solver(ref)
+        assert solver.local_path is None
+        (sol,) = solver.solve({"start": list(region.start_xy)}, method="greedy")
+        assert sol.route[0] == 0
+        assert list(tmp.iterdir()) == []
+    lazy = load_solver(ref, load=False)
+    assert Path(lazy.local_path).is_dir() and lazy.solve({}, method="greedy")
+    del lazy
+    gc.collect()
+    assert list(tmp.iterdir()) == []
+    kept = load_solver(ref, dst_path=tmp_path / "dl")
+    assert Path(kept.local_path).is_dir() and str(tmp_path / "dl") in kept.local_path
+
+
+def test_pyfunc_beams_param_is_checked_not_replaced(tiny_catalog):
+    """The pyfunc's beams parameter: absent -> SERVE_BEAMS, numpy integers accepted; 0 is an
+    error naming beams (it used to become the default 16 silently), and so are 129, 4.5 and
+    True (int() used to truncate them)."""
+    from optw.decode import MAX_BEAMS
+
+    region = tiny_catalog.region("r199")
+    pyfunc = _local_pyfunc(region)
+    assert len(pyfunc.predict(None, [{}], params={"beams": np.int64(3)})) == 1
+    assert len(pyfunc.predict(None, [{}], params={"beams": None})) == 1
+    for bad in (0, MAX_BEAMS + 1, 4.5, True, "8"):
+        with pytest.raises(ValueError, match="^beams: ") as err:
+            pyfunc.predict(None, [{}], params={"beams": bad})
+        assert "\n" not in str(err.value)
+
+
+def _local_pyfunc(region):
+    """The pyfunc's model class with a region and an untrained model set (no MLflow)."""
+    from optw.model import ModelConfig, PointerNet
+    from optw.tracking.pyfunc import OptwSolverModel
+
+    torch.manual_seed(11)
+    model = OptwSolverModel()
+    model.region_id, model._region, model._model = region.id, region, PointerNet(ModelConfig())
+    return model
+
+
+def test_pyfunc_echoes_string_tourist_ids(tiny_catalog):
+    """The pyfunc's solve returns Solutions whose tourist is the id given ("alice", an integer,
+    else the position), from records and from a DataFrame; predict keeps its columns."""
+    from conftest import good_tourist
+
+    region = tiny_catalog.region("r199")
+    pyfunc = _local_pyfunc(region)
+    good = good_tourist(region)
+    records = [good, {**good, "tourist": 7}, {k: v for k, v in good.items() if k != "tourist"}]
+    for data in (records, pd.DataFrame(records[:2])):
+        sols = pyfunc.solve(data, method="greedy")
+        assert [s.tourist for s in sols] == ["alice", 7, 2][:len(sols)]
+    (one,) = pyfunc.solve({**good, "tourist": "bob"}, method="beam", beams=2)
+    assert one.tourist == "bob"
+    out = pyfunc.predict(None, records, params={"beams": 2})
+    assert list(out.columns) == ["route", "score", "seconds"] and len(out) == 3
+
+
+def test_pyfunc_rejects_each_generated_bad_tourist(tiny_catalog):
+    """Every tourist of the generated bad family (but missing fields, which the pyfunc fills
+    with the benchmark's) fails tourists_from_records and the pyfunc's solve and predict with a
+    one-line TouristError naming the tourist and the field, as a record list, a dict or a
+    DataFrame row."""
+    from conftest import assert_names_field, bad_tourists, good_tourist
+    from optw.catalog import TouristError
+    from optw.tracking.pyfunc import tourists_from_records
+
+    for rid in ("r199", "t199"):
+        region = tiny_catalog.region(rid)
+        pyfunc = _local_pyfunc(region)
+        good = good_tourist(region)
+        for case, bad, field in bad_tourists(region, required=False):
+            for data, index in (([good, bad], 1), (bad, 0), (pd.DataFrame([bad]), 0)):
+                with pytest.raises(TouristError) as err:
+                    tourists_from_records(region, data)
+                assert err.value.field == field and err.value.index == index, (rid, case)
+                assert_names_field(str(err.value), field)
+            with pytest.raises(ValueError, match=f"^tourist 1.*{field.split('[')[0]}"):
+                pyfunc.solve([good, bad], method="greedy")
+            with pytest.raises(TouristError):
+                pyfunc.predict(None, [bad])
+        with pytest.raises(TouristError, match="start_xy: give start or start_xy"):
+            tourists_from_records(region, {**good, "start_xy": [1, 2]})
+
+
 # ----------------------------------------------------------------------------- evaluation
 
 

@@ -122,6 +122,37 @@ def test_cli_train_and_resume(tiny_catalog, tmp_path, capsys):
     assert "unknown region" in capsys.readouterr().err
 
 
+def test_cli_resume_refuses_what_does_not_match(tiny_catalog, tmp_path, capsys):
+    """`optw train --resume` refuses a checkpoint of other regions or another model, names a
+    changed epoch budget, and a new run never overwrites an earlier one's files."""
+    from optw.cli import main
+
+    out = tmp_path / "run"
+    args = ["train", "--region", "r199", "--epochs", "2", "--batch-size", "4",
+            "--catalog", str(tiny_catalog.path), "--out", str(out), "--threads", "1"]
+    assert main(args) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    for extra, word in ((["--resume", "--region", "pr99"], "regions"),
+                        (["--resume", "--batch-size", "8"], "batch_size"),
+                        ([], "--resume")):
+        argv = [*args, *extra]
+        if "--region" in extra:
+            argv = ["train", "--region", "pr99", *args[3:], "--resume"]
+        if "--batch-size" in extra:
+            argv = [*args[:5], "--batch-size", "8", *args[7:], "--resume"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and word in err, err
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    config = tmp_path / "model.toml"
+    config.write_text("[train]\nregions = ['r199']\n[train.model]\nn_layers = 1\n")
+    assert main([*args, "--config", str(config), "--resume"]) == 2
+    assert "n_layers" in capsys.readouterr().err
+    assert main([*args[:4], "3", *args[5:], "--resume"]) == 0
+    assert "epochs = 3 (it was trained with 2)" in capsys.readouterr().out
+
+
 def test_global_model_file_loads_and_solves(tiny_catalog, tmp_path):
     """A model trained on several regions (per-region validation metrics in its file) loads
     with ``weights_only=True``, resumes, and solves through ``optw solve`` (issue 15)."""

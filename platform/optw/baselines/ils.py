@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
-from optw.catalog.region import TIME_UNITS_PER_MINUTE, Region, Tourists
+from optw.catalog.region import Region, Tourists, to_time_units
 
 #: Bump when a change to the algorithm can change any result (stored results are recomputed).
 ILS_VERSION = 1
@@ -226,11 +226,6 @@ def _ils_steps(dist, opening, closing, duration, score, max_noimp, r_reset, stat
 # ----------------------------------------------------------------------------- problem
 
 
-def to_units(values) -> np.ndarray:
-    """Times in minutes -> exact int64 hundredths."""
-    return np.rint(np.asarray(values, dtype=np.float64) * TIME_UNITS_PER_MINUTE).astype(np.int64)
-
-
 @dataclass(frozen=True, eq=False)
 class IlsProblem:
     """One tourist's instance in exact integer time units (hundredths of a minute).
@@ -266,14 +261,14 @@ class IlsProblem:
             score = tourists.scores[index]
         if dist is None:
             dist = region.distances(start_xy)[0]
-        opening, closing = to_units(region.opening), to_units(region.closing)
-        opening[0] = opening[-1] = to_units(t_start)
-        closing[0] = closing[-1] = to_units(t_end)
+        opening, closing = to_time_units(region.opening), to_time_units(region.closing)
+        opening[0] = opening[-1] = to_time_units(t_start)
+        closing[0] = closing[-1] = to_time_units(t_end)
         return cls(
-            dist=np.ascontiguousarray(to_units(dist)),
+            dist=np.ascontiguousarray(to_time_units(dist)),
             opening=opening,
             closing=closing,
-            duration=to_units(region.duration),
+            duration=to_time_units(region.duration),
             # a fresh writable copy: numba compiles read-only arrays (pandas/arrow views) as a
             # separate signature
             score=np.array(score, dtype=np.float64, copy=True),

@@ -9,6 +9,8 @@ Typical use::
     val = cat.validation("c101")            # Tourists batch of 64
     new = sample_tourists(region, 1000, rng=0)
     dist = region.distances(new.start_xy)   # [1000, n, n] rounded travel times
+    batch = read_tourists([{"start": [1, 2], "t_start": 0, "t_end": 600, "scores": [...]}],
+                          region)                # validated JSON tourists (TouristError)
 """
 
 from optw.catalog.generator import (
@@ -32,6 +34,7 @@ from optw.catalog.region import (
     benchmark_tourist,
     distance_matrix,
     round_down,
+    to_time_units,
 )
 from optw.catalog.store import (
     CATALOG_VERSION,
@@ -43,12 +46,22 @@ from optw.catalog.store import (
     default_source,
     open_catalog,
 )
+from optw.catalog.tourist_json import (
+    TOURIST_FIELDS,
+    TouristBatch,
+    TouristError,
+    TouristInput,
+    read_tourist,
+    read_tourists,
+    tourist_batch,
+)
 
 __all__ = [
     "CATALOG_VERSION", "DEFAULT_SCORE_KIND", "GROUPS", "PAPER_SUBSET", "PROJECT_ROOT",
-    "SCORE_KINDS", "TIME_UNITS_PER_MINUTE", "VALIDATION_SEED", "VALIDATION_SIZE", "Catalog",
-    "CatalogError", "Region", "SourceError", "Tourists", "benchmark_tourist", "build_catalog",
+    "SCORE_KINDS", "TIME_UNITS_PER_MINUTE", "TOURIST_FIELDS", "VALIDATION_SEED",
+    "VALIDATION_SIZE", "Catalog", "CatalogError", "Region", "SourceError", "TouristBatch",
+    "TouristError", "TouristInput", "Tourists", "benchmark_tourist", "build_catalog",
     "default_catalog_dir", "default_source", "discover", "distance_matrix", "open_catalog",
-    "parse_file", "region_rng", "round_down", "sample_scores", "sample_times",
-    "sample_tourists", "validation_tourists",
+    "parse_file", "read_tourist", "read_tourists", "region_rng", "round_down", "sample_scores",
+    "sample_times", "sample_tourists", "to_time_units", "tourist_batch", "validation_tourists",
 ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 GROUPS = ("solomon", "cordeau", "gavalas")
 
@@ -37,6 +38,11 @@ START_BOX = {"solomon": (0.0, 100.0), "cordeau": (-100.0, 100.0), "gavalas": (0.
 TIME_UNITS_PER_MINUTE = 100
 
 _EPS = 1e-7  # guards floor() against sqrt results a hair below an exact decimal
+
+
+def to_time_units(values: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """Times in minutes -> exact int64 time units (:data:`TIME_UNITS_PER_MINUTE` per minute)."""
+    return np.rint(np.asarray(values, dtype=np.float64) * TIME_UNITS_PER_MINUTE).astype(np.int64)
 
 
 def round_down(values: np.ndarray, decimals: int) -> np.ndarray:

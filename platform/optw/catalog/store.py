@@ -26,14 +26,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from optw import paths
 from optw.catalog.generator import VALIDATION_SEED, VALIDATION_SIZE, validation_tourists
 from optw.catalog.parse import discover, parse_file
 from optw.catalog.region import GROUPS, PAPER_SUBSET, Region, Tourists, benchmark_tourist
+from optw.paths import PROJECT_ROOT  # noqa: F401 - re-exported by optw.catalog
 
 #: Bump whenever the schema or the meaning of a column changes.
 CATALOG_VERSION = 1
 FILES = ("regions.parquet", "nodes.parquet", "tourists.parquet")
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
 class CatalogError(RuntimeError):
@@ -42,14 +43,12 @@ class CatalogError(RuntimeError):
 
 def default_source() -> Path:
     """``$OPTW_BENCHMARKS``, else ``../shared/benchmarks/optw`` beside the project."""
-    env = os.environ.get("OPTW_BENCHMARKS")
-    return Path(env) if env else PROJECT_ROOT.parent / "shared" / "benchmarks" / "optw"
+    return paths.benchmarks_dir()
 
 
 def default_catalog_dir() -> Path:
     """``$OPTW_CATALOG``, else the project's ``region_catalog/``."""
-    env = os.environ.get("OPTW_CATALOG")
-    return Path(env) if env else PROJECT_ROOT / "region_catalog"
+    return paths.catalog_dir()
 
 
 # ----------------------------------------------------------------------------- build

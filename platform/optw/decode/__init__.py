@@ -1,17 +1,20 @@
 """Inference and the training rollout.
 
     from optw.decode import solve, rollout
-    solutions = solve(model, region, tourists, method="beam", beams=128)
+    solutions = solve(model, region, tourists, method="beam", beams=PAPER_BEAMS)
     out = rollout(model, instances, ids)      # training: reward, log_prob, entropy per route
+
+Beam-width bounds and defaults live in :mod:`optw.decode.limits`.
 """
 
 from optw.decode.active_search import ActiveSearchResult, active_search, reinforce_loss
-from optw.decode.beam import MAX_BEAMS, BeamResult, beam_search, check_width
+from optw.decode.beam import BeamResult, beam_search, check_width
 from optw.decode.core import Decoder, Frontier, Pass, Rollout, rollout
+from optw.decode.limits import MAX_BEAMS, MIN_BEAMS, PAPER_BEAMS, SERVE_BEAMS
 from optw.decode.solve import METHODS, Solution, solve
 
 __all__ = [
-    "MAX_BEAMS", "METHODS", "ActiveSearchResult", "BeamResult", "Decoder", "Frontier", "Pass",
-    "Rollout", "Solution", "active_search", "beam_search", "check_width", "reinforce_loss",
-    "rollout", "solve",
+    "MAX_BEAMS", "METHODS", "MIN_BEAMS", "PAPER_BEAMS", "SERVE_BEAMS", "ActiveSearchResult",
+    "BeamResult", "Decoder", "Frontier", "Pass", "Rollout", "Solution", "active_search",
+    "beam_search", "check_width", "reinforce_loss", "rollout", "solve",
 ]

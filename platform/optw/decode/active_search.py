@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from optw.decode.beam import MAX_BEAMS, beam_search
+from optw.decode.beam import beam_search
 from optw.decode.core import rollout
+from optw.decode.limits import PAPER_BEAMS
 from optw.env.instances import Instances
 from optw.model.network import PointerNet
 
@@ -43,7 +44,7 @@ def active_search(
     epochs: int = 128,
     batch_size: int = 32,
     lr: float = 1e-5,
-    beams: int = MAX_BEAMS,
+    beams: int = PAPER_BEAMS,
     beta: float = 0.01,
     max_grad_norm: float | None = 1.0,
     generator: torch.Generator | None = None,

@@ -299,11 +299,6 @@ class Rollout:
     entropy: torch.Tensor
     lengths: torch.Tensor
 
-    @property
-    def actions(self) -> torch.Tensor:
-        """Alias of ``routes``."""
-        return self.routes
-
 
 def rollout(
     model: PointerNet,

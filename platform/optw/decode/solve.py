@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 import torch
 
 from optw.catalog.region import Region, Tourists
-from optw.decode.beam import MAX_BEAMS, beam_search, check_width
+from optw.decode.beam import beam_search, check_width
 from optw.decode.core import rollout
+from optw.decode.limits import PAPER_BEAMS
 from optw.env.instances import Instances, make_instances
 from optw.env.validate import check_route
 from optw.model.network import PointerNet
@@ -26,14 +27,15 @@ METHODS = ("greedy", "sampling", "beam", "active_search")
 class Solution:
     """A route for one tourist.
 
-    ``route``: node indices from the start 0 to the end ``n-1``; ``arrival``/``start``: arrival
-    and start-of-visit times per route position (minutes); ``seconds``: wall time of the call
-    that produced it divided by the number of tourists it solved (active search: this tourist's
-    own time).
+    ``tourist``: the batch's ``tourist_id`` (an int), or the id a caller gave, e.g. ``"alice"``
+    from a tourist file or the MLflow pyfunc; ``route``: node indices from the start 0 to the
+    end ``n-1``; ``arrival``/``start``: arrival and start-of-visit times per route position
+    (minutes); ``seconds``: wall time of the call that produced it divided by the number of
+    tourists it solved (active search: this tourist's own time).
     """
 
     region: str
-    tourist: int
+    tourist: int | str
     method: str
     route: list[int]
     score: float
@@ -88,7 +90,7 @@ def solve(
     region: Region,
     tourists: Tourists,
     method: str = "beam",
-    beams: int = MAX_BEAMS,
+    beams: int = PAPER_BEAMS,
     samples: int = 128,
     keep_greedy: bool = True,
     epochs: int = 128,
@@ -101,7 +103,9 @@ def solve(
 
     - ``greedy``: the most probable node at each step;
     - ``sampling``: the best of ``samples`` routes sampled from the policy;
-    - ``beam``: beam search of width ``beams`` (1..128; ranking as the published spec);
+    - ``beam``: beam search of width ``beams`` (:data:`~optw.decode.limits.MIN_BEAMS` ..
+      :data:`~optw.decode.limits.MAX_BEAMS`, default ``PAPER_BEAMS``; ranking as the published
+      spec);
     - ``active_search``: ``epochs`` of REINFORCE on the tourist (``batch_size`` sampled routes,
       Adam ``lr``) on a copy of the model, then beam search (paper, Algorithm 2).
 

@@ -1,50 +1,83 @@
-"""Command line of the platform job (used by ``jobs/train_all.py``) and its summary."""
+"""``optw job run`` (the platform job) and ``optw tune`` (sweeps); ``jobs/train_all.py`` and
+``jobs/tune.py`` are thin wrappers around them."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+from typing import Any
 
-from optw.distributed.profile import MODES, JobProfile, load_profile
+from optw.distributed.profile import MODES
 
 
-def job_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="train_all.py",
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("job", help="the platform job on Ray (train, evaluate, register)")
+    jsub = p.add_subparsers(dest="job_command", required=True, metavar="ACTION")
+    r = jsub.add_parser(
+        "run", help="train, fine-tune, evaluate and register models for many regions",
         description="Train, fine-tune, evaluate and register OPTW models for many regions on "
         "Ray + MLflow.")
-    p.add_argument("--profile", default="smoke",
+    r.add_argument("--profile", default="smoke",
                    help="smoke | paper | a TOML/YAML profile file (default: smoke)")
-    p.add_argument("--groups", default=None,
+    r.add_argument("--groups", default=None,
                    help="comma-separated groups (solomon,cordeau,gavalas); default: profile")
-    p.add_argument("--regions", default=None, help="comma-separated region ids (overrides groups)")
-    p.add_argument("--mode", choices=MODES, default=None, help="default: the profile's")
-    p.add_argument("--name", default=None, help="job (= MLflow experiment) name")
-    p.add_argument("--force", action="store_true",
+    r.add_argument("--regions", default=None, help="comma-separated region ids (overrides groups)")
+    r.add_argument("--mode", choices=MODES, default=None, help="default: the profile's")
+    r.add_argument("--name", default=None, help="job (= MLflow experiment) name")
+    r.add_argument("--force", action="store_true",
                    help="retrain regions that already have a champion from this config")
-    p.add_argument("--catalog", type=Path, default=None, help="catalog folder")
-    p.add_argument("--tracking-uri", default=None, help="MLflow store (default: local sqlite)")
-    p.add_argument("--storage", default=None, help="Ray Train storage (shared on a cluster)")
-    p.add_argument("--out", type=Path, default=None, help="results folder (default runs/NAME)")
-    p.add_argument("--address", default=None, help="Ray address (default: auto/local)")
-    p.add_argument("--quiet", action="store_true")
-    return p
+    r.add_argument("--catalog", type=Path, default=None, help="catalog folder")
+    r.add_argument("--tracking-uri", default=None, help="MLflow store (default: local sqlite)")
+    r.add_argument("--storage", default=None,
+                   help="Ray Train storage folder (default runs/ray_train; shared on a cluster)")
+    r.add_argument("--out", type=Path, default=None, help="results folder (default runs/NAME)")
+    r.add_argument("--address", default=None, help="Ray address (default: auto/local)")
+    r.add_argument("--quiet", action="store_true")
+    r.set_defaults(func=_run_job)
+
+    t = sub.add_parser(
+        "tune", help="Ray Tune sweep of the training hyper-parameters (ASHA, gap to ILS)",
+        description="Sweep lr, batch size, entropy β, logit clip C and layers with ASHA, "
+        "comparing trials by the mean gap to ILS on the validation tourists.")
+    t.add_argument("--profile", default="smoke", help="base profile (its [train] table)")
+    t.add_argument("--regions", required=True, help="comma-separated region ids")
+    t.add_argument("--samples", type=int, default=8, help="number of trials")
+    t.add_argument("--epochs", type=int, default=None, help="max epochs per trial")
+    t.add_argument("--val-every", type=int, default=None, help="epochs between validations")
+    t.add_argument("--write-profile", default=None, help="write the best config as a profile")
+    t.add_argument("--name", default=None,
+                   help="sweep (= MLflow experiment) name (default: <job>-tune-<time>)")
+    t.add_argument("--out", type=Path, default=None,
+                   help="Ray Tune storage folder (default runs/ray_tune)")
+    t.add_argument("--catalog", type=Path, default=None)
+    t.add_argument("--tracking-uri", default=None)
+    t.set_defaults(func=_tune)
 
 
-def profile_from_args(args: argparse.Namespace) -> JobProfile:
+def comma_list(text: str | None, option: str) -> list[str] | None:
+    """``"a, b"`` -> ``["a", "b"]``; None stays None; an empty list is an error naming
+    ``option`` (an empty ``--regions ''`` must not silently mean "all")."""
+    if text is None:
+        return None
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise ValueError(f"{option}: empty list {text!r}; give comma-separated names or leave "
+                         "the option out")
+    return items
+
+
+def profile_from_args(args: argparse.Namespace):
+    """The profile named by ``--profile`` with the command line's job overrides."""
+    from optw.distributed.profile import JobProfile, load_profile
+
     profile = load_profile(args.profile)
     data = profile.to_dict()
     data.pop("profile")
     job = data["job"]
-    if args.groups:
-        job["groups"] = [g.strip() for g in args.groups.split(",") if g.strip()]
-    if args.regions:
-        job["regions"] = [r.strip() for r in args.regions.split(",") if r.strip()]
-    if args.mode:
-        job["mode"] = args.mode
-    if args.name:
-        job["name"] = args.name
+    overrides: dict[str, Any] = {"groups": comma_list(args.groups, "--groups"),
+                                 "regions": comma_list(args.regions, "--regions"),
+                                 "mode": args.mode, "name": args.name}
+    job.update({k: v for k, v in overrides.items() if v is not None})
     return JobProfile.from_dict(data, source=profile.profile)
 
 
@@ -77,19 +110,38 @@ def format_summary(summary) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = job_parser().parse_args(argv)
+def _run_job(args: argparse.Namespace) -> int:
     from optw.distributed.job import run_job
-    from optw.train.config import ConfigError
 
-    try:
-        profile = profile_from_args(args)
-        summary = run_job(profile, catalog_dir=args.catalog, tracking_uri=args.tracking_uri,
-                          storage=args.storage, out_dir=args.out, force=args.force,
-                          progress=not args.quiet, ray_address=args.address)
-    except (ConfigError, KeyError, ValueError, FileNotFoundError) as exc:
-        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"train_all: error: {msg}", file=sys.stderr)
-        return 2
+    profile = profile_from_args(args)
+    summary = run_job(profile, catalog_dir=args.catalog, tracking_uri=args.tracking_uri,
+                      storage=args.storage, out_dir=args.out, force=args.force,
+                      progress=not args.quiet, ray_address=args.address)
     print(format_summary(summary))
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from optw.distributed.profile import load_profile
+    from optw.distributed.tune import run_sweep, write_profile
+
+    if args.samples < 1:
+        raise ValueError(f"--samples: {args.samples} trials; give an integer >= 1")
+    profile = load_profile(args.profile)
+    changes = {k: v for k, v in {"epochs": args.epochs, "val_every": args.val_every}.items()
+               if v is not None}
+    if changes:
+        profile.train = profile.train.replace(**changes)
+    if not profile.train.val_every:
+        profile.train = profile.train.replace(val_every=max(1, profile.train.epochs // 4))
+    regions = comma_list(args.regions, "--regions")
+    if args.write_profile and Path(args.write_profile).exists():
+        raise FileExistsError(f"--write-profile: {args.write_profile} exists; choose a new "
+                              "file so it is not overwritten")
+    res = run_sweep(profile, regions, num_samples=args.samples, catalog_dir=args.catalog,
+                    tracking_uri=args.tracking_uri, storage=args.out, name=args.name)
+    print(res.trials.sort_values("val_gap_ils").to_string(index=False))
+    print(f"\nbest gap to ILS {res.best_gap:.2f}% with {res.best_config}")
+    if args.write_profile:
+        print(f"profile written to {write_profile(profile, res.best_config, args.write_profile)}")
     return 0

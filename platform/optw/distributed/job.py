@@ -6,16 +6,15 @@ with the input (profile, regions, groups, tracking store) fails before any train
 
 from __future__ import annotations
 
-import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from optw.catalog import CATALOG_VERSION, PROJECT_ROOT, open_catalog
+from optw import paths
+from optw.catalog import CATALOG_VERSION, open_catalog
 from optw.distributed.plan import Unit, plan, select_regions
 from optw.distributed.profile import JobProfile
 
@@ -33,7 +32,8 @@ class JobContext:
     profile: JobProfile
     config_hash: str
     use_gpu: bool
-    test_hooks: dict[str, Any] = field(default_factory=dict)
+    #: extra training callbacks per unit key (picklable; e.g. a test's fault injection)
+    callbacks: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -51,59 +51,6 @@ class JobSummary:
     report: Path | None = None
 
 
-# ----------------------------------------------------------------------------- evaluation
-
-
-def evaluate_model(checkpoint: str, regions: list[str], method: str, settings: dict[str, Any],
-                   catalog_dir: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Greedy and beam search (and active search if asked) on each region's benchmark and
-    validation tourists: one row per (region, tourist, method); and the beam-width sweep on
-    each benchmark tourist: one row per (region, beams)."""
-    import torch
-
-    from optw.catalog import Tourists
-    from optw.decode import solve
-    from optw.model import load_model
-
-    torch.set_num_threads(1)
-    model = load_model(checkpoint)
-    catalog = open_catalog(catalog_dir)
-    rows: list[dict[str, Any]] = []
-    sweep: list[dict[str, Any]] = []
-    beams = settings["beams"]
-    for rid in regions:
-        region = catalog.region(rid)
-        tourists = Tourists.concat([catalog.benchmark(rid),
-                                    catalog.validation(rid)[: settings["validation_tourists"]]])
-        runs = [(f"{method}_greedy", {"method": "greedy"}),
-                (method, {"method": "beam", "beams": beams,
-                          "keep_greedy": settings["keep_greedy"]})]
-        if settings["active_search"]:
-            runs.append((f"{method}_as", {"method": "active_search", "beams": beams,
-                                          "epochs": settings["active_search"]}))
-        for name, kwargs in runs:
-            for i, sol in enumerate(solve(model, region, tourists, **kwargs)):
-                rows.append({"region": rid, "tourist": int(tourists.tourist_id[i]),
-                             "kind": "benchmark" if tourists.tourist_id[i] == 0 else "validation",
-                             "method": name, "score": float(sol.score),
-                             "seconds": float(sol.seconds), "route": json.dumps(sol.route)})
-        bench = catalog.benchmark(rid)
-        for width in settings.get("beam_sweep", []):
-            sol = solve(model, region, bench, "beam", beams=width,
-                        keep_greedy=settings["keep_greedy"])[0]
-            sweep.append({"region": rid, "method": method, "beams": width,
-                          "score": float(sol.score), "seconds": float(sol.seconds)})
-    return rows, sweep
-
-
-def _val_score(rows: list[dict[str, Any]], region: str, method: str) -> float:
-    vals = [r["score"] for r in rows
-            if r["region"] == region and r["method"] == method and r["kind"] == "validation"]
-    if not vals:
-        vals = [r["score"] for r in rows if r["region"] == region and r["method"] == method]
-    return float(np.mean(vals))
-
-
 # ----------------------------------------------------------------------------- one unit
 
 
@@ -111,7 +58,8 @@ def run_unit(unit: Unit, ctx: JobContext, init_checkpoint: str | None) -> dict[s
     """Train (Ray Train, one worker), evaluate, log and register one model."""
     import ray
 
-    from optw.distributed.ray_train import fit_region, ils_validation_means
+    from optw.distributed.ray_train import WorkerSpec, fit_region
+    from optw.evaluate.protocol import evaluate_model, validation_score
     from optw.tracking import (
         end_run,
         log_evaluation,
@@ -132,15 +80,11 @@ def run_unit(unit: Unit, ctx: JobContext, init_checkpoint: str | None) -> dict[s
     t0 = time.perf_counter()
     try:
         name = f"{ctx.job_name}-{ctx.config_hash}-{unit.stage}-{unit.key}"
-        cfg = {"train": config.to_dict(), "key": unit.key, "stage": unit.stage,
-               "run_id": run_id, "tracking_uri": ctx.tracking_uri, "catalog": ctx.catalog_dir,
-               "init": init_checkpoint, **ctx.test_hooks.get(unit.key, {}),
-               "ils_means": ils_validation_means(ctx.catalog_dir, unit.train_regions,
-                                                 config.val_tourists)}
-        res = profile.resources
+        spec = WorkerSpec.build(config, unit.key, unit.stage, catalog=ctx.catalog_dir,
+                                tracking_uri=ctx.tracking_uri, run_id=run_id,
+                                init=init_checkpoint, callbacks=ctx.callbacks.get(unit.key, ()))
         out = str(Path(ctx.models_dir) / f"{unit.stage}-{unit.key}.pt")
-        checkpoint = fit_region(cfg, ctx.storage, name, ctx.use_gpu, res.cpus_per_region,
-                                res.gpu_fraction, res.max_failures, out)
+        checkpoint = fit_region(spec, ctx.storage, name, profile.resources, ctx.use_gpu, out)
         train_seconds = time.perf_counter() - t0
         log_file(run_id, checkpoint, "checkpoints", uri=ctx.tracking_uri)
         rows: list[dict[str, Any]] = []
@@ -150,13 +94,13 @@ def run_unit(unit: Unit, ctx: JobContext, init_checkpoint: str | None) -> dict[s
 
             evaluate = ray.remote(num_cpus=1, max_retries=1)(evaluate_model)
             rows, sweep = ray.get(evaluate.remote(checkpoint, unit.eval_regions, unit.method,
-                                                  asdict(profile.evaluate), ctx.catalog_dir))
+                                                  profile.evaluate, ctx.catalog_dir))
             log_evaluation(run_id, pd.DataFrame(rows), f"evaluation_{unit.key}",
                            uri=ctx.tracking_uri)
             if sweep:
                 log_tables(run_id, {"beam_sweep": pd.DataFrame(sweep)}, uri=ctx.tracking_uri)
         version = None
-        val_score = _val_score(rows, unit.key, unit.method) if rows else float("nan")
+        val_score = validation_score(rows, unit.key, unit.method)
         if unit.register:
             version = register_version(unit.key, checkpoint, run_id, tags={
                 "mode": mode, "profile": profile.profile, "epochs": config.epochs,
@@ -212,9 +156,11 @@ def run_job(
     force: bool = False,
     progress: bool = True,
     ray_address: str | None = None,
-    test_hooks: dict[str, Any] | None = None,
+    callbacks: dict[str, Sequence[Any]] | None = None,
 ) -> JobSummary:
-    """Run the job described by ``profile`` on the current (or a new local) Ray cluster."""
+    """Run the job described by ``profile`` on the current (or a new local) Ray cluster.
+
+    ``callbacks``: extra training callbacks for the models of some unit keys (regions)."""
     import pandas as pd
     import ray
 
@@ -229,8 +175,13 @@ def run_job(
     stages = plan(profile.job.mode, catalog, selected)
     uri = check_tracking_uri(tracking_uri)
     name = profile.job.name
-    out = Path(out_dir) if out_dir else PROJECT_ROOT / "runs" / name
-    storage = Path(storage) if storage else PROJECT_ROOT / "runs" / "ray_train"
+    out = Path(out_dir) if out_dir else paths.job_dir(name)
+    # with --out everything the job writes goes there, Ray Train's checkpoints included
+    storage = Path(storage) if storage else (out / "ray_train" if out_dir
+                                             else paths.train_storage())
+    for option, folder in (("--out", out), ("--storage", storage)):
+        if folder.exists() and not folder.is_dir():
+            raise NotADirectoryError(f"{option}: {folder} is a file, not a folder")
     out.mkdir(parents=True, exist_ok=True)
     storage.mkdir(parents=True, exist_ok=True)
 
@@ -255,7 +206,7 @@ def run_job(
         "catalog_version": CATALOG_VERSION, "regions": len(selected)}, uri=uri)
     ctx = JobContext(job, name, uri, str(catalog.path), str(storage),
                      str(out / "models"), profile, config_hash,
-                     use_gpu, test_hooks or {})
+                     use_gpu, {k: tuple(v) for k, v in (callbacks or {}).items()})
     remote = ray.remote(num_cpus=0, max_retries=0)(run_unit)
     results: dict[str, dict[str, Any]] = {}
     skipped: list[str] = []
@@ -266,6 +217,13 @@ def run_job(
             _say(progress, f"{len(skipped)} region(s) already have a champion from this config "
                  f"and catalog: skipped ({', '.join(skipped[:8])}{more})")
     trained: list[str] = []
+    if not any(stages):  # every region is current: keep the earlier results and report
+        job.finish("FINISHED")
+        report = out / "report" / "index.html"
+        results_path = out / "results.parquet"
+        return JobSummary(name, job.run_id, uri, selected, [], skipped,
+                          results_path if results_path.exists() else None, {},
+                          time.perf_counter() - t0, {}, report if report.exists() else None)
     try:
         for units in stages:
             results.update(_run_stage(remote, units, ctx, results, capacity, progress))

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optw.catalog import GROUPS
+from optw.evaluate.protocol import EvaluateSettings
 from optw.train.config import ConfigError, TrainConfig, from_table, load_mapping
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 MODES = ("scratch", "global-ft", "transfer")
-GROUPS = ("solomon", "cordeau", "gavalas")
 
 
 @dataclass
@@ -29,36 +31,18 @@ class JobSection:
     regions: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        for name in ("groups", "regions"):
+            value = getattr(self, name)
+            if not (isinstance(value, list) and all(isinstance(v, str) and v for v in value)):
+                raise ConfigError(f"job.{name} = {value!r}: must be a list of names")
         if self.mode not in MODES:
             raise ConfigError(f"job.mode = {self.mode!r}: expected one of {list(MODES)}")
         bad = sorted(set(self.groups) - set(GROUPS))
         if bad or not self.groups:
             raise ConfigError(f"job.groups = {self.groups!r}: unknown group(s) {bad}; "
                               f"expected some of {list(GROUPS)}")
-        if not self.name or any(c in self.name for c in "/\\ "):
+        if not isinstance(self.name, str) or not self.name or any(c in self.name for c in "/\\ "):
             raise ConfigError(f"job.name = {self.name!r}: must be a non-empty word")
-
-
-@dataclass
-class EvaluateSection:
-    beams: int = 128
-    active_search: int = 0
-    validation_tourists: int = 64
-    keep_greedy: bool = True
-    #: beam widths timed on each benchmark tourist (the paper's score/time figure)
-    beam_sweep: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128])
-
-    def __post_init__(self) -> None:
-        if not all(isinstance(w, int) and 1 <= w <= 128 for w in self.beam_sweep):
-            raise ConfigError(f"evaluate.beam_sweep = {self.beam_sweep!r}: widths in 1..128")
-        if not (isinstance(self.beams, int) and 1 <= self.beams <= 128):
-            raise ConfigError(f"evaluate.beams = {self.beams!r}: must be an integer in 1..128")
-        if not (isinstance(self.active_search, int) and self.active_search >= 0):
-            raise ConfigError(f"evaluate.active_search = {self.active_search!r}: must be >= 0")
-        if not (isinstance(self.validation_tourists, int) and
-                0 <= self.validation_tourists <= 64):
-            raise ConfigError(f"evaluate.validation_tourists = {self.validation_tourists!r}: "
-                              "must be in 0..64")
 
 
 @dataclass
@@ -68,12 +52,18 @@ class ResourcesSection:
     max_failures: int = 2
 
     def __post_init__(self) -> None:
-        if not self.cpus_per_region > 0:
-            raise ConfigError(f"resources.cpus_per_region = {self.cpus_per_region!r}: must be > 0")
-        if not 0 < self.gpu_fraction <= 1:
-            raise ConfigError(f"resources.gpu_fraction = {self.gpu_fraction!r}: must be in (0, 1]")
-        if not (isinstance(self.max_failures, int) and self.max_failures >= -1):
-            raise ConfigError(f"resources.max_failures = {self.max_failures!r}: must be >= -1")
+        def number(v: Any) -> bool:
+            return type(v) in (int, float) and math.isfinite(v)
+
+        if not (number(self.cpus_per_region) and self.cpus_per_region > 0):
+            raise ConfigError(f"resources.cpus_per_region = {self.cpus_per_region!r}: must be "
+                              "a finite number > 0")
+        if not (number(self.gpu_fraction) and 0 < self.gpu_fraction <= 1):
+            raise ConfigError(f"resources.gpu_fraction = {self.gpu_fraction!r}: must be in "
+                              "(0, 1]")
+        if not (type(self.max_failures) is int and self.max_failures >= -1):
+            raise ConfigError(f"resources.max_failures = {self.max_failures!r}: must be an "
+                              "integer >= -1 (-1: retry forever)")
 
 
 @dataclass
@@ -83,7 +73,7 @@ class JobProfile:
     job: JobSection
     train: TrainConfig
     finetune: dict[str, Any]
-    evaluate: EvaluateSection
+    evaluate: EvaluateSettings
     resources: ResourcesSection
     profile: str = "custom"  # the profile's name or file it came from
 
@@ -101,7 +91,7 @@ class JobProfile:
             job=from_table(JobSection, dict(data.get("job", {})), f"{source} [job]"),
             train=train,
             finetune=finetune,
-            evaluate=from_table(EvaluateSection, dict(data.get("evaluate", {})),
+            evaluate=from_table(EvaluateSettings, dict(data.get("evaluate", {})),
                                  f"{source} [evaluate]"),
             resources=from_table(ResourcesSection, dict(data.get("resources", {})),
                                   f"{source} [resources]"),
@@ -109,7 +99,8 @@ class JobProfile:
         )
 
     def finetune_config(self, regions: list[str]) -> TrainConfig:
-        """The fine-tuning TrainConfig (fixed lr 1e-5 unless the profile says otherwise)."""
+        """The fine-tuning TrainConfig (fixed ``finetune_lr`` unless the profile says
+        otherwise)."""
         merged = {**self.train.to_dict(), "finetune": True, **self.finetune, "regions": regions}
         return TrainConfig.from_dict(merged, source=f"{self.profile} [finetune]")
 

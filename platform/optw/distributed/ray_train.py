@@ -1,23 +1,32 @@
 """One region (or one global model) = one Ray Train run: a TorchTrainer with one worker.
 
-The worker runs :func:`optw.train.train` with two extra callbacks: :class:`RayReport` (metrics
-and checkpoints to Ray Train, so a restarted worker resumes from its last checkpoint) and the
-MLflow callback (metrics to the stage's child run). Ray metrics for the dashboard are exported
-through ``ray.util.metrics`` (see ``dashboards/``).
+The worker gets a typed :class:`WorkerSpec` and runs :func:`optw.train.train` with two extra
+callbacks: :class:`RayReport` (metrics and checkpoints to Ray Train, so a restarted worker
+resumes from its last checkpoint) and the MLflow callback (metrics to the stage's child run),
+plus the spec's own. Ray metrics for the dashboard are exported through ``ray.util.metrics``
+(see ``dashboards/``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optw.distributed.profile import ResourcesSection
+from optw.evaluate.protocol import gap_to_ils, ils_validation_means
 from optw.model import write_checkpoint
 from optw.train.callbacks import Callback, TrainContext
+from optw.train.config import TrainConfig
 
 CHECKPOINT_FILE = "last.pt"
+#: epochs between metric reports to Ray Train / MLflow log points in a worker
+REPORT_EVERY, LOG_EVERY = 50, 10
 #: A worker that imports torch on a busy 2-core machine can take more than Ray Train's default
 #: 60 s to join its group; a timed-out start can leak its placement group. Set before Ray starts
 #: (processes of a local cluster inherit it; `jobs/embedded.sh` sets it for `ray start`).
@@ -33,17 +42,6 @@ def configure_ray_env() -> None:
     """Environment Ray Train reads in its controller; call before a local ``ray.init``."""
     os.environ.setdefault(*WORKER_START_TIMEOUT_ENV)
     os.environ.setdefault(*LOCAL_PREEMPTION_ENV)
-
-
-def gap_to_ils(metrics: dict[str, float], ils_means: dict[str, float]) -> float | None:
-    """Mean over regions of (ILS − model)/ILS × 100 on the validation tourists (negative:
-    better than ILS); a score-free measure that compares across regions."""
-    gaps = []
-    for rid, ils in ils_means.items():
-        score = metrics.get(f"val_score/{rid}", metrics.get("val_score"))
-        if score is not None and ils > 0:
-            gaps.append((ils - score) / ils * 100.0)
-    return float(sum(gaps) / len(gaps)) if gaps else None
 
 
 class RayReport(Callback):
@@ -105,7 +103,39 @@ class RayReport(Callback):
         self._report(ctx, {**ctx.last_validation, "final": 1.0}, checkpoint=True)
 
 
-def train_worker(cfg: dict[str, Any]) -> None:
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything one Ray Train worker needs, typed; built by :meth:`build` (the job and Tune
+    alike) and handed to the worker as it is.
+
+    ``callbacks`` are extra training callbacks (picklable) the worker adds to its own."""
+
+    config: TrainConfig
+    key: str  # region id, or global-<group> / transfer-<group>, or the Tune regions
+    stage: str  # scratch | global | finetune | tune
+    catalog: str
+    tracking_uri: str
+    run_id: str | None  # the MLflow child run the worker logs to (None: Tune sets it per trial)
+    init: str | None = None  # a model file to start from (fine-tuning)
+    ils_means: Mapping[str, float] = field(default_factory=dict)
+    report_every: int = REPORT_EVERY
+    log_every: int = LOG_EVERY
+    callbacks: tuple[Callback, ...] = ()
+
+    @classmethod
+    def build(cls, config: TrainConfig, key: str, stage: str, *, catalog: str,
+              tracking_uri: str, run_id: str | None, init: str | None = None,
+              callbacks: Sequence[Callback] = ()) -> WorkerSpec:
+        """The spec of a model trained with ``config`` (its regions' ILS means looked up)."""
+        means = ils_validation_means(catalog, config.regions, config.val_tourists)
+        return cls(config, key, stage, str(catalog), tracking_uri, run_id, init, means,
+                   callbacks=tuple(callbacks))
+
+    def replace(self, **changes: Any) -> WorkerSpec:
+        return dataclasses.replace(self, **changes)
+
+
+def train_worker(loop_config: dict[str, WorkerSpec]) -> None:
     """The Ray Train worker function (runs in the TorchTrainer's single worker process)."""
     import ray.train
     import torch
@@ -113,9 +143,10 @@ def train_worker(cfg: dict[str, Any]) -> None:
     from optw.catalog import open_catalog
     from optw.model import read_checkpoint
     from optw.tracking import MlflowCallback
-    from optw.train import TrainConfig, train
+    from optw.train import train
 
-    config = TrainConfig.from_dict(cfg["train"])
+    spec = loop_config["spec"]
+    config = spec.config
     if config.threads:
         torch.set_num_threads(config.threads)
     resume = None
@@ -124,72 +155,44 @@ def train_worker(cfg: dict[str, Any]) -> None:
         with checkpoint.as_directory() as folder:
             resume = read_checkpoint(Path(folder) / CHECKPOINT_FILE)
     callbacks: list[Callback] = [
-        RayReport(every=cfg.get("report_every", 50), checkpoint_every=config.checkpoint_every,
-                  tags={"region": cfg["key"], "stage": cfg["stage"]},
-                  ils_means=cfg.get("ils_means")),
-        MlflowCallback(cfg["run_id"], uri=cfg["tracking_uri"], log_every=cfg.get("log_every", 10),
+        RayReport(every=spec.report_every, checkpoint_every=config.checkpoint_every,
+                  tags={"region": spec.key, "stage": spec.stage}, ils_means=spec.ils_means),
+        MlflowCallback(spec.run_id, uri=spec.tracking_uri, log_every=spec.log_every,
                        log_checkpoint=False),
+        *spec.callbacks,
     ]
-    if cfg.get("pause_after_checkpoint"):
-        callbacks.append(_PauseAfterCheckpoint(cfg["pause_after_checkpoint"]))
-    train(config, open_catalog(cfg["catalog"]), callbacks, init=cfg.get("init"), resume=resume)
+    train(config, open_catalog(spec.catalog), callbacks, init=spec.init, resume=resume)
 
 
-def ils_validation_means(catalog_dir: str, regions: list[str], n_tourists: int) -> dict:
-    """Mean stored ILS score over each region's first ``n_tourists`` validation tourists."""
-    from optw.baselines import load_ils_results
-
-    ils = load_ils_results(catalog_dir)
-    val = ils[(ils["kind"] == "validation") & ils["region"].isin(regions)
-              & (ils["tourist"] <= n_tourists)]
-    return {str(k): float(v) for k, v in val.groupby("region")["score"].mean().items()}
-
-
-class _PauseAfterCheckpoint(Callback):
-    """Test hook: after the first checkpoint, write a marker file and sleep, so a test can
-    SIGKILL this worker at a known point."""
-
-    def __init__(self, marker: str):
-        self.marker = Path(marker)
-
-    def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
-        import time
-
-        every = ctx.config.checkpoint_every
-        if every and ctx.epoch == every and not self.marker.exists():
-            self.marker.write_text(str(os.getpid()))
-            time.sleep(120)
-
-
-def make_trainer(cfg: dict[str, Any], storage: str, name: str, use_gpu: bool, cpus: float,
-                 gpu_fraction: float, max_failures: int, callbacks: list | None = None):
-    """A TorchTrainer with one worker running :func:`train_worker` on ``cfg``."""
+def make_trainer(spec: WorkerSpec, storage: str, name: str, resources: ResourcesSection,
+                 use_gpu: bool, max_failures: int | None = None, callbacks: list | None = None):
+    """A TorchTrainer with one worker running :func:`train_worker` on ``spec``."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    resources = {"CPU": cpus}
+    per_worker = {"CPU": resources.cpus_per_region}
     if use_gpu:
-        resources["GPU"] = gpu_fraction
+        per_worker["GPU"] = resources.gpu_fraction
+    failures = resources.max_failures if max_failures is None else max_failures
     return TorchTrainer(
         train_worker,
-        train_loop_config=cfg,
+        train_loop_config={"spec": spec},
         scaling_config=ScalingConfig(num_workers=1, use_gpu=use_gpu,
-                                     resources_per_worker=resources),
+                                     resources_per_worker=per_worker),
         run_config=RunConfig(name=name, storage_path=storage, callbacks=callbacks,
-                             failure_config=FailureConfig(max_failures=max_failures,
+                             failure_config=FailureConfig(max_failures=failures,
                                                           controller_failure_limit=2)),
     )
 
 
-def fit_region(cfg: dict[str, Any], storage: str, name: str, use_gpu: bool,
-               cpus: float, gpu_fraction: float, max_failures: int, out: str) -> str:
+def fit_region(spec: WorkerSpec, storage: str, name: str, resources: ResourcesSection,
+               use_gpu: bool, out: str) -> str:
     """Run one TorchTrainer to completion and copy its final checkpoint to ``out``.
 
     Re-running with the same ``name`` and ``storage`` resumes from the last checkpoint that
     run reported (Ray Train restores by run name), so a crashed job continues.
     """
-    trainer = make_trainer(cfg, storage, name, use_gpu, cpus, gpu_fraction, max_failures)
-    result = trainer.fit()
+    result = make_trainer(spec, storage, name, resources, use_gpu).fit()
     if result.checkpoint is None:
         raise RuntimeError(f"{name}: training finished without a checkpoint")
     out_path = Path(out)

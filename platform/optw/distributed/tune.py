@@ -16,8 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from optw.catalog import PROJECT_ROOT, open_catalog
-from optw.distributed.profile import JobProfile, load_profile
+from optw import paths
+from optw.catalog import open_catalog
+from optw.distributed.profile import JobProfile, ResourcesSection, load_profile
+from optw.distributed.ray_train import WorkerSpec, make_trainer
+from optw.train.config import ConfigError, TrainConfig
 
 METRIC = "val_gap_ils"
 
@@ -43,28 +46,41 @@ def search_space(spec: dict[str, tuple]) -> dict[str, Any]:
     return out
 
 
-def apply_trial(train: dict[str, Any], trial: dict[str, Any]) -> dict[str, Any]:
-    """A TrainConfig dict with the trial's values (``model.x`` keys go to the model table)."""
-    train = {**train, "model": dict(train.get("model", {}))}
+def apply_trial(config: TrainConfig, trial: dict[str, Any]) -> TrainConfig:
+    """``config`` with a trial's values (``model.x`` keys go to the model table); a bad value
+    is a :class:`~optw.train.ConfigError` naming the key."""
+    changes: dict[str, Any] = {"model": dict(config.model)}
     for key, value in trial.items():
         if key.startswith("model."):
-            train["model"][key.split(".", 1)[1]] = value
+            changes["model"][key.split(".", 1)[1]] = value
         else:
-            train[key] = value
-    return train
+            changes[key] = value
+    return TrainConfig.from_dict({**config.to_dict(), **changes}, source="tune trial")
 
 
-def trial_fn(config: dict[str, Any]) -> None:
-    """One Tune trial: a TorchTrainer on the regions, reports relayed to Tune."""
+def check_space(config: TrainConfig, spec: dict[str, tuple]) -> None:
+    """Fail before any trial starts when a value the sweep may draw (every choice, both ends
+    of a range) makes an invalid config."""
+    for key, (kind, *args) in spec.items():
+        values = args[0] if kind == "choice" else args[:2]
+        if kind == "choice" and (not isinstance(values, list) or not values):
+            raise ConfigError(f"search space {key}: choice needs a non-empty list of values")
+        for value in values:
+            try:
+                apply_trial(config, {key: value})
+            except ConfigError as exc:
+                raise ConfigError(f"search space {key} = {value!r}: {exc}") from None
+
+
+def trial_fn(spec: WorkerSpec, trial: dict[str, Any], storage: str, name: str,
+             resources: ResourcesSection, use_gpu: bool) -> None:
+    """One Tune trial: a TorchTrainer on the spec's regions, reports relayed to Tune."""
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from optw.distributed.ray_train import make_trainer
-
-    base = config["base"]
-    cfg = {**base, "train": apply_trial(base["train"], config["trial"])}
-    name = f"{base['name']}-{int(time.time() * 1000) % 10**9}"
-    make_trainer(cfg, base["storage"], name, base["use_gpu"], base["cpus"], base["gpu_fraction"],
-                 0, callbacks=[TuneReportCallback()]).fit()
+    trainer = make_trainer(spec.replace(config=apply_trial(spec.config, trial)), storage,
+                           f"{name}-{int(time.time() * 1000) % 10**9}", resources, use_gpu,
+                           max_failures=0, callbacks=[TuneReportCallback()])
+    trainer.fit()
 
 
 @dataclass
@@ -79,8 +95,12 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
               space: dict[str, tuple] | None = None, grace_epochs: int | None = None,
               catalog_dir: str | Path | None = None, tracking_uri: str | None = None,
               storage: str | Path | None = None, seed: int = 0,
-              progress: bool = True) -> SweepResult:
-    """ASHA sweep over ``space`` on ``regions`` with the profile's [train] as the base."""
+              progress: bool = True, name: str | None = None) -> SweepResult:
+    """ASHA sweep over ``space`` on ``regions`` with the profile's [train] as the base.
+
+    ``name`` (default ``<job>-tune-<time>``) names the sweep's MLflow experiment and its
+    folder under ``storage`` (default ``runs/ray_tune``); an existing sweep is never
+    overwritten."""
     import pandas as pd
     import ray
     from ray import tune
@@ -88,43 +108,52 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
     from ray.tune.search import BasicVariantGenerator
 
     from optw.baselines import run_ils_baseline
-    from optw.distributed.ray_train import configure_ray_env, ils_validation_means
+    from optw.distributed.ray_train import configure_ray_env
     from optw.tracking import check_tracking_uri, log_params, log_tables, set_tags, start_job_run
     from optw.tracking.runs import end_run, start_child_run
 
+    if type(num_samples) is not int or num_samples < 1:
+        raise ValueError(f"--samples: {num_samples!r} trials; give an integer >= 1")
+    if not regions:
+        raise ValueError("--regions: no region to tune on")
+    name = name or f"{profile.job.name}-tune-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not name or any(c in name for c in "/\\ "):
+        raise ValueError(f"--name: {name!r} must be a non-empty word")
+    storage = Path(storage) if storage else paths.tune_storage()
+    if storage.exists() and not storage.is_dir():
+        raise NotADirectoryError(f"--out: {storage} is a file, not a folder")
+    if (storage / name).exists():
+        raise FileExistsError(f"--name: a sweep {name!r} already exists in {storage}; choose "
+                              "another --name (or --out) so it is not overwritten")
     catalog = open_catalog(catalog_dir)
     for rid in regions:
         catalog.region(rid)
-    uri = check_tracking_uri(tracking_uri)
     space = space or DEFAULT_SPACE
     train = profile.train.replace(regions=list(regions))
     if not train.val_every:
         raise ValueError("tuning needs periodic validation: set [train] val_every > 0")
-    storage = Path(storage) if storage else PROJECT_ROOT / "runs" / "ray_tune"
+    check_space(train, space)
+    search = search_space(space)
+    uri = check_tracking_uri(tracking_uri)
     storage.mkdir(parents=True, exist_ok=True)
     if not ray.is_initialized():
         configure_ray_env()
         ray.init(configure_logging=True, logging_level="WARNING")
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     run_ils_baseline(catalog.path, regions=regions, tourists="validation", progress=progress)
-    ils_means = ils_validation_means(str(catalog.path), list(regions), train.val_tourists)
-    name = f"{profile.job.name}-tune"
     job = start_job_run(name, {"profile": profile.to_dict(), "space": {
         k: list(map(str, v)) for k, v in space.items()}, "regions": list(regions)},
         tags={"kind": "tune"}, uri=uri)
-    base = {"train": train.to_dict(), "key": "+".join(regions), "stage": "tune",
-            "catalog": str(catalog.path), "tracking_uri": uri, "ils_means": ils_means,
-            "storage": str(storage), "name": name, "use_gpu": use_gpu,
-            "cpus": profile.resources.cpus_per_region,
-            "gpu_fraction": profile.resources.gpu_fraction, "run_id": None}
+    base = WorkerSpec.build(train, "+".join(regions), "tune", catalog=str(catalog.path),
+                            tracking_uri=uri, run_id=None)
 
     def trial_with_run(config: dict[str, Any]) -> None:
         # every trial logs to its own MLflow child run
         trial_id = tune.get_context().get_trial_id()
         run_id = start_child_run(job, "trial", trial_id, config=config["trial"], uri=uri)
-        config["base"] = {**config["base"], "run_id": run_id}
         try:
-            trial_fn(config)
+            trial_fn(base.replace(run_id=run_id), config["trial"], str(storage), name,
+                     profile.resources, use_gpu)
             end_run(run_id, "FINISHED", uri)
         except BaseException:
             end_run(run_id, "FAILED", uri)
@@ -140,7 +169,7 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
                           // profile.resources.cpus_per_region))
     tuner = tune.Tuner(
         tune.with_resources(trial_with_run, {"cpu": trial_cpu}),
-        param_space={"trial": search_space(space), "base": base},
+        param_space={"trial": search},
         tune_config=tune.TuneConfig(metric=METRIC, mode="min", scheduler=scheduler,
                                     num_samples=num_samples,
                                     search_alg=BasicVariantGenerator(
@@ -161,8 +190,9 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
         job.finish("FAILED")
         raise RuntimeError(f"no trial reported {METRIC}; see the trial errors:\n{trials}")
     best = ok.sort_values(METRIC).iloc[0]
-    best_trial = {k[len("trial."):]: v for k, v in best.items() if k.startswith("trial.")}
-    best_train = apply_trial(train.to_dict(), best_trial)
+    best_trial = {k[len("trial."):]: v.item() if hasattr(v, "item") else v  # numpy -> Python
+                  for k, v in best.items() if k.startswith("trial.")}
+    best_train = apply_trial(train, best_trial).to_dict()
     best_train.pop("regions")
     log_tables(job.run_id, {"trials": trials}, uri=uri)
     log_params(job.run_id, {f"best.{k}": v for k, v in best_trial.items()}, uri)

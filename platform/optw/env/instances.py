@@ -17,17 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from optw.catalog.region import TIME_UNITS_PER_MINUTE, Region, Tourists
+from optw.catalog.region import TIME_UNITS_PER_MINUTE, Region, Tourists, to_time_units
 
 #: Number of static / dynamic node features.
 N_STATIC = 7
 N_DYNAMIC = 8
 #: ``latest`` value of a node that can never be visited (far below any reachable time).
 NEVER = -(2**30)
-
-
-def _units(values: np.ndarray) -> np.ndarray:
-    return np.rint(np.asarray(values, dtype=np.float64) * TIME_UNITS_PER_MINUTE).astype(np.int64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,8 +152,8 @@ def make_instances(
     scores = np.asarray(tourists.scores, dtype=np.float64).copy()
     scores[:, 0] = scores[:, -1] = 0.0
 
-    dist_u, open_u, close_u, dur_u = map(_units, (dist, opening, closing, duration))
-    ts_u, te_u = _units(t_start), _units(t_end)
+    dist_u, open_u, close_u, dur_u = map(to_time_units, (dist, opening, closing, duration))
+    ts_u, te_u = to_time_units(t_start), to_time_units(t_end)
     latest = np.minimum(close_u, te_u[:, None] - dur_u - dist_u[:, :, -1])
     latest = np.where(open_u <= latest, latest, NEVER)
 

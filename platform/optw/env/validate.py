@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from optw.catalog.region import TIME_UNITS_PER_MINUTE, Region, Tourists
+from optw.catalog.region import TIME_UNITS_PER_MINUTE, Region, Tourists, to_time_units
 
 
 @dataclass
@@ -34,10 +34,6 @@ class RouteCheck:
 
 class InvalidRoute(ValueError):
     """A route that breaks the OPTW constraints."""
-
-
-def _units(v) -> np.ndarray:
-    return np.rint(np.asarray(v, dtype=np.float64) * TIME_UNITS_PER_MINUTE).astype(np.int64)
 
 
 def check_route(
@@ -78,10 +74,10 @@ def check_route(
     if dups:
         problems.append(f"nodes {sorted(set(dups))} are visited more than once")
 
-    dist = _units(region.distances(start_xy)[0])
-    opening, closing = _units(region.opening), _units(region.closing)
-    duration = _units(region.duration)
-    ts, te = int(_units(t_start)), int(_units(t_end))
+    dist = to_time_units(region.distances(start_xy)[0])
+    opening, closing = to_time_units(region.opening), to_time_units(region.closing)
+    duration = to_time_units(region.duration)
+    ts, te = int(to_time_units(t_start)), int(to_time_units(t_end))
     opening[0] = opening[-1] = ts
     closing[0] = closing[-1] = te
     arrival, start, leave = [ts], [ts], [ts]

@@ -38,11 +38,9 @@ REFERENCE_FILE = "paper_benchmark_scores.csv"
 def default_reference_path() -> Path:
     """``$OPTW_REFERENCE/paper_benchmark_scores.csv``, else ``../shared/reference/`` beside
     the project."""
-    from optw.catalog.store import PROJECT_ROOT
+    from optw.paths import reference_dir
 
-    env = os.environ.get("OPTW_REFERENCE")
-    folder = Path(env) if env else PROJECT_ROOT.parent / "shared" / "reference"
-    return folder / REFERENCE_FILE
+    return reference_dir() / REFERENCE_FILE
 
 
 def load_best_known(path: Path | str | None = None) -> pd.Series:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 from optw.env.instances import N_DYNAMIC, N_STATIC
@@ -29,6 +30,13 @@ class ModelConfig:
     n_dynamic: int = N_DYNAMIC
 
     def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "n_layers", "d_ff", "n_static", "n_dynamic"):
+            if type(getattr(self, name)) is not int:
+                raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        if type(self.clip) not in (int, float) or not 0 < self.clip < math.inf:
+            raise ValueError(f"clip must be a finite number > 0, got {self.clip!r}")
+        if type(self.recursion) is not bool:
+            raise ValueError(f"recursion must be true or false, got {self.recursion!r}")
         if self.graph not in GRAPHS:
             raise ValueError(f"unknown graph {self.graph!r}; expected one of {GRAPHS}")
         if self.d_model % self.n_heads or self.d_model % 2:

@@ -154,10 +154,6 @@ class PointerNet(nn.Module):
         self.ptr_v = nn.Parameter(torch.empty(d, 1))  # V
         self.reset_parameters()
 
-    @property
-    def config(self) -> ModelConfig:
-        return self.cfg
-
     def reset_parameters(self) -> None:
         """The authors' initialisation: Xavier-uniform for every weight with 2+ dimensions, in
         the authors' layouts (per-head projections as ``[H, d, d_k]``, ``V`` as ``[d, 1]``,

@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _report(args) -> int:
-    from optw.catalog import PROJECT_ROOT
+    from optw.paths import report_dir
     from optw.report import find_parent_run, load_job, write_report
     from optw.tracking import check_tracking_uri
 
@@ -36,7 +36,7 @@ def _report(args) -> int:
     out = args.out
     if out is None:
         job = args.job or load_job(run_id, uri).job_name
-        out = PROJECT_ROOT / "runs" / job / "report"
+        out = report_dir(job)
     index = write_report(run_id, out, uri)
     print(f"wrote {index}")
     print(f"open file://{index.resolve()}")

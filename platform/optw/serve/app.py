@@ -24,15 +24,25 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from ray import serve
+from starlette.exceptions import HTTPException
 
-from optw.serve.planner import (
+from optw.serve.errors import PlanError
+from optw.serve.models import RegistryModels
+from optw.serve.planner import Planner
+from optw.serve.request import MAX_BODY_BYTES
+from optw.serve.settings import (
     DEFAULT_CHECK_INTERVAL,
-    MAX_BODY_BYTES,
-    PlanError,
-    Planner,
-    RegistryModels,
+    DEFAULT_READY_TIMEOUT,
+    DEFAULT_REGISTRY_TIMEOUT,
+    DEFAULT_REQUEST_TIMEOUT,
+    MAX_ONGOING_REQUESTS,
+    ServeSettings,
+    check_fit,
+    integer,
+    serve_settings,
 )
 
 log = logging.getLogger(__name__)
@@ -40,6 +50,8 @@ log = logging.getLogger(__name__)
 APP_NAME = "planner"
 app = FastAPI(title="optw trip planner",
               description="Itineraries for tourists from each region's champion model.")
+#: The planner's endpoints, for the 404 and 405 messages.
+ENDPOINTS = ("POST /plan", "GET /regions", "GET /regions/{id}", "GET /healthz")
 
 
 @app.exception_handler(PlanError)
@@ -47,14 +59,51 @@ async def _plan_error(_: Request, exc: PlanError) -> JSONResponse:
     return JSONResponse(exc.to_dict(), status_code=exc.status)
 
 
-@serve.deployment(name="Planner", num_replicas=1, max_ongoing_requests=16,
+@app.exception_handler(HTTPException)
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Starlette's own errors (unknown path 404, wrong method 405, ...) in the planner's
+    ``{error, field, status}`` form instead of FastAPI's ``{"detail": ...}``."""
+    path, method = request.url.path, request.method
+    endpoints = ", ".join(ENDPOINTS)
+    if exc.status_code == 404:
+        err = PlanError(404, "path", f"path: no endpoint {path[:200]!r}; the planner serves "
+                        f"{endpoints}")
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow") or (exc.headers or {}).get("allow") or "?"
+        err = PlanError(405, "method", f"method: {method} is not allowed on {path[:200]!r}; "
+                        f"use {allowed}")
+    else:
+        err = PlanError(exc.status_code, None, f"{exc.detail}")
+    return JSONResponse(err.to_dict(), status_code=err.status, headers=exc.headers)
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    loc = [str(x) for x in (errors[0].get("loc", ()) if errors else ()) if x not in ("path",
+                                                                                      "query")]
+    name = ".".join(loc) or None
+    msg = errors[0].get("msg", "invalid request") if errors else "invalid request"
+    err = PlanError(422, name, f"{name or 'request'}: {msg}")
+    return JSONResponse(err.to_dict(), status_code=422)
+
+
+@app.exception_handler(Exception)
+async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
+    log.error("internal error: %s: %s", type(exc).__name__, exc)
+    err = PlanError(500, None, f"internal error: {type(exc).__name__}: {exc}")
+    return JSONResponse(err.to_dict(), status_code=500)
+
+
+@serve.deployment(name="Planner", num_replicas=1, max_ongoing_requests=MAX_ONGOING_REQUESTS,
                   ray_actor_options={"num_cpus": 0.5}, health_check_period_s=10)
 @serve.ingress(app)
 class PlannerDeployment:
     """One replica: the catalog, a per-region model cache and a small solve pool.
 
-    ``settings``: ``catalog`` (folder or None), ``tracking_uri``, ``check_interval`` (s),
-    ``solve_threads`` (concurrent solves; torch runs 1 thread each), ``solve_options``.
+    ``settings`` (:meth:`ServeSettings.replica_settings`): ``catalog`` (folder), ``tracking_uri``,
+    ``check_interval`` (s), ``solve_threads`` (concurrent solves, >= 1; torch runs 1 thread
+    each), ``solve_options``, ``registry_timeout`` (s a request may wait for the registry).
     """
 
     def __init__(self, settings: dict[str, Any]):
@@ -62,14 +111,19 @@ class PlannerDeployment:
 
         from optw.catalog import open_catalog
 
+        # a semaphore of 0 would accept requests and never answer them
+        threads = integer(settings.get("solve_threads", 1), "solve_threads", 1,
+                          MAX_ONGOING_REQUESTS)
         torch.set_num_threads(1)
         catalog = open_catalog(settings.get("catalog"))
         catalog.region(catalog.list_regions()[0])  # read the node table now, not on a request
         self.models = RegistryModels(settings.get("tracking_uri"),
-                                     settings.get("check_interval", DEFAULT_CHECK_INTERVAL))
+                                     settings.get("check_interval", DEFAULT_CHECK_INTERVAL),
+                                     timeout=settings.get("registry_timeout",
+                                                          DEFAULT_REGISTRY_TIMEOUT))
         self.planner = Planner(catalog, self.models,
                                solve_options=settings.get("solve_options"))
-        self.solve_slots = asyncio.Semaphore(int(settings.get("solve_threads", 1)))
+        self.solve_slots = asyncio.Semaphore(threads)
         self.started = time.time()
 
     @app.post("/plan")
@@ -86,15 +140,18 @@ class PlannerDeployment:
                 raise PlanError(413, "body", f"request body is over the limit of "
                                 f"{MAX_BODY_BYTES} bytes")
         req = self.planner.parse(bytes(body))  # cheap: bad requests never wait for a solve
-        async with self.solve_slots:
-            try:
-                answer = await asyncio.to_thread(self.planner.solve, req)
-            except PlanError:
-                raise
-            except Exception as exc:  # a bug or a broken model: say so, keep serving
-                log.exception("planning failed for region %s", req.region.id)
-                raise PlanError(500, None, f"internal error while planning: "
-                                f"{type(exc).__name__}: {exc}") from exc
+        try:
+            # the model first, without a solve slot: a slow registry holds only this request,
+            # at most registry_timeout seconds (then the cached model, or 503)
+            model = await asyncio.to_thread(self.models.get, req.region.id)
+            async with self.solve_slots:
+                answer = await asyncio.to_thread(self.planner.solve, req, model)
+        except PlanError:
+            raise
+        except Exception as exc:  # a bug or a broken model: say so, keep serving
+            log.exception("planning failed for region %s", req.region.id)
+            raise PlanError(500, None, f"internal error while planning: "
+                            f"{type(exc).__name__}: {exc}") from exc
         return JSONResponse(answer)
 
     @app.get("/regions")
@@ -123,22 +180,20 @@ class PlannerDeployment:
 def build_app(catalog: str | Path | None = None, tracking_uri: str | None = None, *,
               check_interval: float = DEFAULT_CHECK_INTERVAL, num_replicas: int = 1,
               num_cpus: float = 0.5, solve_threads: int = 1,
-              solve_options: dict[str, Any] | None = None) -> serve.Application:
-    """The bound Serve application. The tracking URI and catalog folder are resolved here, in
-    the caller's process, and handed to the replicas explicitly."""
-    from optw.catalog import default_catalog_dir
-    from optw.tracking import tracking_uri as resolve_uri
-
-    settings = {
-        "catalog": str(Path(catalog).resolve()) if catalog else str(default_catalog_dir()),
-        "tracking_uri": resolve_uri(tracking_uri),
-        "check_interval": float(check_interval),
-        "solve_threads": int(solve_threads),
-        "solve_options": dict(solve_options or {}),
-    }
+              solve_options: dict[str, Any] | None = None,
+              registry_timeout: float = DEFAULT_REGISTRY_TIMEOUT,
+              settings: ServeSettings | None = None) -> serve.Application:
+    """The bound Serve application. The settings are checked (:func:`serve_settings`), and
+    the tracking URI and catalog folder resolved, here in the caller's process, then handed to
+    the replicas explicitly. ``settings`` (already checked) replaces the other arguments."""
+    if settings is None:
+        settings = serve_settings(
+            catalog=catalog, tracking_uri=tracking_uri, check_interval=check_interval,
+            num_replicas=num_replicas, num_cpus=num_cpus, solve_threads=solve_threads,
+            solve_options=solve_options, registry_timeout=registry_timeout, ray_running=True)
     return PlannerDeployment.options(
-        num_replicas=num_replicas, ray_actor_options={"num_cpus": num_cpus},
-    ).bind(settings)
+        num_replicas=settings.num_replicas, ray_actor_options={"num_cpus": settings.num_cpus},
+    ).bind(settings.replica_settings())
 
 
 _started_ray = False
@@ -149,28 +204,59 @@ def start_planner(host: str = "127.0.0.1", port: int = 8000, blocking: bool = Fa
                   check_interval: float = DEFAULT_CHECK_INTERVAL, num_replicas: int = 1,
                   num_cpus: float = 0.5, solve_threads: int = 1,
                   solve_options: dict[str, Any] | None = None, ray_address: str = "local",
-                  ray_cpus: int | None = None, ready_timeout: float = 60.0) -> str:
+                  ray_cpus: int | None = None, ready_timeout: float = DEFAULT_READY_TIMEOUT,
+                  request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                  registry_timeout: float = DEFAULT_REGISTRY_TIMEOUT) -> str:
     """Deploy the planner on Ray Serve at ``http://host:port`` and return that URL.
 
-    Starts a local Ray (``ray_address="local"``; ``"auto"`` joins a running cluster) unless
-    Ray is already initialised in this process. ``blocking`` serves until Ctrl-C, then shuts
-    down. The registry (``tracking_uri``, default ``$MLFLOW_TRACKING_URI`` or the project's
-    sqlite store) and the catalog folder are passed to the replicas explicitly.
+    Every setting is checked first (:func:`optw.serve.settings.serve_settings`: one
+    ``ValueError`` naming the parameter, before Ray starts). Starts a local Ray
+    (``ray_address="local"``; ``"auto"`` joins a running cluster) unless Ray is already
+    initialised in this process. ``port=0`` picks a free port. ``blocking`` serves until Ctrl-C,
+    then shuts down. The registry (``tracking_uri``, default ``$MLFLOW_TRACKING_URI`` or the
+    project's sqlite store) and the catalog folder are passed to the replicas explicitly.
+    ``request_timeout``: a request still unanswered after it gets 408; ``registry_timeout``: the
+    longest a request waits for the registry (then the cached model, or 503).
     """
+    import ray
+
+    settings = serve_settings(
+        host=host, port=port, catalog=catalog, tracking_uri=tracking_uri,
+        check_interval=check_interval, num_replicas=num_replicas, num_cpus=num_cpus,
+        solve_threads=solve_threads, solve_options=solve_options, ray_address=ray_address,
+        ray_cpus=ray_cpus, ready_timeout=ready_timeout, request_timeout=request_timeout,
+        registry_timeout=registry_timeout, ray_running=ray.is_initialized())
+    return deploy(settings, blocking=blocking)
+
+
+def deploy(settings: ServeSettings, blocking: bool = False,
+           names: dict[str, str] | None = None) -> str:
+    """Start Ray (unless initialised) and Serve, and run the planner with checked
+    ``settings``; returns its URL once ``/healthz`` answers (see :func:`start_planner`).
+    ``names``: how errors name the settings (``optw serve`` passes its options)."""
     global _started_ray
     import ray
 
-    if not ray.is_initialized():
-        ray.init(address=ray_address, include_dashboard=False, num_cpus=ray_cpus,
-                 log_to_driver=False, configure_logging=False)
+    names = {"num_replicas": "num_replicas", "num_cpus": "num_cpus", **(names or {})}
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=settings.ray_address, include_dashboard=False,
+                 num_cpus=settings.ray_cpus, log_to_driver=False, configure_logging=False)
         _started_ray = True
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(build_app(catalog, tracking_uri, check_interval=check_interval,
-                        num_replicas=num_replicas, num_cpus=num_cpus,
-                        solve_threads=solve_threads, solve_options=solve_options),
-              name=APP_NAME, route_prefix="/")
-    url = f"http://{host}:{port}"
-    _wait_ready(url, ready_timeout)
+    try:
+        if settings.ray_address != "local" or not started_here:
+            # a cluster we joined: all replicas must fit, or requests would wait for ever
+            total = float(ray.cluster_resources().get("CPU", 0.0))
+            check_fit(settings.num_replicas, settings.num_cpus, total, names, "the Ray cluster")
+        serve.start(http_options={"host": settings.host, "port": settings.port,
+                                  "request_timeout_s": settings.request_timeout})
+        serve.run(build_app(settings=settings), name=APP_NAME, route_prefix="/")
+        _wait_ready(settings.url, settings.ready_timeout)
+    except BaseException:
+        if started_here:  # leave a Ray (and its Serve) that someone else started alone
+            stop_planner()
+        raise
+    url = settings.url
     if blocking:
         print(f"trip planner listening on {url} (Ctrl-C stops it)", flush=True)
         _stop_on_signals()

@@ -1,44 +1,77 @@
-"""``optw serve`` (the trip planner service) and ``optw plan`` (one itinerary, in-process)."""
+"""``optw serve`` (the trip planner service) and ``optw plan`` (one itinerary, in-process).
+
+Registered by :mod:`optw.cli` (the ``optw`` console script; ``python -m optw.cli plan ...``
+without it); this module does not import the top-level CLI.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+#: ``optw plan``: request field -> the option it comes from, for error messages.
+PLAN_OPTIONS = {"region": "--region", "start": "--start", "t_start": "--from", "t_end": "--to",
+                "scores": "--scores", "preference": "--preference", "method": "--method",
+                "beams": "--beams"}
+#: The longest ``optw plan`` waits for the registry (alias lookup and model download).
+PLAN_REGISTRY_TIMEOUT = 60.0
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from optw.serve.planner import DEFAULT_CHECK_INTERVAL, METHODS, PREFERENCES
+    from optw.decode.limits import MAX_BEAMS, MIN_BEAMS, SERVE_BEAMS
+    from optw.serve.preferences import PREFERENCES
+    from optw.serve.request import METHODS
+    from optw.serve.settings import (
+        DEFAULT_CHECK_INTERVAL,
+        DEFAULT_REGISTRY_TIMEOUT,
+        DEFAULT_REQUEST_TIMEOUT,
+        MAX_CHECK_INTERVAL,
+        MAX_SOLVE_THREADS,
+    )
 
+    # Values are read as text and checked by the handlers (optw.serve.settings), so that every
+    # bad value is one line naming the option and the valid values, before Ray starts.
     s = sub.add_parser(
         "serve", help="run the trip planner service (Ray Serve, POST /plan)",
         description="Deploy the trip planner on a local Ray (or --ray-address) and serve until "
         "Ctrl-C. Models come from the registry alias models:/optw-<region>@champion "
-        "($MLFLOW_TRACKING_URI or the project's mlflow.db); see docs/planner.md.",
+        "($MLFLOW_TRACKING_URI or the project's mlflow.db); see docs/planner.md. Every option "
+        "is checked before Ray starts.",
     )
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    s.add_argument("--catalog", type=Path, default=None,
+    s.add_argument("--port", default="8000",
+                   help="HTTP port 1..65535, 0 = any free port (default 8000)")
+    s.add_argument("--catalog", default=None,
                    help="catalog folder (default: $OPTW_CATALOG or region_catalog/)")
     s.add_argument("--tracking-uri", default=None,
                    help="MLflow store with the registry (default: $MLFLOW_TRACKING_URI or the "
-                   "project's sqlite mlflow.db)")
-    s.add_argument("--replicas", type=int, default=1, help="planner replicas (default 1)")
-    s.add_argument("--solve-threads", type=int, default=1,
-                   help="solves at once per replica, torch using 1 thread each (default 1; 2 "
-                   "raises throughput on long routes on a 2-core machine)")
-    s.add_argument("--check-interval", type=float, default=DEFAULT_CHECK_INTERVAL,
-                   help="seconds between checks for a new champion (default %(default)s)")
+                   "project's sqlite mlflow.db); must answer within 3 s")
+    s.add_argument("--replicas", default="1",
+                   help="planner replicas, >= 1, all fitting the CPUs (default 1)")
+    s.add_argument("--solve-threads", default="1",
+                   help=f"solves at once per replica, 1..{MAX_SOLVE_THREADS}, torch using 1 "
+                   "thread each; each replica reserves 0.5 CPU per thread (default 1; 2 raises "
+                   "throughput on long routes on a 2-core machine)")
+    s.add_argument("--check-interval", default=str(DEFAULT_CHECK_INTERVAL),
+                   help=f"seconds between checks for a new champion, 0..{MAX_CHECK_INTERVAL:g} "
+                   f"(0: on every request; default {DEFAULT_CHECK_INTERVAL:g})")
+    s.add_argument("--registry-timeout", default=str(DEFAULT_REGISTRY_TIMEOUT),
+                   help="seconds a request waits for the registry, 0.1..600; then it is served "
+                   f"with the cached model, or answered 503 (default {DEFAULT_REGISTRY_TIMEOUT:g})")
+    s.add_argument("--request-timeout", default=str(DEFAULT_REQUEST_TIMEOUT),
+                   help="seconds after which an unanswered request gets 408, 1..3600 "
+                   f"(default {DEFAULT_REQUEST_TIMEOUT:g})")
     s.add_argument("--ray-address", default="local",
-                   help="'local' starts a private Ray (default); 'auto' or an address joins one")
+                   help="'local' starts a private Ray (default); 'auto' or HOST:PORT joins one")
     s.set_defaults(func=_serve)
 
     p = sub.add_parser(
         "plan", help="plan one itinerary in-process (no server)",
         description="Solve one tourist's trip with the region's champion model (or a "
-        "checkpoint) and print the itinerary. Times are minutes or HH:MM.",
+        "checkpoint) and print the itinerary. Times are minutes or HH:MM. Every option is "
+        "checked before a model is loaded.",
     )
     p.add_argument("--region", required=True)
     p.add_argument("--start", default=None, metavar="X,Y",
@@ -47,94 +80,182 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="day start, minutes or HH:MM (default: the benchmark's)")
     p.add_argument("--to", dest="t_end", default=None, metavar="TIME",
                    help="day end, minutes or HH:MM (default: the benchmark's)")
-    p.add_argument("--method", choices=list(METHODS), default=None,
-                   help="greedy, beam (default) or active-search")
-    p.add_argument("--beams", type=int, default=None, help="beam width 1..128 (default 16)")
+    p.add_argument("--method", default=None,
+                   help=f"{', '.join(METHODS)} (default beam)")
+    p.add_argument("--beams", default=None,
+                   help=f"beam width {MIN_BEAMS}..{MAX_BEAMS} (default {SERVE_BEAMS})")
     p.add_argument("--preference", default=None, help=f"one of {', '.join(PREFERENCES)} "
                    "(default balanced)")
-    p.add_argument("--scores", type=Path, default=None, metavar="FILE",
+    p.add_argument("--scores", default=None, metavar="FILE",
                    help="JSON list with one score per point (instead of --preference)")
-    p.add_argument("--checkpoint", type=Path, default=None,
+    p.add_argument("--checkpoint", default=None,
                    help="model file (default: the registry champion of the region)")
-    p.add_argument("--catalog", type=Path, default=None)
-    p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--catalog", default=None,
+                   help="catalog folder (default: $OPTW_CATALOG or region_catalog/)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow store with the registry (default: $MLFLOW_TRACKING_URI or the "
+                   "project's sqlite mlflow.db); must answer within 3 s")
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
     p.set_defaults(func=_plan)
 
 
 def _serve(args) -> int:
-    from optw.serve.app import start_planner
+    from optw.serve.settings import MAX_SOLVE_THREADS, SERVE_FLAGS, integer, serve_settings
 
-    start_planner(args.host, args.port, blocking=True, catalog=args.catalog,
-                  tracking_uri=args.tracking_uri, check_interval=args.check_interval,
-                  num_replicas=args.replicas, solve_threads=args.solve_threads,
-                  num_cpus=0.5 * max(1, args.solve_threads), ray_address=args.ray_address)
+    threads = integer(args.solve_threads, "--solve-threads", 1, MAX_SOLVE_THREADS,
+                      "a number of solves at once per replica")
+    settings = serve_settings(
+        host=args.host, port=args.port, catalog=args.catalog, tracking_uri=args.tracking_uri,
+        check_interval=args.check_interval, num_replicas=args.replicas,
+        num_cpus=0.5 * threads, solve_threads=threads, ray_address=args.ray_address,
+        registry_timeout=args.registry_timeout, request_timeout=args.request_timeout,
+        names=SERVE_FLAGS)
+    from optw.serve.app import deploy  # imports Ray; starts it only now, with good settings
+
+    deploy(settings, blocking=True, names=SERVE_FLAGS)
     return 0
 
 
+def _number(text: str, option: str, what: str) -> float:
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"{option}: expected {what}, got {text!r}")
+    return value
+
+
 def _request(args) -> dict[str, Any]:
-    req: dict[str, Any] = {"region": args.region}
+    """The ``/plan`` request of the options, each option's own format checked."""
+    from optw.decode.limits import MAX_BEAMS, MIN_BEAMS
+    from optw.serve.preferences import PREFERENCES
+    from optw.serve.request import METHODS
+    from optw.serve.settings import integer, text
+
+    req: dict[str, Any] = {"region": text(args.region, "--region", "a region id such as t101")}
     if args.start is not None:
         parts = args.start.split(",")
         try:
-            x, y = (float(v) for v in parts)
+            if len(parts) != 2:
+                raise ValueError
+            x, y = (_number(v, "--start", "a number") for v in parts)
         except ValueError:
-            raise ValueError(f"--start: expected X,Y (two numbers), got {args.start!r}") from None
+            raise ValueError(f"--start: expected X,Y (two finite numbers), got "
+                             f"{args.start!r}") from None
         req["start"] = {"x": x, "y": y}
-    for key, value in (("t_start", args.t_start), ("t_end", args.t_end)):
+    for key, value, option in (("t_start", args.t_start, "--from"),
+                               ("t_end", args.t_end, "--to")):
         if value is not None:
-            req[key] = value if ":" in value else _minutes(value, key)
+            req[key] = value if ":" in value else _number(
+                value, option, "minutes (a finite number) or HH:MM")
     if args.method is not None:
+        if args.method not in METHODS:
+            raise ValueError(f"--method: unknown method {args.method!r}; expected one of "
+                             f"{', '.join(METHODS)}")
         req["method"] = args.method
     if args.beams is not None:
-        req["beams"] = args.beams
+        req["beams"] = integer(args.beams, "--beams", MIN_BEAMS, MAX_BEAMS, "a beam width")
         req.setdefault("method", "beam")
     if args.preference is not None:
+        if args.preference not in PREFERENCES:
+            raise ValueError(f"--preference: unknown profile {args.preference!r}; expected one "
+                             f"of {', '.join(PREFERENCES)}")
         req["preference"] = args.preference
     if args.scores is not None:
-        req["scores"] = json.loads(args.scores.read_text())
+        if args.preference is not None:
+            raise ValueError("--scores: give --scores or --preference, not both")
+        path = Path(args.scores)
+        if not path.is_file():
+            raise ValueError(f"--scores: file {path} does not exist")
+        try:
+            req["scores"] = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--scores: {path} is not valid JSON ({exc})") from None
     return req
 
 
-def _minutes(text: str, key: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        flag = "--from" if key == "t_start" else "--to"
-        raise ValueError(f"{flag}: expected minutes or HH:MM, got {text!r}") from None
+def _option_error(exc: Any) -> Exception:
+    """A :class:`PlanError` of ``optw plan`` as one line naming the option (503: the
+    registry, a RuntimeError; the rest ValueError)."""
+    field = exc.field or ""
+    option = "--tracking-uri" if exc.status >= 500 else \
+        PLAN_OPTIONS.get(field.split("[")[0].split(".")[0])
+    message = exc.message
+    if option:
+        rest = message[len(field) + 1:].lstrip() if message.startswith(f"{field}:") else message
+        label = option if option.lstrip("-") == field or exc.status >= 500 else \
+            f"{option} ({field})"
+        message = f"{label}: {rest}"
+    return (RuntimeError if exc.status >= 500 else ValueError)(message)
+
+
+def _models(args) -> Any:
+    """The model source of ``optw plan``: the checkpoint, or the registry (checked to answer
+    and to exist before anything is loaded)."""
+    import math
+    import os
+
+    from optw.serve.models import CheckpointModels, RegistryModels
+    from optw.serve.settings import tracking_store
+    from optw.tracking.uri import ENV_URI, sqlite_path
+
+    if args.checkpoint is not None:
+        path = Path(args.checkpoint)
+        if not path.is_file():
+            raise ValueError(f"--checkpoint: file {path} does not exist")
+        try:
+            return CheckpointModels(path)
+        except Exception as exc:
+            raise ValueError(f"--checkpoint: cannot load {path} ({type(exc).__name__}: "
+                             f"{' '.join(str(exc).split())})") from None
+    uri = tracking_store(args.tracking_uri, "--tracking-uri")
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        label = "--tracking-uri" if args.tracking_uri or not os.environ.get(ENV_URI) \
+            else f"${ENV_URI}"
+        raise ValueError(f"{label}: no MLflow store at {db} ({uri}): no model is registered "
+                         "there; train one first, or give --checkpoint")
+    return RegistryModels(uri, check_interval=math.inf, timeout=PLAN_REGISTRY_TIMEOUT)
 
 
 def _plan(args) -> int:
-    import torch
+    from optw.serve.errors import PlanError
+    from optw.serve.models import RegistryModels
+    from optw.serve.planner import Planner
+    from optw.serve.request import parse_request
+    from optw.serve.settings import open_catalog_checked
 
-    from optw.catalog import open_catalog
-    from optw.serve.planner import CheckpointModels, PlanError, Planner, RegistryModels
-
-    torch.set_num_threads(1)  # decoding runs many small ops: more threads only contend
-    catalog = open_catalog(args.catalog)
-    if args.checkpoint is not None:
-        models: Any = CheckpointModels(args.checkpoint)
-    else:
-        models = RegistryModels(args.tracking_uri, check_interval=float("inf"))
+    data = _request(args)  # the options' own formats
+    catalog = open_catalog_checked(args.catalog, "--catalog")
     try:
-        planner = Planner(catalog, models)
+        req = parse_request(data, catalog)  # against the region: nothing loaded yet
+    except PlanError as exc:
+        raise _option_error(exc) from None
+    models = _models(args)
+    try:
+        import torch
+
+        torch.set_num_threads(1)  # decoding runs many small ops: more threads only contend
         try:
-            answer = planner.plan(_request(args))
+            answer = Planner(catalog, models).solve(req)
         except PlanError as exc:
-            raise ValueError(exc.message) from None
+            raise _option_error(exc) from None
     finally:
         if isinstance(models, RegistryModels):
             models.close()
     if args.json:
         print(json.dumps(answer, indent=2))
     else:
-        print(render_itinerary(answer, catalog.region(args.region).n_points))
+        print(render_itinerary(answer, catalog.region(req.region.id).n_points))
     return 0
 
 
 def render_itinerary(answer: dict[str, Any], n_points: int | None = None) -> str:
     """A plan as a table a person can read (clock times when the request used HH:MM)."""
-    from optw.serve.planner import format_time
+    from optw.serve.request import format_time
 
     def t(v: float) -> str:
         return format_time(v) if answer.get("clock") else f"{v:.1f}"
@@ -162,9 +283,3 @@ def render_itinerary(answer: dict[str, Any], n_points: int | None = None) -> str
                      f"{score:>8}")
     lines.append(f"{'':>4}  {'total':<26} {'':>8} {'':>11} {'':>8} {answer['score']:>8g}")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    from optw.cli import main
-
-    sys.exit(main(["plan", *sys.argv[1:]]))

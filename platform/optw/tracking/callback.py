@@ -63,7 +63,6 @@ class MlflowCallback(Callback):
         self._logged_epoch = -1
         self._failures = 0
         self._retry_at = 0.0
-        self._checkpoint: Path | None = None
 
     # -------------------------------------------------------------------------- buffering
 
@@ -135,9 +134,6 @@ class MlflowCallback(Callback):
         self._add(metrics, int(ctx.epoch))
         self.flush()
 
-    def on_checkpoint(self, ctx: TrainContext, path: Path) -> None:
-        self._checkpoint = Path(path)
-
     def on_train_end(self, ctx: TrainContext) -> None:
         if self._last_epoch is not None and self._last_epoch[0] != self._logged_epoch:
             epoch, metrics = self._last_epoch
@@ -157,7 +153,7 @@ class MlflowCallback(Callback):
                 except TypeError:
                     text = json.dumps({"config": str(ctx.config)}, indent=2)
                 client.log_text(self.run_id, text, "config.json")
-            checkpoint = ctx.last_checkpoint or self._checkpoint
+            checkpoint = ctx.last_checkpoint
             if self.log_checkpoint and checkpoint is not None:
                 checkpoint = Path(checkpoint)
                 if checkpoint.is_file():

@@ -11,9 +11,12 @@ Loading needs ``optw`` installed (``pip install -e .``); ``optw.model`` and ``op
 imported only when the model is first used, so this module imports without them.
 
 Input of ``predict``: a DataFrame or a list of tourist dicts ``{start: [x, y], t_start, t_end,
-scores}`` (missing keys take the region's benchmark values; ``scores`` has one value per node,
-or per point of interest without the start/end nodes). Params: ``method`` (default ``beam``),
-``beams`` (default 16). Output: a DataFrame with ``route, score, seconds`` per tourist.
+scores, tourist}`` (missing keys take the region's benchmark values; ``scores`` has one value per
+node, or per point of interest without the start/end nodes; ``start_xy`` is accepted for
+``start``), each read and checked by :func:`optw.catalog.read_tourists`. Params: ``method``
+(default ``beam``), ``beams`` (default :data:`optw.decode.limits.SERVE_BEAMS`). Output: a
+DataFrame with ``route, score, seconds`` per tourist; ``solve`` returns ``Solution`` objects whose
+``tourist`` is the given id (e.g. ``"alice"``).
 """
 
 from __future__ import annotations
@@ -22,19 +25,22 @@ import dataclasses
 import importlib.metadata
 import json
 import math
+import numbers
 import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 
+if TYPE_CHECKING:
+    from optw.catalog import Region, TouristBatch
+
 MODEL_CODE = Path(__file__).with_name("_model_code.py")
 DEFAULT_METHOD = "beam"
-DEFAULT_BEAMS = 16
 
 
 # ----------------------------------------------------------------------------- region / tourists
@@ -62,7 +68,7 @@ def region_from_json(text: str):
     return Region(**kwargs)
 
 
-def _records(data: Any) -> list[Mapping[str, Any]]:
+def _records(data: Any) -> list[Any]:
     if hasattr(data, "to_dict") and hasattr(data, "columns"):  # pandas DataFrame
         return data.to_dict("records")
     if isinstance(data, Mapping):
@@ -73,41 +79,28 @@ def _records(data: Any) -> list[Mapping[str, Any]]:
                     f"DataFrame, not {type(data).__name__}")
 
 
-def tourists_from_records(region, data: Any):
-    """A ``Tourists`` batch of ``region`` from records (see the module docstring)."""
-    from optw.catalog import Tourists
+def _alias(rec: Any) -> Any:
+    """``start_xy`` (the ``Tourists`` field name) is accepted for ``start``."""
+    if not isinstance(rec, Mapping) or "start_xy" not in rec:
+        return rec
+    if "start" in rec:
+        from optw.catalog import TouristError
+
+        raise TouristError("start_xy", "start_xy: give start or start_xy, not both")
+    return {("start" if k == "start_xy" else k): v for k, v in rec.items()}
+
+
+def tourists_from_records(region: Region, data: Any) -> TouristBatch:
+    """A :class:`~optw.catalog.TouristBatch` of ``region`` (the tourists and the ids to show)
+    from a ``Tourists`` batch or records (see the module docstring). Raises
+    :class:`~optw.catalog.TouristError` naming the tourist and the field."""
+    from optw.catalog import TouristBatch, Tourists, read_tourists
 
     if isinstance(data, Tourists):
         if data.region_id != region.id:
             raise ValueError(f"tourists of region {data.region_id} given to a {region.id} model")
-        return data
-    recs = _records(data)
-    if not recs:
-        raise ValueError("no tourists given")
-    n = region.n_nodes
-    start, t_start, t_end, scores, ids = [], [], [], [], []
-    for i, rec in enumerate(recs):
-        if not isinstance(rec, Mapping):
-            raise TypeError(f"tourist {i}: expected a dict, got {type(rec).__name__}")
-        xy = rec.get("start", rec.get("start_xy"))
-        xy = np.asarray(region.start_xy if xy is None else xy, dtype=np.float64).reshape(-1)
-        if xy.shape != (2,):
-            raise ValueError(f"tourist {i}: start must be [x, y]")
-        s = rec.get("scores")
-        s = np.asarray(region.score if s is None else s, dtype=np.float64).reshape(-1)
-        if s.shape[0] == n - 2:
-            s = np.concatenate([[0.0], s, [0.0]])
-        elif s.shape[0] != n:
-            raise ValueError(f"tourist {i}: {s.shape[0]} scores for region {region.id} with "
-                             f"{n - 2} points of interest ({n} nodes)")
-        start.append(xy)
-        scores.append(s)
-        t_start.append(float(rec.get("t_start", region.t_start)))
-        t_end.append(float(rec.get("t_end", region.t_end)))
-        ids.append(int(rec.get("tourist", i)))
-    return Tourists(region_id=region.id, tourist_id=np.asarray(ids, dtype=np.int64),
-                    kind="generated", start_xy=np.stack(start), t_start=np.asarray(t_start),
-                    t_end=np.asarray(t_end), scores=np.stack(scores))
+        return TouristBatch.of(data)
+    return read_tourists([_alias(r) for r in _records(data)], region, defaults=True)
 
 
 def solutions_frame(solutions):
@@ -159,20 +152,33 @@ class OptwSolverModel(mlflow.pyfunc.PythonModel):
                 self._region = open_catalog().region(self.region_id)
         return self._region
 
-    def solve(self, tourists: Any, method: str = DEFAULT_METHOD, beams: int = DEFAULT_BEAMS):
-        """``optw.decode.solve`` for these tourists -> ``list[Solution]``."""
-        from optw.decode import solve
+    def solve(self, tourists: Any, method: str = DEFAULT_METHOD, beams: int | None = None):
+        """``optw.decode.solve`` for these tourists -> ``list[Solution]`` (``tourist``: the
+        given id). ``beams`` defaults to :data:`~optw.decode.limits.SERVE_BEAMS`."""
+        from optw.decode import SERVE_BEAMS, check_width, solve
 
+        if beams is None:
+            beams = SERVE_BEAMS
+        elif isinstance(beams, numbers.Integral) and not isinstance(beams, (bool, np.bool_)):
+            beams = int(beams)  # numpy integers from a DataFrame or MLflow's params
+        try:
+            check_width(beams)  # 4.5 or True is an error, not a silent int()
+        except ValueError as exc:
+            raise ValueError(f"beams: {exc}") from None
         batch = tourists_from_records(self.region, tourists)
-        return solve(self.model, self.region, batch, method=method, beams=int(beams))
+        sols = solve(self.model, self.region, batch.tourists, method=method, beams=beams)
+        return [dataclasses.replace(s, tourist=tid) for s, tid in zip(sols, batch.ids,
+                                                                        strict=True)]
 
     def predict(self, context, model_input: pd.DataFrame,
                 params: dict[str, Any] | None = None) -> pd.DataFrame:
         """Solve each tourist (a DataFrame row; a list of dicts works too) -> DataFrame
         ``route, score, seconds``. The DataFrame hint tells MLflow not to coerce the input."""
         params = params or {}
-        sols = self.solve(model_input, method=params.get("method") or DEFAULT_METHOD,
-                          beams=int(params.get("beams") or DEFAULT_BEAMS))
+        method = params.get("method")
+        # only an absent (None) parameter takes the default: beams=0 is an error, not 16
+        sols = self.solve(model_input, method=DEFAULT_METHOD if method is None else method,
+                          beams=params.get("beams"))
         return solutions_frame(sols)
 
 
@@ -197,11 +203,13 @@ def save_pyfunc(path: str | Path, region_id: str, checkpoint: str | Path, *,
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import ParamSchema, ParamSpec
 
+    from optw.decode.limits import SERVE_BEAMS
+
     path, checkpoint = Path(path), Path(checkpoint)
     if not checkpoint.is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint} not found")
     signature = ModelSignature(inputs=None, params=ParamSchema([
-        ParamSpec("method", "string", DEFAULT_METHOD), ParamSpec("beams", "long", DEFAULT_BEAMS),
+        ParamSpec("method", "string", DEFAULT_METHOD), ParamSpec("beams", "long", SERVE_BEAMS),
     ]))
     model_config = {"region": region_id, **{k: v for k, v in (config or {}).items()
                                              if isinstance(v, (str, int, float, bool))}}

@@ -16,11 +16,14 @@ from __future__ import annotations
 import logging
 import math
 import re
+import shutil
 import tempfile
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from optw.decode.limits import SERVE_BEAMS
 from optw.tracking.uri import get_client, quiet, tracking_uri
 
 log = logging.getLogger(__name__)
@@ -197,9 +200,11 @@ def _region(region: str):
 class RegionSolver:
     """A registered model, downloaded and ready to solve tourists of its region.
 
-    ``solve(tourists, method='beam', beams=16) -> list[Solution]`` accepts a ``Tourists`` batch,
-    one tourist dict, a list of them or a DataFrame; ``predict`` is the pyfunc's (DataFrame
-    out). ``version`` is the registry version (``None`` when loaded from a path).
+    ``solve(tourists, method='beam', beams=SERVE_BEAMS) -> list[Solution]`` accepts a
+    ``Tourists`` batch, one tourist dict, a list of them or a DataFrame; ``predict`` is the
+    pyfunc's (DataFrame out). ``beams`` defaults to :data:`optw.decode.limits.SERVE_BEAMS`.
+    ``version`` is the registry version (``None`` when loaded from a path); ``local_path`` the
+    model's folder, ``None`` when it was loaded into memory from a download since deleted.
     """
 
     def __init__(self, impl, *, version: int | None, name: str | None, model_uri: str,
@@ -228,10 +233,10 @@ class RegionSolver:
         _ = self.impl.model, self.impl.region
         return self
 
-    def solve(self, tourists: Any, method: str = "beam", beams: int = 16):
+    def solve(self, tourists: Any, method: str = "beam", beams: int = SERVE_BEAMS):
         return self.impl.solve(tourists, method=method, beams=beams)
 
-    def predict(self, tourists: Any, method: str = "beam", beams: int = 16):
+    def predict(self, tourists: Any, method: str = "beam", beams: int = SERVE_BEAMS):
         return self.impl.predict(None, tourists, {"method": method, "beams": beams})
 
     def __repr__(self) -> str:
@@ -245,9 +250,12 @@ def load_solver(model_uri: str, *, uri: str | None = None, dst_path: str | Path 
     ``models:/optw-c101/3``, a ``runs:/`` or artifact URI, or a local model folder.
 
     Resolves against ``uri`` (default :func:`tracking_uri`) without touching MLflow's global
-    state. With ``load`` the torch model is loaded at once (needs ``optw.model``)."""
+    state. Files: with ``dst_path`` the model is downloaded there and stays (``local_path``);
+    without it, into a temporary folder that is deleted before this returns, the torch model
+    and the region loaded into memory first (``local_path`` is then ``None``), so nothing is
+    left behind. ``load=False`` (open lazily) needs the files to stay: without ``dst_path`` the
+    temporary folder is then removed when the solver is garbage-collected (or at exit)."""
     import mlflow.artifacts
-    import mlflow.pyfunc
 
     uri = tracking_uri(uri)
     quiet()
@@ -262,14 +270,34 @@ def load_solver(model_uri: str, *, uri: str | None = None, dst_path: str | Path 
         source = client.get_model_version_download_uri(name, str(mv.version))
     else:
         source = model_uri
+    meta = {"version": version, "name": name, "model_uri": model_uri, "tags": tags}
     if Path(source).is_dir():
-        local = str(source)
-    else:
-        dst = str(dst_path) if dst_path else tempfile.mkdtemp(prefix="optw-model-")
-        Path(dst).mkdir(parents=True, exist_ok=True)
-        local = mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=dst,
+        return _open(str(source), meta, load)
+    if dst_path:
+        Path(dst_path).mkdir(parents=True, exist_ok=True)
+        local = mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(dst_path),
                                                     tracking_uri=uri, registry_uri=uri)
+        return _open(local, meta, load)
+    tmp = tempfile.mkdtemp(prefix="optw-model-")
+    keep = False
+    try:
+        local = mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=tmp,
+                                                    tracking_uri=uri, registry_uri=uri)
+        solver = _open(local, meta, load)
+        if load:
+            solver.local_path = None  # everything is in memory: the files go now
+        else:  # opened lazily: the files stay as long as the solver lives
+            weakref.finalize(solver, shutil.rmtree, tmp, True)
+            keep = True
+        return solver
+    finally:
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _open(local: str, meta: dict[str, Any], load: bool) -> RegionSolver:
+    import mlflow.pyfunc
+
     impl = mlflow.pyfunc.load_model(local).unwrap_python_model()
-    solver = RegionSolver(impl, version=version, name=name, model_uri=model_uri, tags=tags,
-                          local_path=local)
+    solver = RegionSolver(impl, local_path=local, **meta)
     return solver.load() if load else solver

@@ -21,7 +21,8 @@ from enum import Enum
 from pathlib import Path, PurePath
 from typing import Any
 
-from optw.catalog import CATALOG_VERSION, PROJECT_ROOT
+from optw.catalog import CATALOG_VERSION
+from optw.paths import PROJECT_ROOT
 from optw.tracking.uri import artifact_root, check_tracking_uri, get_client, tracking_uri
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from optw.catalog import PROJECT_ROOT
+from optw import paths
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -39,7 +39,7 @@ class TrackingUnavailableError(RuntimeError):
 
 def default_tracking_uri() -> str:
     """``sqlite:///<project>/mlflow.db`` (absolute path, so it works from any folder)."""
-    return f"sqlite:///{(PROJECT_ROOT / DB_NAME).as_posix()}"
+    return f"sqlite:///{paths.mlflow_db().as_posix()}"
 
 
 def tracking_uri(uri: str | None = None) -> str:
@@ -142,9 +142,17 @@ def _check_writable(folder: Path, uri: str) -> None:
             f"tracking store {uri}: folder {folder} is not writable ({exc.strerror})") from None
 
 
+#: Every MLflow HTTP call ends within about this many seconds (MLflow's defaults retry for
+#: minutes); set the variables yourself to change them.
+HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "30", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+               "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+
+
 @functools.lru_cache(maxsize=8)
 def _client(uri: str) -> MlflowClient:
     quiet()
+    for key, value in HTTP_LIMITS.items():
+        os.environ.setdefault(key, value)
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=uri, registry_uri=uri)

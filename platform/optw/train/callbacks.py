@@ -14,7 +14,7 @@ from typing import Any
 
 @dataclass
 class TrainContext:
-    """What the loop shares with callbacks (read-only except ``stop`` and ``extra``)."""
+    """What the loop shares with callbacks (read-only except ``stop``)."""
 
     region_ids: list[str]
     config: Any  # TrainConfig
@@ -24,7 +24,6 @@ class TrainContext:
     best_validation: float | None = None
     last_validation: dict[str, float] = field(default_factory=dict)
     last_checkpoint: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
     #: Returns the full training state (model, optimiser, schedule position, RNG states) as a
     #: checkpoint dict; set by the loop.
     snapshot: Callable[[], dict] | None = None
@@ -41,8 +40,6 @@ class Callback:
     def on_validation(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
         """After greedy validation: val_score (mean over validation tourists),
         benchmark_score, val_seconds."""
-
-    def on_checkpoint(self, ctx: TrainContext, path: Path) -> None: ...
 
     def on_train_end(self, ctx: TrainContext) -> None: ...
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,24 +56,44 @@ class TrainConfig:
         if isinstance(self.regions, str):
             self.regions = [self.regions]
         need(isinstance(self.regions, list), "regions", "must be a list of region ids")
+        def integer(v: Any) -> bool:  # bool is an int in Python, not here
+            return type(v) is int
+
+        def number(v: Any) -> bool:
+            return type(v) in (int, float) and math.isfinite(v)
+
+        need(all(isinstance(r, str) and r for r in self.regions), "regions",
+             "must be a list of region ids")
+        need(integer(self.seed), "seed", "must be an integer")
         for name in ("epochs", "batch_size", "tourists_per_epoch", "lr_decay_every"):
-            need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1, name,
+            need(integer(getattr(self, name)) and getattr(self, name) >= 1, name,
                  "must be an integer >= 1")
         for name in ("val_every", "checkpoint_every", "val_tourists"):
-            need(isinstance(getattr(self, name), int) and getattr(self, name) >= 0, name,
+            need(integer(getattr(self, name)) and getattr(self, name) >= 0, name,
                  "must be an integer >= 0")
         for name in ("lr", "lr_min", "finetune_lr", "max_grad_norm"):
-            need(isinstance(getattr(self, name), (int, float)) and getattr(self, name) > 0,
-                 name, "must be a number > 0")
-        need(0 < self.lr_decay <= 1, "lr_decay", "must be in (0, 1]")
-        need(self.beta >= 0, "beta", "must be >= 0")
+            need(number(getattr(self, name)) and getattr(self, name) > 0,
+                 name, "must be a finite number > 0")
+        need(number(self.lr_decay) and 0 < self.lr_decay <= 1, "lr_decay", "must be in (0, 1]")
+        need(number(self.beta) and self.beta >= 0, "beta", "must be a finite number >= 0")
+        need(type(self.finetune) is bool, "finetune", "must be true or false")
         need(self.score_kind in (None, "uniform", "correlated"), "score_kind",
              "must be uniform, correlated or unset")
-        need(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"), "device",
+        need(isinstance(self.device, str) and (self.device in ("auto", "cpu", "cuda") or (
+            self.device.startswith("cuda:") and self.device[5:].isdigit())), "device",
              "must be auto, cpu, cuda or cuda:N")
-        need(self.threads is None or (isinstance(self.threads, int) and self.threads >= 1),
+        need(self.threads is None or (integer(self.threads) and self.threads >= 1),
              "threads", "must be an integer >= 1 or unset")
         need(isinstance(self.model, dict), "model", "must be a table of model settings")
+        from optw.model.config import ModelConfig
+
+        known = sorted(f.name for f in dataclasses.fields(ModelConfig))
+        unknown = sorted(set(self.model) - set(known))
+        need(not unknown, "model", f"unknown key(s) {unknown}; known keys: {known}")
+        try:
+            ModelConfig(**self.model)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"model = {self.model!r}: {exc}") from None
 
     # -- construction
     @classmethod
@@ -114,7 +135,10 @@ def from_table(cls, data: dict[str, Any], where: str):
         raise ConfigError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(known)}")
     try:
         return cls(**data)
-    except TypeError as exc:
+    except ConfigError as exc:
+        msg = str(exc)
+        raise ConfigError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+    except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
 

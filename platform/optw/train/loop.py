@@ -69,6 +69,43 @@ def validate(
             "val_seconds": time.perf_counter() - t0, **out}
 
 
+#: Settings a resumed run may change: they do not change what the next epochs compute.
+RESUMABLE_CHANGES = ("epochs", "val_every", "checkpoint_every", "device", "threads")
+
+
+def check_resume(state: dict[str, Any], config: TrainConfig, source: str = "checkpoint",
+                 ) -> dict[str, tuple[Any, Any]]:
+    """Refuse to resume ``state`` with a ``config`` it was not trained with (other regions,
+    another model shape or training setting: a ``ValueError`` with the reason); returns the
+    harmless changes (e.g. the epoch budget) as ``{key: (before, now)}`` for the caller to
+    state."""
+    if "train" not in state:
+        raise ValueError(f"{source} is a model file, not a training checkpoint (use init=)")
+    t = state["train"]
+    before = dict(t.get("config", {}))
+    if list(t.get("regions", before.get("regions", []))) != list(config.regions):
+        raise ValueError(f"{source} was trained on regions {t.get('regions')}, not "
+                         f"{config.regions}; resume with the same regions or start afresh")
+    want = ModelConfig.from_dict(config.model).to_dict()
+    have = dict(state.get("config", {}))
+    model_diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+    if model_diff:
+        what = ", ".join(f"{k}: {have.get(k)!r} there, {want.get(k)!r} now" for k in model_diff)
+        raise ValueError(f"{source} holds a model with other settings ({what})")
+    now = config.to_dict()
+    diff = {k: (before.get(k), now.get(k)) for k in sorted(set(before) | set(now))
+            if k not in ("regions", "model") and before.get(k) != now.get(k)}
+    refused = sorted(k for k in diff if k not in RESUMABLE_CHANGES)
+    if before and refused:
+        what = ", ".join(f"{k}: {diff[k][0]!r} there, {diff[k][1]!r} now" for k in refused)
+        raise ValueError(f"{source} was trained with other settings ({what}); only "
+                         f"{', '.join(RESUMABLE_CHANGES)} may change on resume")
+    if int(t.get("epoch", 0)) > config.epochs:
+        raise ValueError(f"{source} has already trained {t['epoch']} epochs, more than "
+                         f"epochs = {config.epochs}")
+    return diff if before else {}
+
+
 def _rng_state(np_rng: np.random.Generator, gen: torch.Generator) -> dict[str, Any]:
     return {"numpy": np_rng.bit_generator.state, "torch": gen.get_state(),
             "python": random.getstate()}
@@ -103,8 +140,8 @@ def train(
     state: dict[str, Any] | None = None
     if resume is not None:
         state = resume if isinstance(resume, dict) else read_checkpoint(resume)
-        if "train" not in state:
-            raise ValueError(f"{resume} is a model file, not a training checkpoint (use init=)")
+        check_resume(state, config, "the checkpoint" if isinstance(resume, dict) else
+                     str(resume))
         model = PointerNet(ModelConfig.from_dict(state["config"]))
         model.load_state_dict(state["state_dict"])
     elif init is not None:

@@ -1,0 +1,265 @@
+"""The one reader of tourists given as JSON-like dicts (``optw solve`` files, the MLflow pyfunc,
+the planner's requests); each caller keeps only its own outer format.
+
+A tourist is ``{"start": [x, y] or {"x": x, "y": y}, "t_start": minutes, "t_end": minutes,
+"scores": [...]}`` with one score per point of interest (or per node, start and end included,
+as :meth:`~optw.catalog.Tourists.to_records` writes them), an optional id ``"tourist"`` (an
+integer or a string such as ``"alice"``) and, as in ``to_records``, optional ``"region"`` (must
+be the region's id) and ``"kind"``. A field set to ``null`` counts as absent. Checks:
+
+- every number is a finite int or float (no bool, no string, no NaN or infinity);
+- ``start`` lies in the region's box (its points and generated starts) widened on every side by
+  :data:`BOX_MARGIN` times its extent; times lie in ``[-T_max, 2·T_max]`` and ``t_end > t_start``;
+- scores: the region's number of points (or nodes), each in ``[0, SCORE_LIMIT]``;
+- unknown fields are an error that lists the allowed ones.
+
+Errors are :class:`TouristError` (a ``ValueError``) with the offending ``field``; the message
+starts with that field (and with ``tourist <index>`` when reading many).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from optw.catalog.region import START_BOX, Region, Tourists
+
+#: Every field of a tourist (the format of :meth:`Tourists.to_records`).
+TOURIST_FIELDS = ("tourist", "region", "kind", "start", "t_start", "t_end", "scores")
+#: Fields a tourist must give when the region's benchmark values are not the defaults.
+REQUIRED_FIELDS = ("start", "t_start", "t_end", "scores")
+#: Largest accepted score of a point.
+SCORE_LIMIT = 1e9
+#: Start coordinates may lie this many extents of the region's box outside it.
+BOX_MARGIN = 100.0
+#: Longest accepted string id.
+MAX_ID_LENGTH = 200
+
+TouristId = int | str
+
+
+class TouristError(ValueError):
+    """A tourist that cannot be read: the offending ``field`` and a message naming it;
+    ``index``: the tourist's position when reading many."""
+
+    def __init__(self, field: str, message: str, index: int | None = None):
+        super().__init__(message)
+        self.field = field
+        self.message = message
+        self.index = index
+
+    def within(self, prefix: str) -> TouristError:
+        """The same error with ``prefix`` (e.g. the file) in front of its message."""
+        return TouristError(self.field, f"{prefix}: {self.message}", self.index)
+
+
+@dataclass(frozen=True)
+class TouristInput:
+    """One validated tourist: its caller-facing id (``None`` when not given), start, times in
+    minutes and one score per point of interest."""
+
+    id: TouristId | None
+    start_xy: tuple[float, float]
+    t_start: float
+    t_end: float
+    scores: np.ndarray  # [n_points] float64
+
+
+@dataclass(frozen=True)
+class TouristBatch:
+    """Validated tourists as a :class:`Tourists` batch (``tourist_id`` = position) and the ids
+    to show the caller (the given ids, else positions)."""
+
+    ids: list[TouristId]
+    tourists: Tourists
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @staticmethod
+    def of(tourists: Tourists) -> TouristBatch:
+        """A catalog batch as is, its own ids shown."""
+        return TouristBatch([int(v) for v in tourists.tourist_id], tourists)
+
+
+def describe(value: Any) -> str:
+    """Type and a short repr of a value, for error messages."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40] + '...' if len(text) > 40 else text}"
+
+
+def finite_number(value: Any, field: str) -> float:
+    """``value`` as a float; :class:`TouristError` unless it is a finite int or float."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TouristError(field, f"{field}: expected a number, got {describe(value)}")
+    try:
+        out = float(value)
+    except OverflowError:
+        out = math.inf
+    if not math.isfinite(out):
+        raise TouristError(field, f"{field}: expected a finite number, got {value!r}")
+    return out
+
+
+def check_fields(data: Mapping[str, Any], allowed: Collection[str]) -> None:
+    """:class:`TouristError` naming the first unknown key of ``data`` and the allowed ones."""
+    unknown = sorted(str(k) for k in set(data) - set(allowed))
+    if unknown:
+        raise TouristError(unknown[0], f"{unknown[0]}: unknown field(s) {unknown}; allowed: "
+                           f"{list(allowed)}")
+
+
+def start_box(region: Region) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Accepted ``(x_lo, x_hi), (y_lo, y_hi)`` of a start: the box of the region's points and
+    generated starts, widened on every side by :data:`BOX_MARGIN` times its larger side."""
+    lo, hi = START_BOX.get(region.group, (0.0, 0.0))
+    x_lo, x_hi = min(lo, float(region.x.min())), max(hi, float(region.x.max()))
+    y_lo, y_hi = min(lo, float(region.y.min())), max(hi, float(region.y.max()))
+    pad = BOX_MARGIN * max(x_hi - x_lo, y_hi - y_lo, 1.0)
+    return (x_lo - pad, x_hi + pad), (y_lo - pad, y_hi + pad)
+
+
+def time_range(region: Region) -> tuple[float, float]:
+    """Accepted times in minutes: the region's day ``[0, T_max]`` widened by ``T_max`` on each
+    side (generated tourists may start before 0)."""
+    return -region.t_max, 2.0 * region.t_max
+
+
+def _given(data: Mapping[str, Any], key: str) -> bool:
+    return data.get(key) is not None
+
+
+def _missing(key: str) -> TouristError:
+    return TouristError(key, f"{key}: missing; a tourist needs {list(REQUIRED_FIELDS)}")
+
+
+def _is_vector(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray) and value.ndim == 1)
+
+
+def _id(value: Any) -> TouristId:
+    if isinstance(value, str):
+        if not value or len(value) > MAX_ID_LENGTH:
+            raise TouristError("tourist", f"tourist: a string id needs 1..{MAX_ID_LENGTH} "
+                               f"characters, got {len(value)}")
+        return value
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TouristError("tourist", f"tourist: expected an integer or string id, got "
+                           f"{describe(value)}")
+    return int(value)
+
+
+def _start(value: Any, region: Region) -> tuple[float, float]:
+    if isinstance(value, Mapping):
+        if set(value) != {"x", "y"}:
+            raise TouristError("start", f"start: expected {{\"x\": number, \"y\": number}}, got "
+                               f"keys {sorted(map(str, value))}")
+        x, y = value["x"], value["y"]
+    elif _is_vector(value) and len(value) == 2:
+        x, y = value
+    else:
+        raise TouristError("start", f"start: expected [x, y] or {{\"x\": x, \"y\": y}}, got "
+                           f"{describe(value)}")
+    xy = (finite_number(x, "start.x"), finite_number(y, "start.y"))
+    for axis, v, (lo, hi) in zip("xy", xy, start_box(region), strict=True):
+        if not lo <= v <= hi:
+            raise TouristError(f"start.{axis}", f"start.{axis}: {v:g} is outside [{lo:g}, "
+                               f"{hi:g}], the box around region {region.id}")
+    return xy
+
+
+def _time(value: Any, field: str, region: Region) -> float:
+    t = finite_number(value, field)
+    lo, hi = time_range(region)
+    if not lo <= t <= hi:
+        raise TouristError(field, f"{field}: {t:g} is outside [{lo:g}, {hi:g}] minutes (the day "
+                           f"[0, {region.t_max:g}] of region {region.id} widened by its length)")
+    return t
+
+
+def _scores(value: Any, region: Region) -> np.ndarray:
+    n_points, n_nodes = region.n_points, region.n_nodes
+    if not _is_vector(value):
+        raise TouristError("scores", f"scores: expected a list of {n_points} numbers (one per "
+                           f"point of {region.id}), got {describe(value)}")
+    if len(value) not in (n_points, n_nodes):
+        raise TouristError("scores", f"scores: expected {n_points} values (one per point of "
+                           f"{region.id}) or {n_nodes} (one per node), got {len(value)}")
+    out = np.empty(len(value), dtype=np.float64)
+    for i, v in enumerate(value):
+        out[i] = finite_number(v, f"scores[{i}]")
+        if not 0.0 <= out[i] <= SCORE_LIMIT:
+            raise TouristError(f"scores[{i}]", f"scores[{i}]: {out[i]:g} is outside "
+                               f"[0, {SCORE_LIMIT:g}]")
+    return out if len(out) == n_points else out[1:-1].copy()
+
+
+def read_tourist(data: Any, region: Region, *, defaults: bool = False) -> TouristInput:
+    """Read and validate one tourist of ``region`` from a dict (see the module docstring).
+
+    ``defaults``: absent ``start``, ``t_start``, ``t_end``, ``scores`` take the region's
+    benchmark values (else they are required). Raises :class:`TouristError`.
+    """
+    if not isinstance(data, Mapping):
+        raise TouristError("tourist", f"tourist: expected an object, got {describe(data)}")
+    check_fields(data, TOURIST_FIELDS)
+    if not defaults:
+        for key in REQUIRED_FIELDS:
+            if not _given(data, key):
+                raise _missing(key)
+    tid = _id(data["tourist"]) if _given(data, "tourist") else None
+    if _given(data, "region") and (not isinstance(data["region"], str)
+                                   or data["region"] != region.id):
+        raise TouristError("region", f"region: {describe(data['region'])} is not this "
+                           f"tourist's region {region.id}")
+    if _given(data, "kind") and not isinstance(data["kind"], str):
+        raise TouristError("kind", f"kind: expected a string, got {describe(data['kind'])}")
+    start = _start(data["start"], region) if _given(data, "start") else region.start_xy
+    t_start = _time(data["t_start"], "t_start", region) if _given(data, "t_start") \
+        else region.t_start
+    t_end = _time(data["t_end"], "t_end", region) if _given(data, "t_end") else region.t_end
+    if t_end <= t_start:
+        raise TouristError("t_end", f"t_end: {t_end:g} is not after t_start {t_start:g}")
+    scores = (_scores(data["scores"], region) if _given(data, "scores")
+              else region.score[1:-1].astype(np.float64))
+    return TouristInput(tid, start, t_start, t_end, scores)
+
+
+def tourist_batch(region: Region, items: Sequence[TouristInput], kind: str) -> TouristBatch:
+    """Validated tourists -> :class:`TouristBatch` (ids: the given ones, else positions)."""
+    if not items:
+        raise TouristError("tourists", "tourists: no tourist given")
+    k, n = len(items), region.n_nodes
+    scores = np.zeros((k, n), dtype=np.float64)
+    for i, item in enumerate(items):
+        scores[i, 1:-1] = item.scores
+    tourists = Tourists(
+        region_id=region.id, tourist_id=np.arange(k, dtype=np.int64), kind=kind,
+        start_xy=np.array([item.start_xy for item in items], dtype=np.float64),
+        t_start=np.array([item.t_start for item in items], dtype=np.float64),
+        t_end=np.array([item.t_end for item in items], dtype=np.float64), scores=scores)
+    ids = [i if item.id is None else item.id for i, item in enumerate(items)]
+    return TouristBatch(ids, tourists)
+
+
+def read_tourists(records: Any, region: Region, *, defaults: bool = False,
+                  kind: str = "generated") -> TouristBatch:
+    """Read a list of tourist dicts with :func:`read_tourist`; errors start with
+    ``tourist <index>`` (and the id when given)."""
+    if not isinstance(records, (list, tuple)):
+        raise TouristError("tourists", f"tourists: expected a list of objects, got "
+                           f"{describe(records)}")
+    items = []
+    for i, rec in enumerate(records):
+        try:
+            items.append(read_tourist(rec, region, defaults=defaults))
+        except TouristError as exc:
+            tid = rec.get("tourist") if isinstance(rec, Mapping) else None
+            label = f" ({tid!r})" if isinstance(tid, (str, int)) and exc.field != "tourist" else ""
+            raise TouristError(exc.field, f"tourist {i}{label}: {exc.message}", i) from None
+    return tourist_batch(region, items, kind)

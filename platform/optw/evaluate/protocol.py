@@ -1,0 +1,143 @@
+"""The evaluation protocol: how a trained model is scored, and how scores compare with ILS.
+
+A model is evaluated on each region's benchmark tourist and its first ``validation_tourists``
+validation tourists with greedy decoding, beam search (and optionally active search), giving
+one row per (region, tourist, method) with the per-tourist solve time; the beam-width sweep
+times each width on the benchmark tourist. During training the gap to ILS on the validation
+tourists (:func:`gap_to_ils`) is the score-free measure that compares regions and trials.
+These functions need neither Ray nor MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from optw.decode.limits import MAX_BEAMS, MIN_BEAMS, PAPER_BEAMS
+from optw.evaluate.stats import gap
+from optw.train.config import ConfigError
+
+#: the beam widths of the paper's score-against-time figure
+BEAM_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+@dataclass
+class EvaluateSettings:
+    """What a trained model is evaluated on (a profile's ``[evaluate]`` table)."""
+
+    beams: int = PAPER_BEAMS
+    active_search: int = 0  # active-search epochs (0: off)
+    validation_tourists: int = 64
+    keep_greedy: bool = True
+    #: beam widths timed on each benchmark tourist (the paper's score/time figure)
+    beam_sweep: list[int] = field(default_factory=lambda: list(BEAM_SWEEP))
+    #: solve validation tourists one at a time, so each row's ``seconds`` is that tourist's
+    #: own solve time; false: one batch per region, each row gets the batch time / tourists
+    one_by_one: bool = False
+
+    def __post_init__(self) -> None:
+        def width(w: Any) -> bool:
+            return type(w) is int and MIN_BEAMS <= w <= MAX_BEAMS
+
+        if not isinstance(self.beam_sweep, list) or not all(map(width, self.beam_sweep)):
+            raise ConfigError(f"evaluate.beam_sweep = {self.beam_sweep!r}: a list of widths in "
+                              f"{MIN_BEAMS}..{MAX_BEAMS}")
+        if not width(self.beams):
+            raise ConfigError(f"evaluate.beams = {self.beams!r}: must be an integer in "
+                              f"{MIN_BEAMS}..{MAX_BEAMS}")
+        if not (type(self.active_search) is int and self.active_search >= 0):
+            raise ConfigError(f"evaluate.active_search = {self.active_search!r}: must be an "
+                              "integer >= 0")
+        if not (type(self.validation_tourists) is int and 0 <= self.validation_tourists <= 64):
+            raise ConfigError(f"evaluate.validation_tourists = {self.validation_tourists!r}: "
+                              "must be an integer in 0..64")
+        for name in ("keep_greedy", "one_by_one"):
+            if type(getattr(self, name)) is not bool:
+                raise ConfigError(f"evaluate.{name} = {getattr(self, name)!r}: must be true "
+                                  "or false")
+
+
+def evaluate_model(checkpoint: str, regions: list[str], method: str,
+                   settings: EvaluateSettings, catalog_dir: str,
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Greedy and beam search (and active search if asked) on each region's benchmark and
+    validation tourists: one row per (region, tourist, method), with its solve seconds (the
+    benchmark tourist is solved on its own, validation tourists one by one or as a batch, see
+    :class:`EvaluateSettings`); and the beam-width sweep on each benchmark tourist: one row per
+    (region, beams)."""
+    import torch
+
+    from optw.catalog import open_catalog
+    from optw.decode import solve
+    from optw.model import load_model
+
+    torch.set_num_threads(1)
+    model = load_model(checkpoint)
+    catalog = open_catalog(catalog_dir)
+    rows: list[dict[str, Any]] = []
+    sweep: list[dict[str, Any]] = []
+    for rid in regions:
+        region = catalog.region(rid)
+        val = catalog.validation(rid)[: settings.validation_tourists]
+        batches = [catalog.benchmark(rid)]
+        if len(val):
+            batches += [val[k] for k in range(len(val))] if settings.one_by_one else [val]
+        runs = [(f"{method}_greedy", {"method": "greedy"}),
+                (method, {"method": "beam", "beams": settings.beams,
+                          "keep_greedy": settings.keep_greedy})]
+        if settings.active_search:
+            runs.append((f"{method}_as", {"method": "active_search", "beams": settings.beams,
+                                          "epochs": settings.active_search}))
+        for name, kwargs in runs:
+            for tourists in batches:
+                for i, sol in enumerate(solve(model, region, tourists, **kwargs)):
+                    tid = int(tourists.tourist_id[i])
+                    rows.append({"region": rid, "tourist": tid,
+                                 "kind": "benchmark" if tid == 0 else "validation",
+                                 "method": name, "score": float(sol.score),
+                                 "seconds": float(sol.seconds), "route": json.dumps(sol.route)})
+        bench = catalog.benchmark(rid)
+        for width in settings.beam_sweep:
+            sol = solve(model, region, bench, "beam", beams=width,
+                        keep_greedy=settings.keep_greedy)[0]
+            sweep.append({"region": rid, "method": method, "beams": width,
+                          "score": float(sol.score), "seconds": float(sol.seconds)})
+    return rows, sweep
+
+
+def validation_score(rows: list[dict[str, Any]], region: str, method: str) -> float:
+    """Mean score of ``method`` on ``region``'s validation tourists (all its rows when the
+    evaluation had none): what the registry's champion rule compares."""
+    vals = [r["score"] for r in rows
+            if r["region"] == region and r["method"] == method and r["kind"] == "validation"]
+    if not vals:
+        vals = [r["score"] for r in rows if r["region"] == region and r["method"] == method]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def gap_to_ils(metrics: dict[str, float], ils_means: dict[str, float]) -> float | None:
+    """Mean over regions of the gap (:func:`optw.evaluate.stats.gap`) of the validation score
+    to the ILS score of the same tourists (negative: better than ILS). ``metrics`` holds
+    ``val_score/<region>`` per region, or one ``val_score``; None without ILS means."""
+    pairs = [(ils, metrics.get(f"val_score/{rid}", metrics.get("val_score")))
+             for rid, ils in ils_means.items()]
+    pairs = [(ils, score) for ils, score in pairs if score is not None and ils > 0]
+    if not pairs:
+        return None
+    ils, score = zip(*pairs, strict=True)
+    return float(np.mean(gap(ils, score)))
+
+
+def ils_validation_means(catalog_dir: str, regions: list[str], n_tourists: int,
+                         ) -> dict[str, float]:
+    """Mean stored ILS score over each region's first ``n_tourists`` validation tourists
+    (regions without stored results are left out)."""
+    from optw.baselines import load_ils_results
+
+    ils = load_ils_results(catalog_dir)
+    val = ils[(ils["kind"] == "validation") & ils["region"].isin(regions)
+              & (ils["tourist"] <= n_tourists)]
+    return {str(k): float(v) for k, v in val.groupby("region")["score"].mean().items()}

@@ -1,0 +1,98 @@
+"""Where the project's folders are: the one place that resolves default locations (and the
+small helper that writes a text file there atomically).
+
+Every default can be overridden by an environment variable (for the catalog, the benchmark
+files, the reference scores and the run outputs) or by an explicit argument of the command that
+writes; code never builds these paths itself. Layout under the project folder::
+
+    region_catalog/            the built catalog ($OPTW_CATALOG)
+    mlflow.db, mlartifacts/    the default MLflow store (see optw.tracking.uri)
+    runs/                      run outputs ($OPTW_RUNS)
+      <job>/                   a platform job: results.parquet, models/, report/
+      ray_train/               Ray Train storage of the jobs
+      ray_tune/                Ray Tune storage of the sweeps
+      train/<regions>/         `optw train` runs
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: The project folder (``platform/optw/paths.py`` -> three levels up).
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+#: ``shared/`` beside the project: benchmark files and reference scores (read-only).
+SHARED = PROJECT_ROOT.parent / "shared"
+
+
+def _env(name: str, default: Path) -> Path:
+    value = os.environ.get(name)
+    return Path(value) if value else default
+
+
+def benchmarks_dir() -> Path:
+    """The benchmark instance files: ``$OPTW_BENCHMARKS``, else ``../shared/benchmarks/optw``."""
+    return _env("OPTW_BENCHMARKS", SHARED / "benchmarks" / "optw")
+
+
+def catalog_dir() -> Path:
+    """The built region catalog: ``$OPTW_CATALOG``, else ``region_catalog/``."""
+    return _env("OPTW_CATALOG", PROJECT_ROOT / "region_catalog")
+
+
+def reference_dir() -> Path:
+    """The paper's reference scores: ``$OPTW_REFERENCE``, else ``../shared/reference``."""
+    return _env("OPTW_REFERENCE", SHARED / "reference")
+
+
+def runs_dir() -> Path:
+    """Run outputs: ``$OPTW_RUNS``, else ``runs/``."""
+    return _env("OPTW_RUNS", PROJECT_ROOT / "runs")
+
+
+def job_dir(job: str) -> Path:
+    """A platform job's outputs (results, models, report)."""
+    return runs_dir() / job
+
+
+def report_dir(job: str) -> Path:
+    """A job's HTML report."""
+    return job_dir(job) / "report"
+
+
+def train_storage() -> Path:
+    """Ray Train storage of the platform jobs (single node; see docs for clusters)."""
+    return runs_dir() / "ray_train"
+
+
+def tune_storage() -> Path:
+    """Ray Tune storage of the sweeps."""
+    return runs_dir() / "ray_tune"
+
+
+def train_run_dir(regions: list[str]) -> Path:
+    """An ``optw train`` run's checkpoints."""
+    return runs_dir() / "train" / "+".join(regions)
+
+
+def mlflow_db() -> Path:
+    """The default MLflow sqlite store."""
+    return PROJECT_ROOT / "mlflow.db"
+
+
+def mlflow_artifacts() -> Path:
+    """The default MLflow artifact root."""
+    return PROJECT_ROOT / "mlartifacts"
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``: a
+    reader never sees a half-written file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

@@ -1,0 +1,202 @@
+"""The planner's request: body decoding, its outer format and validation.
+
+A request (a JSON object, see ``docs/planner.md``)::
+
+    {"region": "t101", "start": {"x": 43, "y": 78}, "t_start": "09:00", "t_end": "18:00",
+     "preference": "balanced", "method": "beam", "beams": 16}
+
+The planner's own parts are the region, ``"HH:MM"`` times, preference profiles, the method and
+the beam width; the tourist itself (start, times, scores) is read by
+:func:`optw.catalog.read_tourist`, like ``optw solve`` files and the MLflow pyfunc. Errors are
+:class:`~optw.serve.errors.PlanError` (HTTP status, the offending field, a message naming it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from optw.catalog import (
+    Catalog,
+    Region,
+    TouristError,
+    TouristInput,
+    Tourists,
+    read_tourist,
+    tourist_batch,
+)
+from optw.catalog.tourist_json import check_fields, describe, finite_number
+from optw.serve.errors import PlanError
+from optw.serve.preferences import DEFAULT_PREFERENCE, preference_scores
+
+#: Largest accepted request body (bytes); larger bodies get HTTP 413.
+MAX_BODY_BYTES = 256 * 1024
+#: Request method name -> :func:`optw.decode.solve` method name.
+METHODS = {"greedy": "greedy", "beam": "beam", "active-search": "active_search"}
+#: Methods that use the request's ``beams``.
+BEAM_METHODS = ("beam", "active-search")
+DEFAULT_METHOD = "beam"
+FIELDS = ("region", "start", "t_start", "t_end", "scores", "preference", "method", "beams")
+#: The request's fields that describe the tourist (read by :func:`optw.catalog.read_tourist`).
+TOURIST_KEYS = ("start", "t_start", "t_end", "scores")
+_HHMM = re.compile(r"^\s*(\d{1,2}):([0-5]\d)\s*$")
+
+
+def _invalid(exc: TouristError) -> PlanError:
+    return PlanError(422, exc.field, exc.message)
+
+
+# ----------------------------------------------------------------------------- times
+
+
+def parse_time(value: Any, name: str) -> tuple[float, bool]:
+    """Minutes from a number or an ``"HH:MM"`` string -> (minutes, given as a clock time)."""
+    if isinstance(value, str):
+        m = _HHMM.match(value)
+        if not m:
+            raise PlanError(422, name, f"{name}: {value!r} is not a time; give minutes (a number)"
+                            " or \"HH:MM\"")
+        return float(int(m.group(1)) * 60 + int(m.group(2))), True
+    try:
+        return finite_number(value, name), False
+    except TouristError as exc:
+        raise _invalid(exc) from None
+
+
+def format_time(minutes: float) -> str:
+    """``"HH:MM"`` of a time in minutes (rounded to the minute; hours may exceed 23)."""
+    total = int(round(minutes))
+    sign = "-" if total < 0 else ""
+    return f"{sign}{abs(total) // 60:02d}:{abs(total) % 60:02d}"
+
+
+# ----------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """A validated request (scores per point of interest, in the caller's units)."""
+
+    region: Region
+    start_xy: tuple[float, float]
+    t_start: float
+    t_end: float
+    scores: np.ndarray
+    preference: str | None
+    method: str
+    beams: int
+    clock: bool  # times were given as "HH:MM"
+
+    def tourists(self, scores: np.ndarray | None = None) -> Tourists:
+        """The request as a one-tourist batch (``scores`` per point; default the request's)."""
+        one = TouristInput(None, self.start_xy, self.t_start, self.t_end,
+                           self.scores if scores is None else scores)
+        return tourist_batch(self.region, [one], "generated").tourists
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    """Raw request body -> JSON object (413 when too large, 400 when not a JSON object)."""
+    if len(body) > MAX_BODY_BYTES:
+        raise PlanError(413, "body", f"body: {len(body)} bytes are over the limit of "
+                        f"{MAX_BODY_BYTES} bytes")
+    if not body.strip():
+        raise PlanError(400, "body", "body: empty request body; send a JSON object")
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise PlanError(400, "body", f"body: malformed JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise PlanError(400, "body", f"body: must be a JSON object, not {type(data).__name__}")
+    return data
+
+
+def _beams(value: Any) -> int:
+    from optw.decode.limits import MAX_BEAMS, MIN_BEAMS
+
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlanError(422, "beams", f"beams: expected an integer in {MIN_BEAMS}..{MAX_BEAMS}, "
+                        f"got {describe(value)}")
+    if not MIN_BEAMS <= value <= MAX_BEAMS:
+        raise PlanError(422, "beams", f"beams: {value} is outside {MIN_BEAMS}..{MAX_BEAMS}")
+    return value
+
+
+def _check_day(name: str, v: float, region: Region) -> None:
+    lo, hi = 0.0, region.t_max
+    if not lo <= v <= hi:
+        clock = f" ({format_time(v)})" if abs(v) < 1e6 else ""
+        raise PlanError(422, name, f"{name}: {v:g}{clock} is outside the day of "
+                        f"region {region.id}, [{lo:g}, {hi:g}] minutes ({format_time(lo)}-"
+                        f"{format_time(hi)})")
+
+
+def parse_request(data: Mapping[str, Any], catalog: Catalog) -> PlanRequest:
+    """Validate a decoded request against the catalog; raises :class:`PlanError`."""
+    from optw.decode.limits import SERVE_BEAMS
+
+    try:
+        check_fields(data, FIELDS)
+    except TouristError as exc:
+        raise _invalid(exc) from None
+    rid = data.get("region")
+    if not isinstance(rid, str) or not rid:
+        raise PlanError(422, "region", f"region: expected a region id (string), got "
+                        f"{describe(rid)}")
+    if rid not in catalog:
+        raise PlanError(404, "region", f"region: unknown region {rid[:64]!r} (GET /regions or "
+                        "`optw catalog list` lists them)")
+    region = catalog.region(rid)
+
+    method = data.get("method", DEFAULT_METHOD)
+    if method not in METHODS:
+        raise PlanError(422, "method", f"method: unknown method {describe(method)}; expected "
+                        f"one of {list(METHODS)}")
+    beams = _beams(data.get("beams", SERVE_BEAMS))
+    if data.get("scores") is not None and data.get("preference") is not None:
+        raise PlanError(422, "scores", "scores: give either scores or preference, not both")
+
+    fields = {k: data[k] for k in TOURIST_KEYS if k in data}
+    clock = False
+    for key in ("t_start", "t_end"):
+        if isinstance(fields.get(key), str):
+            fields[key], clock = parse_time(fields[key], key)[0], True
+    # a given time outside the day is named before t_end <= t_start is (that would blame the
+    # other, default, time); other bad values are named by the reader
+    for name in ("t_start", "t_end"):
+        v = fields.get(name)
+        if (isinstance(v, float) and math.isfinite(v)) or (
+                isinstance(v, int) and not isinstance(v, bool) and abs(v) < 10**18):
+            _check_day(name, float(v), region)
+    try:
+        tourist = read_tourist(fields, region, defaults=True)
+    except TouristError as exc:
+        raise _invalid(exc) from None
+    for name, v in (("t_start", tourist.t_start), ("t_end", tourist.t_end)):
+        _check_day(name, v, region)
+
+    preference = None
+    if data.get("scores") is not None:
+        scores = tourist.scores
+    else:
+        preference = data.get("preference") or DEFAULT_PREFERENCE
+        if not isinstance(preference, str):
+            raise PlanError(422, "preference", f"preference: expected a profile name, got "
+                            f"{describe(preference)}")
+        scores = preference_scores(region, preference)
+    return PlanRequest(region=region, start_xy=tourist.start_xy, t_start=tourist.t_start,
+                       t_end=tourist.t_end, scores=scores, preference=preference, method=method,
+                       beams=beams, clock=clock)
+
+
+def reachable(req: PlanRequest) -> np.ndarray:
+    """[n_points] bool: points that can be visited alone, i.e. the environment's action mask
+    at the first step (:func:`optw.env.reset`; exact time units, like the validator)."""
+    from optw.env import make_instances, reset
+
+    return reset(make_instances(req.region, req.tourists())).mask[0, 1:-1].numpy()

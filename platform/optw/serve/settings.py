@@ -1,0 +1,307 @@
+"""The planner's settings, checked before Ray or any work starts.
+
+``optw serve`` and :func:`optw.serve.start_planner` go through :func:`serve_settings`; ``optw
+plan`` uses the same checks for its options. Every bad value is one ``ValueError`` (or, for a
+store that cannot be reached, a :class:`~optw.tracking.TrackingUnavailableError`) whose message
+starts with the option's name (``--port`` on the command line, ``port`` from Python) and says
+which values are valid. Nothing here imports Ray, torch or MLflow, and nothing is written.
+
+Valid values (``docs/planner.md``):
+
+- ``port`` 0..65535, 0 = any free port (picked here); the port must be free on ``host`` when a
+  local Ray is started; ``host`` a non-empty address that this machine can listen on;
+- ``num_replicas`` >= 1 and ``solve_threads`` 1..:data:`MAX_SOLVE_THREADS`, all replicas
+  fitting the local Ray's CPUs (``num_cpus`` each, a finite number >= 0);
+- ``check_interval`` finite seconds in 0..86400 (0: ask the registry on every request; a
+  lookup never holds a request longer than ``registry_timeout``);
+- ``registry_timeout`` 0.1..600 s, ``request_timeout`` 1..3600 s, ``ready_timeout`` 1..3600 s;
+- ``catalog`` a built catalog with at least one region; ``tracking_uri`` reachable
+  (:func:`optw.tracking.check_tracking_uri`); ``ray_address`` ``local``, ``auto`` or a
+  reachable ``host:port`` / ``ray://host:port``.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Requests in flight per replica (the deployment's ``max_ongoing_requests``).
+MAX_ONGOING_REQUESTS = 16
+#: More solve slots than requests in flight would never be used.
+MAX_SOLVE_THREADS = MAX_ONGOING_REQUESTS
+MAX_REPLICAS = 1024
+#: Seconds between two checks of a region's champion alias.
+DEFAULT_CHECK_INTERVAL = 2.0
+MAX_CHECK_INTERVAL = 86400.0
+#: Longest a request waits for the registry (alias lookup and model download) before it is
+#: answered with the cached model or, without one, with 503.
+DEFAULT_REGISTRY_TIMEOUT = 10.0
+#: End-to-end limit of one HTTP request (Ray Serve answers 408 after it).
+DEFAULT_REQUEST_TIMEOUT = 300.0
+DEFAULT_READY_TIMEOUT = 60.0
+#: Seconds for the reachability checks of the tracking server and a Ray address.
+CHECK_TIMEOUT = 3.0
+
+#: ``start_planner`` parameter -> ``optw serve`` option, for error messages.
+SERVE_FLAGS = {
+    "host": "--host", "port": "--port", "catalog": "--catalog", "tracking_uri": "--tracking-uri",
+    "check_interval": "--check-interval", "num_replicas": "--replicas",
+    "solve_threads": "--solve-threads", "num_cpus": "--solve-threads",
+    "ray_address": "--ray-address", "registry_timeout": "--registry-timeout",
+    "request_timeout": "--request-timeout",
+}
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Checked settings of one planner deployment (see the module docstring)."""
+
+    host: str
+    port: int
+    catalog: str
+    tracking_uri: str
+    check_interval: float = DEFAULT_CHECK_INTERVAL
+    num_replicas: int = 1
+    num_cpus: float = 0.5
+    solve_threads: int = 1
+    solve_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ray_address: str = "local"
+    ray_cpus: int | None = None
+    ready_timeout: float = DEFAULT_READY_TIMEOUT
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    registry_timeout: float = DEFAULT_REGISTRY_TIMEOUT
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def replica_settings(self) -> dict[str, Any]:
+        """What each replica receives (plain values)."""
+        return {"catalog": self.catalog, "tracking_uri": self.tracking_uri,
+                "check_interval": self.check_interval, "solve_threads": self.solve_threads,
+                "solve_options": {k: dict(v) for k, v in self.solve_options.items()},
+                "registry_timeout": self.registry_timeout}
+
+
+# ----------------------------------------------------------------------------- numbers
+
+
+def integer(value: Any, name: str, lo: int, hi: int, what: str = "an integer") -> int:
+    """``value`` (an int, or its decimal text from the command line) within ``lo..hi``."""
+    out: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        out = value
+    elif isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,30}\s*", value):
+        out = int(value)
+    if out is None or not lo <= out <= hi:
+        raise ValueError(f"{name}: expected {what} in {lo}..{hi}, got {value!r}")
+    return out
+
+
+def seconds(value: Any, name: str, lo: float, hi: float, what: str = "seconds") -> float:
+    """``value`` (a number, or its text) as a finite float within ``[lo, hi]``."""
+    out: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        out = float(value)
+    elif isinstance(value, str):
+        try:
+            out = float(value)
+        except ValueError:
+            out = None
+    if out is None or not math.isfinite(out) or not lo <= out <= hi:
+        raise ValueError(f"{name}: expected {what}, a finite number in {lo:g}..{hi:g}, "
+                         f"got {value!r}")
+    return out
+
+
+def text(value: Any, name: str, what: str) -> str:
+    """A non-empty string without whitespace or control characters."""
+    if not isinstance(value, str) or not value or len(value) > 1000 or \
+            any(c.isspace() or not c.isprintable() for c in value):
+        raise ValueError(f"{name}: expected {what}, got {value!r}")
+    return value
+
+
+# ----------------------------------------------------------------------------- resources
+
+
+def open_catalog_checked(path: str | Path | None, name: str):
+    """The built catalog at ``path`` (default ``$OPTW_CATALOG`` or ``region_catalog/``), its
+    node table read; ``ValueError`` naming the option and the folder otherwise."""
+    from optw.catalog import default_catalog_dir, open_catalog
+
+    if path is not None and not str(path).strip():
+        raise ValueError(f"{name}: expected a catalog folder, got {str(path)!r}")
+    folder = Path(path) if path is not None else default_catalog_dir()
+    try:
+        catalog = open_catalog(folder)
+        regions = catalog.list_regions()
+        if not regions:
+            raise ValueError(f"the region catalog at {folder} holds no region")
+        catalog.region(regions[0])  # reads the node table: a broken file fails here
+    except Exception as exc:  # CatalogError, OSError, Arrow errors: all say which folder
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        where = "" if str(folder) in detail else f"catalog {folder}: "
+        raise ValueError(f"{name}: {where}{detail}") from None
+    return catalog
+
+
+def tracking_store(uri: str | None, name: str, timeout: float = CHECK_TIMEOUT) -> str:
+    """The resolved tracking URI, checked to answer within ``timeout`` s
+    (:func:`optw.tracking.check_tracking_uri`); the error starts with ``name``, or with
+    ``$MLFLOW_TRACKING_URI`` when the URI came from there."""
+    from optw.tracking.uri import ENV_URI, TrackingUnavailableError, check_tracking_uri
+    from optw.tracking.uri import tracking_uri as resolve
+
+    if uri is not None:
+        text(uri, name, "a tracking URI such as http://127.0.0.1:5000 or sqlite:///PATH")
+    label = name if uri else (f"${ENV_URI}" if os.environ.get(ENV_URI) else name)
+    resolved = resolve(uri)
+    try:
+        return check_tracking_uri(resolved, timeout=timeout)
+    except TrackingUnavailableError as exc:
+        raise TrackingUnavailableError(f"{label}: {exc}") from None
+
+
+def local_cpus() -> int:
+    """CPUs a local Ray would get (cgroup-aware, as Ray counts them)."""
+    try:
+        from ray._private.utils import get_num_cpus
+
+        return int(get_num_cpus())
+    except Exception:  # a Ray without that helper: the scheduler's view of this process
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
+
+
+def check_fit(num_replicas: int, num_cpus: float, total: float, names: Mapping[str, str],
+              where: str) -> None:
+    """All replicas must fit the CPUs, else some would never start and requests wait."""
+    if num_cpus > total + 1e-9:
+        raise ValueError(f"{names['num_cpus']}: one replica needs {num_cpus:g} CPUs, {where} "
+                         f"has {total:g}")
+    need = num_replicas * num_cpus
+    if need > total + 1e-9:
+        most = int((total + 1e-9) // num_cpus)
+        raise ValueError(
+            f"{names['num_replicas']}: {num_replicas} replicas of {num_cpus:g} CPU each need "
+            f"{need:g} CPUs, {where} has {total:g}; use at most {most}")
+
+
+def _bind(host: str, port: int, names: Mapping[str, str]) -> int:
+    """Bind ``host:port`` once (0: any free port) and return the port: fails, naming the
+    option, when the host is not an address of this machine or the port is taken."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise ValueError(f"{names['host']}: cannot resolve {host!r} ({reason})") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ValueError(f"{names['port']}: port {port} is already in use on {host}; "
+                                 f"choose another one (0 picks a free port)") from None
+            if exc.errno == errno.EACCES:
+                raise ValueError(f"{names['port']}: not allowed to listen on port {port} "
+                                 f"(ports below 1024 need root); use 1024..65535") from None
+            raise ValueError(f"{names['host']}: cannot listen on {host}:{port} "
+                             f"({exc.strerror or exc})") from None
+        return int(sock.getsockname()[1])
+
+
+def _ray_address(value: Any, name: str) -> str:
+    address = text(value, name, "'local', 'auto' or the HOST:PORT of a running Ray")
+    if address in ("local", "auto"):
+        return address
+    m = re.fullmatch(r"(?:ray://)?\[?([^\[\]]+?)\]?:(\d{1,5})", address)
+    if not m or not 1 <= int(m.group(2)) <= 65535:
+        raise ValueError(f"{name}: expected 'local', 'auto', HOST:PORT or ray://HOST:PORT, got "
+                         f"{address!r}")
+    try:
+        with socket.create_connection((m.group(1), int(m.group(2))), timeout=CHECK_TIMEOUT):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{name}: no Ray answers at {address} ({exc.strerror or exc}); start "
+                         f"one (`ray start --head`) or use 'local'") from None
+    return address
+
+
+def _solve_options(value: Any, name: str) -> dict[str, dict[str, Any]]:
+    from optw.serve.request import METHODS
+
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
+        raise ValueError(f"{name}: expected {{method: {{argument: value}}}}, got {value!r}")
+    unknown = sorted(set(value) - set(METHODS))
+    if unknown:
+        raise ValueError(f"{name}: unknown method(s) {unknown}; known: {list(METHODS)}")
+    return {str(k): dict(v) for k, v in value.items()}
+
+
+def serve_settings(*, host: Any = "127.0.0.1", port: Any = 8000,
+                   catalog: str | Path | None = None, tracking_uri: str | None = None,
+                   check_interval: Any = DEFAULT_CHECK_INTERVAL, num_replicas: Any = 1,
+                   num_cpus: Any = 0.5, solve_threads: Any = 1,
+                   solve_options: Mapping[str, Mapping[str, Any]] | None = None,
+                   ray_address: Any = "local", ray_cpus: Any = None,
+                   ready_timeout: Any = DEFAULT_READY_TIMEOUT,
+                   request_timeout: Any = DEFAULT_REQUEST_TIMEOUT,
+                   registry_timeout: Any = DEFAULT_REGISTRY_TIMEOUT,
+                   names: Mapping[str, str] | None = None,
+                   ray_running: bool = False) -> ServeSettings:
+    """Check every setting of a planner deployment (cheap ones first, then the catalog, the
+    tracking store, the Ray address and the port) and return them resolved. ``names`` maps a
+    parameter to the name errors use (``optw serve`` passes :data:`SERVE_FLAGS`).
+    ``ray_running``: Ray is already initialised in this process (no CPU or port check here;
+    :func:`optw.serve.app.start_planner` checks the CPUs once connected)."""
+    n = {k: (names or {}).get(k, k) for k in (
+        "host", "port", "catalog", "tracking_uri", "check_interval", "num_replicas", "num_cpus",
+        "solve_threads", "solve_options", "ray_address", "ray_cpus", "ready_timeout",
+        "request_timeout", "registry_timeout")}
+    host = text(host, n["host"], "an address to listen on, such as 127.0.0.1 or 0.0.0.0")
+    port = integer(port, n["port"], 0, 65535, "a TCP port (0: any free port)")
+    replicas = integer(num_replicas, n["num_replicas"], 1, MAX_REPLICAS, "a number of replicas")
+    threads = integer(solve_threads, n["solve_threads"], 1, MAX_SOLVE_THREADS,
+                      "a number of solves at once per replica")
+    cpus = seconds(num_cpus, n["num_cpus"], 0.0, 1024.0, "CPUs per replica")
+    interval = seconds(check_interval, n["check_interval"], 0.0, MAX_CHECK_INTERVAL,
+                       "seconds between champion checks")
+    registry_s = seconds(registry_timeout, n["registry_timeout"], 0.1, 600.0,
+                         "seconds a request may wait for the registry")
+    request_s = seconds(request_timeout, n["request_timeout"], 1.0, 3600.0,
+                        "seconds a request may take")
+    ready_s = seconds(ready_timeout, n["ready_timeout"], 1.0, 3600.0,
+                      "seconds to wait for the planner to answer")
+    ray_cpus_n = None if ray_cpus is None else integer(ray_cpus, n["ray_cpus"], 1, 4096,
+                                                       "a number of CPUs")
+    options = _solve_options(solve_options, n["solve_options"])
+    local = text(ray_address, n["ray_address"], "'local', 'auto' or HOST:PORT") == "local"
+    if local and not ray_running:
+        total = ray_cpus_n if ray_cpus_n is not None else local_cpus()
+        check_fit(replicas, cpus, total, n, "the local Ray")
+    cat = open_catalog_checked(catalog, n["catalog"])
+    uri = tracking_store(tracking_uri, n["tracking_uri"])
+    address = _ray_address(ray_address, n["ray_address"]) if not ray_running else ray_address
+    if local and not ray_running:
+        port = _bind(host, port, n)
+    elif port == 0:
+        raise ValueError(f"{n['port']}: 0 (any free port) needs a local Ray started here; "
+                         f"give a port in 1..65535")
+    return ServeSettings(
+        host=host, port=port, catalog=str(Path(cat.path).resolve()), tracking_uri=uri,
+        check_interval=interval, num_replicas=replicas, num_cpus=cpus, solve_threads=threads,
+        solve_options=options, ray_address=address, ray_cpus=ray_cpus_n, ready_timeout=ready_s,
+        request_timeout=request_s, registry_timeout=registry_s)

@@ -1,0 +1,150 @@
+"""Bad input at every entry point of the command line ends in one line naming it.
+
+Families of bad invocations (generated per option) go through ``optw.cli.main`` in-process
+(the console script, ``jobs/train_all.py`` and ``jobs/tune.py`` all end there) and a few
+through real subprocesses. Each must exit with code 2 and one ``optw ...: error:`` line that
+names the bad option or value, within seconds, without a traceback, without starting Ray and
+without writing anything.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from optw.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def sandbox(tmp_path, monkeypatch, tiny_catalog):
+    """A working folder where every default output would land (runs/, the MLflow store)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("OPTW_RUNS", str(work / "runs"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{work / 'mlflow.db'}")
+    monkeypatch.setenv("OPTW_CATALOG", str(tiny_catalog.path))
+    (tmp_path / "a-file").write_text("not a folder")
+    bad_model = tmp_path / "bad_model.toml"
+    bad_model.write_text("[train]\nregions = ['r199']\n[train.model]\nclipp = 3\n")
+    conflict = tmp_path / "conflict.toml"
+    conflict.write_text("[train]\nregions = ['pr99']\n")
+    return {"work": work, "file": tmp_path / "a-file", "bad_model": bad_model,
+            "conflict": conflict}
+
+
+def _families(s: dict[str, Path]) -> list[tuple[list[str], str]]:
+    """(argv, a word the error must contain) for each bad invocation."""
+    f, cases = str(s["file"]), []
+    for value, word in (("", "--regions"), (" , ", "--regions"), ("zz9", "zz9")):
+        cases.append((["job", "run", "--regions", value], word))
+        cases.append((["tune", "--regions", value], word))
+    for value, word in (("", "--groups"), ("nope", "nope")):
+        cases.append((["job", "run", "--groups", value], word))
+    for opt, value, word in (
+        ("--profile", "no-such-profile", "no-such-profile"),
+        ("--profile", f, "a-file"),
+        ("--out", f, "--out"),
+        ("--storage", f, "--storage"),
+        ("--catalog", "/nonexistent/catalog", "/nonexistent/catalog"),
+        ("--tracking-uri", "http://127.0.0.1:9", "127.0.0.1:9"),
+        ("--name", "two words", "job.name"),
+    ):
+        cases.append((["job", "run", "--regions", "r199", opt, value], word))
+    for opt, value, word in (
+        ("--samples", "0", "--samples"), ("--samples", "-3", "--samples"),
+        ("--profile", "no-such-profile", "no-such-profile"), ("--name", "two words", "--name"),
+        ("--out", f, "--out"), ("--epochs", "0", "epochs"), ("--val-every", "-1", "val_every"),
+        ("--catalog", "/nonexistent/catalog", "/nonexistent/catalog"),
+    ):
+        cases.append((["tune", "--regions", "r199", opt, value], word))
+    for opt, value, word in (
+        ("--region", "zz9", "zz9"), ("--epochs", "0", "epochs"), ("--epochs", "-5", "epochs"),
+        ("--batch-size", "0", "batch_size"), ("--device", "gpu", "device"),
+        ("--threads", "0", "threads"), ("--config", "/nonexistent.toml", "/nonexistent.toml"),
+        ("--config", str(s["bad_model"]), "clipp"), ("--config", str(s["conflict"]), "differs"),
+        ("--resume", None, "--resume"), ("--init", "/nonexistent.pt", "--init"),
+        ("--out", f, "--out"),
+    ):
+        argv = ["train", "--region", "r199", opt] + ([value] if value is not None else [])
+        if opt == "--region":
+            argv = ["train", opt, value]
+        cases.append((argv, word))
+    cases += [
+        (["catalog", "show", "zz9"], "zz9"),
+        (["catalog", "list", "--group", "nope"], "nope"),
+        (["catalog", "list", "--catalog", "/nonexistent/catalog"], "/nonexistent/catalog"),
+        (["evaluate", "--results", "/nonexistent.csv"], "/nonexistent.csv"),
+        (["baseline", "ils", "--regions", "zz9"], "zz9"),
+        (["solve", "--region", "r199", "--checkpoint", "/nonexistent.pt"], "/nonexistent.pt"),
+        (["report", "--job", "x", "--tracking-uri", "http://127.0.0.1:9"], "127.0.0.1:9"),
+    ]
+    return cases
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*"))
+
+
+def test_bad_invocations_end_in_one_line_naming_the_input(sandbox, capsys):
+    """Every generated bad invocation: exit 2, one error line naming the input, no traceback,
+    no Ray, nothing written, within seconds."""
+    import ray
+
+    problems = []
+    for argv, word in _families(sandbox):
+        t0 = time.perf_counter()
+        code = main(argv)
+        took = time.perf_counter() - t0
+        out, err = capsys.readouterr()
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        ok = (code == 2 and len(lines) == 1 and lines[0].startswith("optw ")
+              and ": error: " in lines[0] and word in lines[0] and "Traceback" not in err
+              and took < 20)
+        if not ok:
+            problems.append(f"{argv}: code {code}, {took:.1f} s, stderr {err!r}")
+    assert problems == []
+    assert not ray.is_initialized()
+    assert _files(sandbox["work"]) == []
+
+
+def test_debug_shows_the_traceback(sandbox):
+    """``optw --debug`` lets the error through (for bug reports)."""
+    with pytest.raises(KeyError, match="zz9"):
+        main(["--debug", "catalog", "show", "zz9"])
+
+
+@pytest.mark.parametrize("script,args,word", [
+    ("jobs/train_all.py", ["--regions", ""], "--regions"),
+    ("jobs/train_all.py", ["--groups", ""], "--groups"),
+    ("jobs/tune.py", ["--regions", "r199", "--samples", "0"], "--samples"),
+    ("jobs/tune.py", ["--regions", "zz9"], "zz9"),
+])
+def test_job_scripts_refuse_bad_options_before_ray(sandbox, script, args, word):
+    """The Ray entry scripts, as a user runs them: one line, exit 2, no Ray started (a Ray
+    start alone takes longer than the limit here)."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(ROOT / script), *args], capture_output=True,
+                          text=True, timeout=120)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and word in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert time.perf_counter() - t0 < 60
+    assert _files(sandbox["work"]) == []
+
+
+@pytest.mark.parametrize("argv", [["catalog", "list", "--json"], ["catalog", "show", "c101"]])
+def test_broken_pipe_is_quiet(argv):
+    """Output into a pipe whose reader has gone (``optw catalog list --json | head``): no
+    BrokenPipeError, exit 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "optw.cli", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # the reader is gone before the first line is written
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0 and err == "", err
