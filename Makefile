@@ -6,7 +6,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: browser run test test-slow test-all lint catalog install clean-catalog mlflow-server
+.PHONY: browser run test test-slow test-all lint catalog install clean-catalog mlflow-server \
+	device-prep
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,3 +48,9 @@ clean-catalog:
 # point jobs at it with MLFLOW_TRACKING_URI=http://127.0.0.1:5000.
 mlflow-server: $(STAMP)
 	$(BIN)/python -m optw.tracking.server --host 127.0.0.1 --port 5000
+
+# What a GPU device run needs besides the source tree: the built catalog and the published
+# weights (../shared does not travel). See docs/gpu.md.
+device-prep: catalog
+	mkdir -p .device/pretrained
+	cp ../shared/reference/pretrained/*.pt .device/pretrained/

@@ -202,6 +202,22 @@ def test_tune_space_is_checked_before_any_trial(tiny_catalog, tmp_path):
     assert not ray.is_initialized() and not (tmp_path / "tune").exists()
 
 
+def test_region_workers_ask_for_their_gpu_share():
+    """With GPUs in the cluster each region's Ray Train worker asks for its CPUs and
+    ``[resources] gpu_fraction`` of a GPU (and for no GPU otherwise)."""
+    from optw.distributed.profile import ResourcesSection
+    from optw.distributed.ray_train import WorkerSpec, make_trainer
+    from optw.train import TrainConfig
+
+    spec = WorkerSpec(TrainConfig(regions=["r199"]), "r199", "scratch", "cat", "sqlite:///x",
+                      None)
+    res = ResourcesSection(cpus_per_region=0.5, gpu_fraction=0.25)
+    gpu = make_trainer(spec, "/tmp/x", "n", res, use_gpu=True).scaling_config
+    cpu = make_trainer(spec, "/tmp/x", "n", res, use_gpu=False).scaling_config
+    assert gpu.use_gpu and gpu.resources_per_worker == {"CPU": 0.5, "GPU": 0.25}
+    assert not cpu.use_gpu and cpu.resources_per_worker == {"CPU": 0.5}
+
+
 def test_plan_per_mode(catalog):
     """scratch: one model per region; global-ft: a global model per group then fine-tunes;
     transfer: global models without the subset of 28, fine-tuned on the left-out regions."""
@@ -249,8 +265,12 @@ def test_job_end_to_end_and_idempotent_rerun(ray_cluster, tiny_catalog, store, t
     arts = [a.path for a in client.list_artifacts(summary.parent_run_id, "tables")]
     assert any("summary" in a for a in arts)
 
+    report = summary.report.read_bytes()
     again = _run(tiny_profile("e2e"), tiny_catalog, store, tmp_path)
     assert sorted(again.skipped) == sorted(TINY) and again.trained == []
+    # nothing to do: the earlier report, results and parent run stay (issue 16)
+    assert again.parent_run_id == summary.parent_run_id and again.report == summary.report
+    assert summary.report.read_bytes() == report and again.results_path == summary.results_path
     for rid in TINY:
         assert len(client.search_model_versions(f"name = 'optw-{rid}'")) == 1
 

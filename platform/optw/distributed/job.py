@@ -201,6 +201,15 @@ def run_job(
         run_ils_baseline(catalog.path, regions=eval_regions, tourists="all", progress=progress)
 
     config_hash = profile.config_hash()
+    skipped: list[str] = []
+    if not force:
+        stages, skipped = _skip_done(stages, config_hash, uri)
+        if skipped:
+            more = "…" if len(skipped) > 8 else ""
+            _say(progress, f"{len(skipped)} region(s) already have a champion from this config "
+                 f"and catalog: skipped ({', '.join(skipped[:8])}{more})")
+    if not any(stages):
+        return _nothing_to_do(name, uri, out, selected, skipped, time.perf_counter() - t0)
     job = start_job_run(name, profile.to_dict(), tags={
         "mode": profile.job.mode, "profile": profile.profile, "config_hash": config_hash,
         "catalog_version": CATALOG_VERSION, "regions": len(selected)}, uri=uri)
@@ -209,21 +218,7 @@ def run_job(
                      use_gpu, {k: tuple(v) for k, v in (callbacks or {}).items()})
     remote = ray.remote(num_cpus=0, max_retries=0)(run_unit)
     results: dict[str, dict[str, Any]] = {}
-    skipped: list[str] = []
-    if not force:
-        stages, skipped = _skip_done(stages, config_hash, uri)
-        if skipped:
-            more = "…" if len(skipped) > 8 else ""
-            _say(progress, f"{len(skipped)} region(s) already have a champion from this config "
-                 f"and catalog: skipped ({', '.join(skipped[:8])}{more})")
     trained: list[str] = []
-    if not any(stages):  # every region is current: keep the earlier results and report
-        job.finish("FINISHED")
-        report = out / "report" / "index.html"
-        results_path = out / "results.parquet"
-        return JobSummary(name, job.run_id, uri, selected, [], skipped,
-                          results_path if results_path.exists() else None, {},
-                          time.perf_counter() - t0, {}, report if report.exists() else None)
     try:
         for units in stages:
             results.update(_run_stage(remote, units, ctx, results, capacity, progress))
@@ -250,6 +245,22 @@ def run_job(
     registered = {r["key"]: r["version"] for r in results.values() if r.get("version")}
     return JobSummary(name, job.run_id, uri, selected, trained, skipped, results_path, tables,
                       time.perf_counter() - t0, registered, report)
+
+
+def _nothing_to_do(name: str, uri: str, out: Path, selected: list[str], skipped: list[str],
+                   seconds: float) -> JobSummary:
+    """Every region is current: no new parent run, and the earlier results, report and
+    parent run stay what the summary points at."""
+    from optw.report import find_parent_run
+
+    try:
+        parent = find_parent_run(name, uri)
+    except (KeyError, LookupError):
+        parent = ""
+    report, results_path = out / "report" / "index.html", out / "results.parquet"
+    return JobSummary(name, parent, uri, selected, [], skipped,
+                      results_path if results_path.exists() else None, {}, seconds, {},
+                      report if report.exists() else None)
 
 
 def _run_stage(remote, units: list[Unit], ctx: JobContext, done: dict[str, dict[str, Any]],

@@ -1,0 +1,197 @@
+"""The CUDA path, checked and measured on a GPU machine: needs only torch, numpy and pyarrow.
+
+Runs from the source tree on a machine without Ray or MLflow (torch 2.11 or 2.13)::
+
+    PYTHONPATH=platform python benchmarks/gpu_check.py --out OUT \\
+        [--catalog region_catalog] [--pretrained ../shared/reference/pretrained]
+
+Checks (each PASS or FAIL with its figures; everything also in ``OUT/gpu_check.json``):
+
+1. ``published``: the authors' weights, beam 128 in published-outputs mode, on the device:
+   pr01 -> 308 and t101 -> 399 with the CPU's routes;
+2. ``greedy``: greedy routes on the device equal the CPU's on the 64 validation tourists of pr01
+   and t101;
+3. ``learns``: a short training run on the device raises pr01's greedy validation score.
+
+Figures, device beside CPU: training epochs/s on t101 (B = 32, from scratch), beam-128 latency on
+t101's benchmark tourist, and the device's peak memory for each. Exit code 1 when a check fails,
+2 when CUDA is missing. ``tests/test_gpu.py`` runs the same checks under pytest where CUDA
+exists. ``docs/gpu.md`` says how to run it on the lent device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+WEIGHTS = {"pr01": "pr01_uni_samp_500000.pt", "t101": "t101_corr_samp_500000.pt"}
+PUBLISHED_SCORES = {"pr01": 308, "t101": 399}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_reset(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_mb(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+
+
+def check_published(catalog, pretrained: Path, device: torch.device) -> dict[str, Any]:
+    """Beam 128, published-outputs mode: the scores and routes of the CPU on ``device``."""
+    from optw.decode import PAPER_BEAMS, solve
+    from optw.model import load_model
+
+    out: dict[str, Any] = {"ok": True}
+    for rid, score in PUBLISHED_SCORES.items():
+        region, bench = catalog.region(rid), catalog.benchmark(rid)
+        cpu = solve(load_model(pretrained / WEIGHTS[rid]), region, bench, "beam",
+                    beams=PAPER_BEAMS, keep_greedy=False)[0]
+        model = load_model(pretrained / WEIGHTS[rid], map_location=device)
+        dev = solve(model, region, bench, "beam", beams=PAPER_BEAMS, keep_greedy=False)[0]
+        ok = dev.score == score and dev.route == cpu.route
+        out[rid] = {"score": dev.score, "expected": score, "same_route_as_cpu": dev.route ==
+                    cpu.route, "ok": ok}
+        out["ok"] &= ok
+    return out
+
+
+def check_greedy(catalog, pretrained: Path, device: torch.device) -> dict[str, Any]:
+    """Greedy routes on ``device`` equal the CPU's on each region's 64 validation tourists."""
+    from optw.decode import solve
+    from optw.model import load_model
+
+    out: dict[str, Any] = {"ok": True}
+    for rid in PUBLISHED_SCORES:
+        region, val = catalog.region(rid), catalog.validation(rid)
+        cpu = solve(load_model(pretrained / WEIGHTS[rid]), region, val, "greedy")
+        dev = solve(load_model(pretrained / WEIGHTS[rid], map_location=device), region, val,
+                    "greedy")
+        same = sum(a.route == b.route for a, b in zip(cpu, dev, strict=True))
+        out[rid] = {"tourists": len(val), "same_routes": same, "ok": same == len(val)}
+        out["ok"] &= same == len(val)
+    return out
+
+
+def check_learns(catalog, device: torch.device, epochs: int = 300) -> dict[str, Any]:
+    """A short run from scratch on ``device`` raises pr01's greedy validation score by >10%."""
+    from optw.train import TrainConfig, train
+
+    cfg = TrainConfig(regions=["pr01"], epochs=epochs, batch_size=32, lr=1e-3, val_every=0,
+                      val_tourists=32, checkpoint_every=0, seed=7, device=str(device))
+    before = train(cfg.replace(epochs=1, lr=1e-12), catalog).last_validation["val_score"]
+    t0 = time.perf_counter()
+    after = train(cfg, catalog).last_validation["val_score"]
+    seconds = time.perf_counter() - t0
+    return {"before": before, "after": after, "epochs": epochs, "seconds": seconds,
+            "ok": after > before * 1.1}
+
+
+def measure_training(catalog, device: torch.device, epochs: int) -> dict[str, Any]:
+    """Epochs/s of t101 from scratch (B = 32, one tourist per step), after a short warm-up."""
+    from optw.train import TrainConfig, train
+
+    cfg = TrainConfig(regions=["t101"], epochs=epochs, batch_size=32, val_every=0,
+                      val_tourists=1, checkpoint_every=0, seed=3, device=str(device))
+    train(cfg.replace(epochs=3), catalog)  # kernels, allocator, lazy imports
+    _peak_reset(device)
+    _sync(device)
+    t0 = time.perf_counter()
+    res = train(cfg, catalog)
+    _sync(device)
+    seconds = time.perf_counter() - t0 - res.last_validation.get("val_seconds", 0.0)
+    return {"epochs_per_s": epochs / seconds, "epochs": epochs, "peak_mb": _peak_mb(device)}
+
+
+def measure_beam(catalog, pretrained: Path, device: torch.device, repeats: int) -> dict:
+    """Best wall time of beam 128 on t101's benchmark tourist with the published weights."""
+    from optw.decode import PAPER_BEAMS, solve
+    from optw.model import load_model
+
+    model = load_model(pretrained / WEIGHTS["t101"], map_location=device)
+    region, bench = catalog.region("t101"), catalog.benchmark("t101")
+    solve(model, region, bench, "beam", beams=PAPER_BEAMS, keep_greedy=False)
+    _peak_reset(device)
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        solve(model, region, bench, "beam", beams=PAPER_BEAMS, keep_greedy=False)
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return {"beam128_ms": best * 1e3, "peak_mb": _peak_mb(device)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json")
+    p.add_argument("--catalog", type=Path, default=None, help="built catalog folder")
+    p.add_argument("--pretrained", type=Path,
+                   default=ROOT.parent / "shared" / "reference" / "pretrained")
+    p.add_argument("--device", default="cuda", help="cuda or cuda:N (cpu: a dry run)")
+    p.add_argument("--epochs", type=int, default=200, help="epochs timed on each device")
+    p.add_argument("--cpu-epochs", type=int, default=10, help="epochs timed on the CPU")
+    p.add_argument("--quick", action="store_true", help="fewer epochs and repeats")
+    args = p.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("gpu_check: error: CUDA is not available on this machine", file=sys.stderr)
+        return 2
+    from optw.catalog import open_catalog
+
+    for name in WEIGHTS.values():
+        if not (args.pretrained / name).is_file():
+            print(f"gpu_check: error: --pretrained: {args.pretrained / name} not found",
+                  file=sys.stderr)
+            return 2
+    catalog = open_catalog(args.catalog)
+    device = torch.device(args.device)
+    torch.set_num_threads(2)
+    epochs = 30 if args.quick else args.epochs
+    report: dict[str, Any] = {
+        "torch": torch.__version__, "device": args.device,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+    checks = {"published": lambda: check_published(catalog, args.pretrained, device),
+              "greedy": lambda: check_greedy(catalog, args.pretrained, device),
+              "learns": lambda: check_learns(catalog, device, 100 if args.quick else 300)}
+    figures = {
+        "train_t101": lambda: {"device": measure_training(catalog, device, epochs),
+                               "cpu": measure_training(catalog, torch.device("cpu"),
+                                                       args.cpu_epochs)},
+        "beam128_t101": lambda: {"device": measure_beam(catalog, args.pretrained, device,
+                                                        3 if args.quick else 10),
+                                 "cpu": measure_beam(catalog, args.pretrained,
+                                                     torch.device("cpu"), 2)},
+    }
+    failed = []
+    for name, fn in {**checks, **figures}.items():
+        t0 = time.perf_counter()
+        try:
+            result = fn()
+        except Exception as exc:  # noqa: BLE001 - reported, the other checks still run
+            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        result["seconds_total"] = round(time.perf_counter() - t0, 2)
+        report[name] = result
+        if name in checks and not result.get("ok"):
+            failed.append(name)
+        status = ("PASS" if result.get("ok") else "FAIL") if name in checks else "FIGURE"
+        print(f"{status:6} {name}: {json.dumps(result, default=str)}", flush=True)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
+    print(f"{len(checks) - len(failed)}/{len(checks)} checks passed; {args.out / 'gpu_check.json'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

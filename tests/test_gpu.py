@@ -1,0 +1,40 @@
+"""The CUDA path (issue 10 §1): the checks of ``benchmarks/gpu_check.py`` under pytest, on a
+machine with CUDA; skipped elsewhere (CI has no GPU). They need only torch, numpy and pyarrow:
+``PYTHONPATH=platform python -m pytest -m gpu tests/test_gpu.py`` or, without pytest,
+``benchmarks/gpu_check.py`` (docs/gpu.md)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import gpu_check  # noqa: E402
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")]
+PRETRAINED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "pretrained"
+needs_weights = pytest.mark.skipif(not (PRETRAINED / gpu_check.WEIGHTS["pr01"]).exists(),
+                                   reason="published weights not found")
+CUDA = torch.device("cuda")
+
+
+@needs_weights
+def test_published_weights_on_cuda(catalog):
+    """Beam 128 (published-outputs mode) on CUDA: pr01 -> 308, t101 -> 399, the CPU's routes."""
+    assert gpu_check.check_published(catalog, PRETRAINED, CUDA)["ok"]
+
+
+@needs_weights
+def test_greedy_routes_equal_cpu_on_cuda(catalog):
+    """Greedy on CUDA gives the CPU's routes on the 64 validation tourists of pr01 and t101."""
+    assert gpu_check.check_greedy(catalog, PRETRAINED, CUDA)["ok"]
+
+
+def test_training_learns_on_cuda(catalog):
+    """A short REINFORCE run on CUDA raises pr01's greedy validation score by more than 10%."""
+    res = gpu_check.check_learns(catalog, CUDA)
+    assert res["ok"], res
