@@ -98,6 +98,13 @@ def format_summary(summary) -> str:
                 if isinstance(v, float):
                     r[k] = round(v, 2)
         lines += ["", format_table(rows, cols)]
+    t = summary.timings
+    if t:
+        parts = ", ".join(f"{k} {t.get(k, 0.0) / 60:.1f}" for k in
+                          ("startup", "training", "evaluation", "logging"))
+        lines.append(f"\ntime: {t.get('wall', summary.seconds) / 60:.1f} min wall (ILS "
+                     f"{t.get('ils', 0.0) / 60:.1f}, report {t.get('report', 0.0) / 60:.1f}); "
+                     f"model minutes, summed over workers running side by side: {parts}")
     if summary.results_path:
         lines.append(f"\nresults: {summary.results_path}")
     if summary.report:

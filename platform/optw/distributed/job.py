@@ -49,17 +49,76 @@ class JobSummary:
     seconds: float
     registered: dict[str, int] = field(default_factory=dict)
     report: Path | None = None
+    #: where the time went (seconds): ils, report and the job's wall clock; and, summed over
+    #: models (they run side by side), startup, training, evaluation, logging
+    timings: dict[str, float] = field(default_factory=dict)
 
 
-# ----------------------------------------------------------------------------- one unit
+# ----------------------------------------------------------------------------- one pack
 
 
-def run_unit(unit: Unit, ctx: JobContext, init_checkpoint: str | None) -> dict[str, Any]:
-    """Train (Ray Train, one worker), evaluate, log and register one model."""
+def run_pack(units: list[Unit], ctx: JobContext, inits: dict[str, str | None],
+             ) -> dict[str, dict[str, Any]]:
+    """Train a pack of models (one Ray Train worker trains them one after another), then
+    evaluate, log and register each; one MLflow child run per model."""
+    import hashlib
+
     import ray
 
-    from optw.distributed.ray_train import WorkerSpec, fit_region
-    from optw.evaluate.protocol import evaluate_model, validation_score
+    from optw.distributed.ray_train import WorkerSpec, fit_pack
+    from optw.evaluate.protocol import evaluate_model
+    from optw.tracking import end_run
+
+    profile, mode = ctx.profile, ctx.profile.job.mode
+    specs, configs = [], {}
+    for unit in units:
+        config = (profile.finetune_config(unit.train_regions) if unit.finetune
+                  else profile.train.replace(regions=unit.train_regions))
+        run_id = ctx.job.child(unit.stage, unit.key, config={
+            "train": config.to_dict(), "evaluate": asdict(profile.evaluate), "mode": mode,
+            "init_from": unit.init_from or "", "catalog_version": CATALOG_VERSION,
+            "pack": [u.key for u in units]}, tags={"mode": mode, "profile": profile.profile})
+        configs[unit.key] = config
+        specs.append(WorkerSpec.build(config, unit.key, unit.stage, catalog=ctx.catalog_dir,
+                                      tracking_uri=ctx.tracking_uri, run_id=run_id,
+                                      init=inits.get(unit.key),
+                                      callbacks=ctx.callbacks.get(unit.key, ())))
+    keys = "+".join(u.key for u in units)
+    tag = units[0].key if len(units) == 1 else (
+        f"{units[0].key}-pack{len(units)}-{hashlib.sha1(keys.encode()).hexdigest()[:8]}")
+    name = f"{ctx.job_name}-{ctx.config_hash}-{units[0].stage}-{tag}"
+    outs = {u.key: str(Path(ctx.models_dir) / f"{u.stage}-{u.key}.pt") for u in units}
+    try:
+        fitted = fit_pack(specs, ctx.storage, name, profile.resources, ctx.use_gpu, outs)
+    except BaseException:
+        for spec in specs:
+            end_run(spec.run_id, "FAILED", ctx.tracking_uri)
+        raise
+    share = {"startup_seconds": fitted.startup_seconds / len(units),
+             "train_seconds": fitted.train_seconds / len(units)}
+    # every member's evaluation is a Ray task of its own: they run side by side
+    evaluate = ray.remote(num_cpus=1, max_retries=1)(evaluate_model)
+    t_eval = time.perf_counter()
+    refs = {u.key: evaluate.remote(fitted.models[u.key], u.eval_regions, u.method,
+                                   profile.evaluate, ctx.catalog_dir)
+            for u in units if u.eval_regions}
+    try:
+        evals = dict(zip(refs, ray.get(list(refs.values())), strict=True))
+    except BaseException:
+        for spec in specs:
+            end_run(spec.run_id, "FAILED", ctx.tracking_uri)
+        raise
+    share["eval_seconds"] = (time.perf_counter() - t_eval) / len(units)
+    return {u.key: {**_finish_unit(u, spec.run_id, fitted.models[u.key], configs[u.key], ctx,
+                                   evals.get(u.key, ([], []))), **share}
+            for u, spec in zip(units, specs, strict=True)}
+
+
+def _finish_unit(unit: Unit, run_id: str, checkpoint: str, config: Any, ctx: JobContext,
+                 evaluation: tuple[list, list]) -> dict[str, Any]:
+    """Log one trained model's evaluation rows and beam sweep, and register the model; ends
+    its MLflow run."""
+    from optw.evaluate.protocol import validation_score
     from optw.tracking import (
         end_run,
         log_evaluation,
@@ -70,31 +129,13 @@ def run_unit(unit: Unit, ctx: JobContext, init_checkpoint: str | None) -> dict[s
     )
 
     profile = ctx.profile
-    config = (profile.finetune_config(unit.train_regions) if unit.finetune
-              else profile.train.replace(regions=unit.train_regions))
-    mode = profile.job.mode
-    run_id = ctx.job.child(unit.stage, unit.key, config={"train": config.to_dict(),
-                       "evaluate": asdict(profile.evaluate), "mode": mode,
-                       "init_from": unit.init_from or "", "catalog_version": CATALOG_VERSION},
-                       tags={"mode": mode, "profile": profile.profile})
+    rows, sweep = evaluation
     t0 = time.perf_counter()
     try:
-        name = f"{ctx.job_name}-{ctx.config_hash}-{unit.stage}-{unit.key}"
-        spec = WorkerSpec.build(config, unit.key, unit.stage, catalog=ctx.catalog_dir,
-                                tracking_uri=ctx.tracking_uri, run_id=run_id,
-                                init=init_checkpoint, callbacks=ctx.callbacks.get(unit.key, ()))
-        out = str(Path(ctx.models_dir) / f"{unit.stage}-{unit.key}.pt")
-        checkpoint = fit_region(spec, ctx.storage, name, profile.resources, ctx.use_gpu, out)
-        train_seconds = time.perf_counter() - t0
         log_file(run_id, checkpoint, "checkpoints", uri=ctx.tracking_uri)
-        rows: list[dict[str, Any]] = []
-        sweep: list[dict[str, Any]] = []
-        if unit.eval_regions:
+        if rows:
             import pandas as pd
 
-            evaluate = ray.remote(num_cpus=1, max_retries=1)(evaluate_model)
-            rows, sweep = ray.get(evaluate.remote(checkpoint, unit.eval_regions, unit.method,
-                                                  profile.evaluate, ctx.catalog_dir))
             log_evaluation(run_id, pd.DataFrame(rows), f"evaluation_{unit.key}",
                            uri=ctx.tracking_uri)
             if sweep:
@@ -103,7 +144,7 @@ def run_unit(unit: Unit, ctx: JobContext, init_checkpoint: str | None) -> dict[s
         val_score = validation_score(rows, unit.key, unit.method)
         if unit.register:
             version = register_version(unit.key, checkpoint, run_id, tags={
-                "mode": mode, "profile": profile.profile, "epochs": config.epochs,
+                "mode": profile.job.mode, "profile": profile.profile, "epochs": config.epochs,
                 "val_score": val_score, "config_hash": ctx.config_hash,
                 "catalog_version": CATALOG_VERSION, "job": ctx.job_name,
             }, uri=ctx.tracking_uri)
@@ -113,9 +154,8 @@ def run_unit(unit: Unit, ctx: JobContext, init_checkpoint: str | None) -> dict[s
         end_run(run_id, "FAILED", ctx.tracking_uri)
         raise
     return {"key": unit.key, "stage": unit.stage, "checkpoint": checkpoint, "rows": rows,
-            "sweep": sweep,
-            "version": version, "val_score": val_score, "run_id": run_id,
-            "seconds": time.perf_counter() - t0, "train_seconds": train_seconds}
+            "sweep": sweep, "version": version, "val_score": val_score, "run_id": run_id,
+            "log_seconds": time.perf_counter() - t0}
 
 
 # ----------------------------------------------------------------------------- the job
@@ -198,7 +238,11 @@ def run_job(
     # -- ILS baseline for the tourists evaluated (incremental: stored results are reused)
     eval_regions = sorted({r for s in stages for u in s for r in u.eval_regions})
     if eval_regions:
+        t_ils = time.perf_counter()
         run_ils_baseline(catalog.path, regions=eval_regions, tourists="all", progress=progress)
+        timings = {"ils": time.perf_counter() - t_ils}
+    else:
+        timings = {"ils": 0.0}
 
     config_hash = profile.config_hash()
     skipped: list[str] = []
@@ -216,7 +260,7 @@ def run_job(
     ctx = JobContext(job, name, uri, str(catalog.path), str(storage),
                      str(out / "models"), profile, config_hash,
                      use_gpu, {k: tuple(v) for k, v in (callbacks or {}).items()})
-    remote = ray.remote(num_cpus=0, max_retries=0)(run_unit)
+    remote = ray.remote(num_cpus=0, max_retries=0)(run_pack)
     results: dict[str, dict[str, Any]] = {}
     trained: list[str] = []
     try:
@@ -241,10 +285,16 @@ def run_job(
         job.finish("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
     # after finish(), so the report shows the run's final status and end time
+    t_report = time.perf_counter()
     report = _report(job.run_id, out / "report", uri, progress)
+    timings["report"] = time.perf_counter() - t_report
+    for part, key in (("startup", "startup_seconds"), ("training", "train_seconds"),
+                      ("evaluation", "eval_seconds"), ("logging", "log_seconds")):
+        timings[part] = sum(r.get(key, 0.0) for r in results.values())
+    timings["wall"] = time.perf_counter() - t0
     registered = {r["key"]: r["version"] for r in results.values() if r.get("version")}
     return JobSummary(name, job.run_id, uri, selected, trained, skipped, results_path, tables,
-                      time.perf_counter() - t0, registered, report)
+                      time.perf_counter() - t0, registered, report, timings)
 
 
 def _nothing_to_do(name: str, uri: str, out: Path, selected: list[str], skipped: list[str],
@@ -263,10 +313,15 @@ def _nothing_to_do(name: str, uri: str, out: Path, selected: list[str], skipped:
                       report if report.exists() else None)
 
 
+def packs(units: list[Unit], size: int) -> list[list[Unit]]:
+    """A stage's units in packs of at most ``size`` (in order; one Ray Train worker each)."""
+    return [units[i:i + size] for i in range(0, len(units), size)]
+
+
 def _run_stage(remote, units: list[Unit], ctx: JobContext, done: dict[str, dict[str, Any]],
                capacity: int, progress: bool) -> dict[str, dict[str, Any]]:
-    """Run units with at most ``capacity`` in flight; a failed unit fails the job at the end
-    of the stage (the others finish and are kept)."""
+    """Run the stage's packs with at most ``capacity`` in flight; a failed pack fails the job
+    at the end of the stage (the others finish and are kept)."""
     import ray
 
     bar = None
@@ -274,29 +329,30 @@ def _run_stage(remote, units: list[Unit], ctx: JobContext, done: dict[str, dict[
         from tqdm import tqdm
 
         bar = tqdm(total=len(units), desc=f"stage {units[0].stage}", unit="model")
-    pending = list(units)
-    in_flight: dict[Any, Unit] = {}
+    pending = packs(units, ctx.profile.resources.regions_per_worker)
+    in_flight: dict[Any, list[Unit]] = {}
     results: dict[str, dict[str, Any]] = {}
     errors: list[str] = []
     while pending or in_flight:
         while pending and len(in_flight) < capacity:
-            u = pending.pop(0)
-            init = done[u.init_from]["checkpoint"] if u.init_from else None
-            in_flight[remote.remote(u, ctx, init)] = u
+            pack = pending.pop(0)
+            inits = {u.key: done[u.init_from]["checkpoint"] if u.init_from else None
+                     for u in pack}
+            in_flight[remote.remote(pack, ctx, inits)] = pack
         ready, _ = ray.wait(list(in_flight), num_returns=1)
         for ref in ready:
-            u = in_flight.pop(ref)
+            pack = in_flight.pop(ref)
             try:
-                results[u.key] = ray.get(ref)
-            except Exception as exc:  # noqa: BLE001 - reported with the unit's name
-                errors.append(f"{u.stage} {u.key}: {exc}")
+                results.update(ray.get(ref))
+            except Exception as exc:  # noqa: BLE001 - reported with the pack's names
+                errors.append(f"{pack[0].stage} {'+'.join(u.key for u in pack)}: {exc}")
             if bar is not None:
-                bar.update(1)
-                bar.set_postfix_str(u.key)
+                bar.update(len(pack))
+                bar.set_postfix_str(pack[-1].key)
     if bar is not None:
         bar.close()
     if errors:
-        raise RuntimeError(f"{len(errors)} model(s) failed:\n  " + "\n  ".join(errors))
+        raise RuntimeError(f"{len(errors)} pack(s) failed:\n  " + "\n  ".join(errors))
     return results
 
 

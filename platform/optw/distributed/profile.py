@@ -47,9 +47,13 @@ class JobSection:
 
 @dataclass
 class ResourcesSection:
-    cpus_per_region: float = 1.0
+    cpus_per_region: float = 1.0  # per Ray Train worker (one pack of regions)
     gpu_fraction: float = 0.25
     max_failures: int = 2
+    #: regions one Ray Train worker trains one after another (a pack): 1 for long budgets on
+    #: a cluster (each region its own actor, restarted alone); more for short budgets, where
+    #: starting a worker costs more than training a region
+    regions_per_worker: int = 1
 
     def __post_init__(self) -> None:
         def number(v: Any) -> bool:
@@ -61,6 +65,9 @@ class ResourcesSection:
         if not (number(self.gpu_fraction) and 0 < self.gpu_fraction <= 1):
             raise ConfigError(f"resources.gpu_fraction = {self.gpu_fraction!r}: must be in "
                               "(0, 1]")
+        if not (type(self.regions_per_worker) is int and self.regions_per_worker >= 1):
+            raise ConfigError(f"resources.regions_per_worker = {self.regions_per_worker!r}: "
+                              "must be an integer >= 1")
         if not (type(self.max_failures) is int and self.max_failures >= -1):
             raise ConfigError(f"resources.max_failures = {self.max_failures!r}: must be an "
                               "integer >= -1 (-1: retry forever)")

@@ -1,4 +1,5 @@
-"""One region (or one global model) = one Ray Train run: a TorchTrainer with one worker.
+"""One pack of models (one region or one global model, or several trained one after another)
+= one Ray Train run: a TorchTrainer with one worker.
 
 The worker gets a typed :class:`WorkerSpec` and runs :func:`optw.train.train` with two extra
 callbacks: :class:`RayReport` (metrics and checkpoints to Ray Train, so a restarted worker
@@ -10,6 +11,7 @@ plus the spec's own. Ray metrics for the dashboard are exported through ``ray.ut
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import tempfile
@@ -25,6 +27,7 @@ from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import TrainConfig
 
 CHECKPOINT_FILE = "last.pt"
+PACK_FILE = "pack.json"
 #: epochs between metric reports to Ray Train / MLflow log points in a worker
 REPORT_EVERY, LOG_EVERY = 50, 10
 #: A worker that imports torch on a busy 2-core machine can take more than Ray Train's default
@@ -52,10 +55,19 @@ class RayReport(Callback):
     adds ``val_gap_ils`` and is reported at once (Tune's schedulers compare trials on it)."""
 
     def __init__(self, every: int, checkpoint_every: int, tags: dict[str, str],
-                 ils_means: dict[str, float] | None = None):
+                 ils_means: Mapping[str, float] | None = None,
+                 pack: PackCheckpoint | None = None, extra: dict[str, float] | None = None):
         self.every, self.checkpoint_every, self.tags = max(1, every), checkpoint_every, tags
-        self.ils_means = ils_means or {}
+        self.ils_means = dict(ils_means or {})
+        self._pack = pack  # the worker's pack; a one-model pack is made when first needed
+        self.extra = extra or {}  # added to every report (the pack member, the start time)
         self._gauges: dict[str, Any] | None = None
+
+    @property
+    def pack(self) -> PackCheckpoint:
+        if self._pack is None:
+            self._pack = PackCheckpoint(Path(tempfile.mkdtemp(prefix="optw-pack-")))
+        return self._pack
 
     def _gauge(self, name: str, value: float) -> None:
         try:
@@ -70,16 +82,19 @@ class RayReport(Callback):
         except Exception:  # metrics are best effort: never break training for them
             pass
 
-    def _report(self, ctx: TrainContext, metrics: dict[str, float], checkpoint: bool) -> None:
+    def _report(self, ctx: TrainContext, metrics: dict[str, float], checkpoint: bool,
+                final: bool = False) -> None:
         import ray.train
 
         metrics = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-        metrics["epoch"] = ctx.epoch
+        metrics.update(self.extra, epoch=ctx.epoch)
         if not checkpoint:
             ray.train.report(metrics)
             return
+        if final:  # this member is done: its final snapshot joins the pack's finished models
+            self.pack.finish(self.tags["region"], ctx.snapshot())
         with tempfile.TemporaryDirectory(prefix="optw-ckpt-") as tmp:
-            write_checkpoint(ctx.snapshot(), Path(tmp) / CHECKPOINT_FILE)
+            self.pack.write(Path(tmp), None if final else ctx.snapshot(), self.tags["region"])
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
     def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
@@ -100,7 +115,46 @@ class RayReport(Callback):
                 self._report(ctx, metrics, checkpoint=False)
 
     def on_train_end(self, ctx: TrainContext) -> None:
-        self._report(ctx, {**ctx.last_validation, "final": 1.0}, checkpoint=True)
+        self._report(ctx, {**ctx.last_validation, "final": 1.0}, checkpoint=True, final=True)
+
+
+class PackCheckpoint:
+    """The files of a pack's Ray Train checkpoint: the final model of every finished member
+    (``<key>.pt``), the running member's training snapshot (``last.pt``) and ``pack.json``
+    (which members are done, which one runs). A restarted worker skips the finished members
+    and resumes the running one exactly; a one-region pack is the plain case."""
+
+    def __init__(self, staging: Path):
+        self.staging = Path(staging)  # finished members' files, in the worker
+        self.staging.mkdir(parents=True, exist_ok=True)
+        self.done: list[str] = []
+
+    def restore(self, folder: Path) -> tuple[str | None, dict | None]:
+        """Read a checkpoint folder: the finished members' files are kept; returns the running
+        member's key and training snapshot (None, None when there is none)."""
+        from optw.model import read_checkpoint
+
+        state = json.loads((folder / PACK_FILE).read_text())
+        for key in state["done"]:
+            shutil.copyfile(folder / f"{key}.pt", self.staging / f"{key}.pt")
+        self.done = list(state["done"])
+        current = state.get("current")
+        if current is None or not (folder / CHECKPOINT_FILE).exists():
+            return None, None
+        return current, read_checkpoint(folder / CHECKPOINT_FILE)
+
+    def finish(self, key: str, snapshot: dict) -> None:
+        write_checkpoint(snapshot, self.staging / f"{key}.pt")
+        if key not in self.done:
+            self.done.append(key)
+
+    def write(self, folder: Path, snapshot: dict | None, current: str | None) -> None:
+        for key in self.done:
+            shutil.copyfile(self.staging / f"{key}.pt", folder / f"{key}.pt")
+        if snapshot is not None:
+            write_checkpoint(snapshot, folder / CHECKPOINT_FILE)
+        running = current if snapshot is not None else None
+        (folder / PACK_FILE).write_text(json.dumps({"done": self.done, "current": running}))
 
 
 @dataclass(frozen=True)
@@ -135,48 +189,61 @@ class WorkerSpec:
         return dataclasses.replace(self, **changes)
 
 
-def train_worker(loop_config: dict[str, WorkerSpec]) -> None:
-    """The Ray Train worker function (runs in the TorchTrainer's single worker process)."""
+def train_worker(loop_config: dict[str, tuple[WorkerSpec, ...]]) -> None:
+    """The Ray Train worker function: trains the pack's regions one after another in this one
+    process (one TorchTrainer worker), each with its own config, RNG streams, checkpoints and
+    MLflow run; a restarted worker skips finished members and resumes the running one."""
+    import time
+
     import ray.train
     import torch
 
     from optw.catalog import open_catalog
-    from optw.model import read_checkpoint
     from optw.tracking import MlflowCallback
     from optw.train import train
 
-    spec = loop_config["spec"]
-    config = spec.config
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    resume = None
+    started = time.time()
+    specs = loop_config["specs"]
+    pack = PackCheckpoint(Path(tempfile.mkdtemp(prefix="optw-pack-")))
+    running, resume = None, None
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:  # a restarted worker, or a re-run of a crashed job
         with checkpoint.as_directory() as folder:
-            resume = read_checkpoint(Path(folder) / CHECKPOINT_FILE)
-    callbacks: list[Callback] = [
-        RayReport(every=spec.report_every, checkpoint_every=config.checkpoint_every,
-                  tags={"region": spec.key, "stage": spec.stage}, ils_means=spec.ils_means),
-        MlflowCallback(spec.run_id, uri=spec.tracking_uri, log_every=spec.log_every,
-                       log_checkpoint=False),
-        *spec.callbacks,
-    ]
-    train(config, open_catalog(spec.catalog), callbacks, init=spec.init, resume=resume)
+            running, resume = pack.restore(Path(folder))
+    for member, spec in enumerate(specs):
+        if spec.key in pack.done:
+            continue
+        config = spec.config
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        callbacks: list[Callback] = [
+            RayReport(every=spec.report_every, checkpoint_every=config.checkpoint_every,
+                      tags={"region": spec.key, "stage": spec.stage}, ils_means=spec.ils_means,
+                      pack=pack, extra={"member": member, "worker_started_at": started}),
+            MlflowCallback(spec.run_id, uri=spec.tracking_uri, log_every=spec.log_every,
+                           log_checkpoint=False),
+            *spec.callbacks,
+        ]
+        train(config, open_catalog(spec.catalog), callbacks, init=spec.init,
+              resume=resume if running == spec.key else None)
 
 
-def make_trainer(spec: WorkerSpec, storage: str, name: str, resources: ResourcesSection,
-                 use_gpu: bool, max_failures: int | None = None, callbacks: list | None = None):
-    """A TorchTrainer with one worker running :func:`train_worker` on ``spec``."""
+def make_trainer(specs: WorkerSpec | Sequence[WorkerSpec], storage: str, name: str,
+                 resources: ResourcesSection, use_gpu: bool, max_failures: int | None = None,
+                 callbacks: list | None = None):
+    """A TorchTrainer with one worker running :func:`train_worker` on a pack of specs (or
+    one spec)."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    specs = (specs,) if isinstance(specs, WorkerSpec) else tuple(specs)
     per_worker = {"CPU": resources.cpus_per_region}
     if use_gpu:
         per_worker["GPU"] = resources.gpu_fraction
     failures = resources.max_failures if max_failures is None else max_failures
     return TorchTrainer(
         train_worker,
-        train_loop_config={"spec": spec},
+        train_loop_config={"specs": specs},
         scaling_config=ScalingConfig(num_workers=1, use_gpu=use_gpu,
                                      resources_per_worker=per_worker),
         run_config=RunConfig(name=name, storage_path=storage, callbacks=callbacks,
@@ -185,20 +252,40 @@ def make_trainer(spec: WorkerSpec, storage: str, name: str, resources: Resources
     )
 
 
-def fit_region(spec: WorkerSpec, storage: str, name: str, resources: ResourcesSection,
-               use_gpu: bool, out: str) -> str:
-    """Run one TorchTrainer to completion and copy its final checkpoint to ``out``.
+@dataclass
+class PackResult:
+    """What :func:`fit_pack` leaves: each member's model file, and where the time went."""
+
+    models: dict[str, str]
+    startup_seconds: float  # from fit() to the (last) worker's start
+    train_seconds: float  # from the worker's start to the end of fit()
+
+
+def fit_pack(specs: Sequence[WorkerSpec], storage: str, name: str, resources: ResourcesSection,
+             use_gpu: bool, outs: Mapping[str, str]) -> PackResult:
+    """Run one TorchTrainer over a pack to completion and copy each member's final model to
+    ``outs[key]`` (atomically).
 
     Re-running with the same ``name`` and ``storage`` resumes from the last checkpoint that
     run reported (Ray Train restores by run name), so a crashed job continues.
     """
-    result = make_trainer(spec, storage, name, resources, use_gpu).fit()
+    import time
+
+    t0 = time.time()
+    result = make_trainer(specs, storage, name, resources, use_gpu).fit()
+    t1 = time.time()
     if result.checkpoint is None:
         raise RuntimeError(f"{name}: training finished without a checkpoint")
-    out_path = Path(out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     with result.checkpoint.as_directory() as folder:
-        tmp = out_path.with_name(f".{out_path.name}.tmp")
-        shutil.copyfile(Path(folder) / CHECKPOINT_FILE, tmp)
-        os.replace(tmp, out_path)
-    return str(out_path)
+        for spec in specs:
+            src = Path(folder) / f"{spec.key}.pt"
+            if not src.exists():
+                raise RuntimeError(f"{name}: no final model of {spec.key} in the checkpoint")
+            out_path = Path(outs[spec.key])
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out_path.with_name(f".{out_path.name}.tmp")
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, out_path)
+    started = float((result.metrics or {}).get("worker_started_at", t0))
+    started = min(max(started, t0), t1)
+    return PackResult({s.key: str(outs[s.key]) for s in specs}, started - t0, t1 - started)
