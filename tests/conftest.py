@@ -107,11 +107,12 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
 
 
 def copy_catalog(cat: Catalog, dst: Path) -> Path:
-    """A private copy of a built catalog (Parquet files and manifest) at ``dst``."""
+    """A private copy of a built catalog (Parquet files, the paper sets if it has them, and
+    the manifest) at ``dst``."""
     import shutil
 
     dst.mkdir(parents=True)
-    for name in (*FILES, "manifest.json"):
+    for name in (*cat.manifest.get("files", FILES), "manifest.json"):
         shutil.copy(cat.path / name, dst / name)
     return dst
 

@@ -278,7 +278,7 @@ def test_cli_rejects_each_generated_bad_tourist_file(tmp_path, capsys, tiny_cata
         assert _solve_file(tiny_catalog, tiny_checkpoint, path) == 2
         assert_names_field(capsys.readouterr().err, field)
     assert _solve_file(tiny_catalog, tiny_checkpoint, tmp_path / "all") == 2
-    assert "benchmark, validation or a tourist JSON file" in capsys.readouterr().err
+    assert "benchmark, validation, paper or a tourist JSON file" in capsys.readouterr().err
 
 
 def test_cli_bad_tourist_file_is_one_line_without_traceback(tmp_path, tiny_catalog,

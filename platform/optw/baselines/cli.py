@@ -20,13 +20,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     ils = bsub.add_parser(
         "ils", help="Iterated Local Search (Vansteenwegen et al., 2009)",
         description="Solve the catalog's tourists with ILS and store the results in "
-        "<catalog>/baselines/ils.parquet; pairs already stored are not recomputed.",
+        "<catalog>/baselines/ils.parquet (the paper's sets in ils_paper.parquet); pairs "
+        "already stored are not recomputed.",
     )
     ils.add_argument("--regions", nargs="+", action="extend", default=None, metavar="ID",
                      help="region ids (default: all)")
     ils.add_argument("--groups", nargs="+", action="extend", default=None, metavar="GROUP",
                      help="solomon, cordeau and/or gavalas (default: all)")
-    ils.add_argument("--tourists", choices=("benchmark", "validation", "all"), default="all")
+    ils.add_argument("--tourists", choices=("benchmark", "validation", "paper", "all"),
+                     default="all", help="which tourists (paper: the paper's own sets, in a "
+                     "catalog built with --paper-sets; all: every kind the catalog holds)")
     ils.add_argument("--json", action="store_true",
                      help="print one JSON object per tourist (stored ones too)")
     ils.add_argument("--catalog", type=Path, default=None,
@@ -71,13 +74,18 @@ def _ils(args) -> int:
         return 0
     from optw.catalog.store import open_catalog
 
-    groups = open_catalog(args.catalog).regions_table["group"]
-    df = df.assign(group=df["region"].map(groups), ms=df["seconds"] * 1000)
+    cat = open_catalog(args.catalog)
+    df = df.assign(group=df["region"].map(cat.regions_table["group"]), ms=df["seconds"] * 1000)
     summary = df.groupby(["group", "kind"]).agg(
         regions=("region", "nunique"), tourists=("tourist", "size"),
         mean_score=("score", "mean"), median_ms=("ms", "median"),
     )
     print(summary.round(2).to_string())
+    paper = sorted(set(df.loc[df["kind"] == "paper", "region"]))
+    approx = [r for r in paper if not cat.paper_exact(r)]
+    if approx:
+        print(f"\nnot exact: the paper sets of {len(approx)} region(s) are the CPU "
+              f"approximation ({' '.join(approx[:6])}{' …' if len(approx) > 6 else ''})")
     print(f"\n{run.computed} computed, {run.cached} already stored; {run.seconds:.1f} s; "
-          f"store {run.path}")
+          f"store {', '.join(map(str, run.paths))}")
     return 0

@@ -251,16 +251,16 @@ class IlsProblem:
         """Tourist ``index`` of ``tourists`` (default: the benchmark tourist); ``dist`` may
         pass that tourist's precomputed travel times ``[n, n]`` in minutes."""
         if tourists is None:
-            start_xy = np.array([region.start_xy], dtype=np.float64)
+            start_xy, f32 = np.array([region.start_xy], dtype=np.float64), False
             t_start, t_end, score = region.t_start, region.t_end, region.score
         else:
             if not 0 <= index < len(tourists):
                 raise IndexError(f"tourist index {index} out of range (batch of {len(tourists)})")
-            start_xy = tourists.start_xy[index : index + 1]
+            start_xy, f32 = tourists.start_xy[index : index + 1], tourists.start_rows_f32
             t_start, t_end = float(tourists.t_start[index]), float(tourists.t_end[index])
             score = tourists.scores[index]
         if dist is None:
-            dist = region.distances(start_xy)[0]
+            dist = region.distances(start_xy, f32)[0]
         opening, closing = to_time_units(region.opening), to_time_units(region.closing)
         opening[0] = opening[-1] = to_time_units(t_start)
         closing[0] = closing[-1] = to_time_units(t_end)

@@ -1,9 +1,12 @@
-"""Stored ILS results: one Parquet file beside the catalog, filled incrementally and in parallel.
+"""Stored ILS results: Parquet files beside the catalog, filled incrementally and in parallel.
 
-Layout: ``<catalog>/baselines/ils.parquet`` (git-ignored), one row per (region, tourist):
-``region, tourist, kind, score, route (list<int32>), seconds, iterations, ils_version``. The file
-metadata records the hash of the catalog's ``tourists.parquet``; rows from another ILS version or
-another catalog build are stale and are recomputed.
+Layout (git-ignored), one row per (region, tourist): ``region, tourist, kind, score, route
+(list<int32>), seconds, iterations, ils_version``, in two stores that never mix:
+``<catalog>/baselines/ils.parquet`` for our tourists (benchmark id 0, validation 1..64) and
+``<catalog>/baselines/ils_paper.parquet`` for the paper's sets (ids 1000..1063). Each file's
+metadata records the hash of the catalog file its tourists come from (``tourists.parquet``,
+``paper_tourists.parquet``); rows from another ILS version or another build of those tourists
+are stale and are recomputed.
 
 Every write merges with the file as it is on disk, writes a temporary file beside it and
 ``os.replace``-s it in, so a reader never sees a partial store. Work runs as one Ray task per
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +27,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from optw.baselines.ils import ILS_VERSION, MAX_ITER_NO_IMPROVE
+from optw.catalog.store import write_parquet_atomic
 
 ILS_FILE = "ils.parquet"
-TOURIST_KINDS = ("benchmark", "validation")
+PAPER_ILS_FILE = "ils_paper.parquet"
+#: Tourist kinds the ILS can be run on (``all`` = every one the catalog holds).
+TOURIST_KINDS = ("benchmark", "validation", "paper")
+#: kind -> its store; store -> the catalog file its tourists come from
+_STORE_OF = {"benchmark": ILS_FILE, "validation": ILS_FILE, "paper": PAPER_ILS_FILE}
+_SOURCE_OF = {ILS_FILE: "tourists.parquet", PAPER_ILS_FILE: "paper_tourists.parquet"}
 COLUMNS = ("region", "tourist", "kind", "score", "route", "seconds", "iterations", "ils_version")
 _META_KEY = b"optw.catalog_tourists_sha256"
 SCHEMA = pa.schema([
@@ -37,18 +45,24 @@ SCHEMA = pa.schema([
 ])
 
 
-def ils_store_path(catalog_dir: Path | str | None = None) -> Path:
-    """``<catalog>/baselines/ils.parquet`` (default catalog: ``$OPTW_CATALOG`` or
-    ``region_catalog/``)."""
+def ils_store_path(catalog_dir: Path | str | None = None, kind: str = "validation") -> Path:
+    """The store of ``kind``'s results: ``<catalog>/baselines/ils.parquet`` (benchmark and
+    validation) or ``ils_paper.parquet`` (paper); default catalog: ``$OPTW_CATALOG`` or
+    ``region_catalog/``."""
+    return _store_path(catalog_dir, _STORE_OF[kind])
+
+
+def _store_path(catalog_dir: Path | str | None, store: str) -> Path:
     from optw.catalog.store import default_catalog_dir
 
-    return Path(catalog_dir or default_catalog_dir()) / "baselines" / ILS_FILE
+    return Path(catalog_dir or default_catalog_dir()) / "baselines" / store
 
 
-def _catalog_hash(catalog_dir: Path | str | None) -> str:
+def _catalog_hash(catalog_dir: Path | str | None, store: str = ILS_FILE) -> str | None:
+    """Hash of the catalog file the store's tourists come from (None: the catalog has none)."""
     from optw.catalog.store import open_catalog
 
-    return str(open_catalog(catalog_dir).manifest["files"]["tourists.parquet"])
+    return open_catalog(catalog_dir).manifest["files"].get(_SOURCE_OF[store])
 
 
 def _empty() -> pd.DataFrame:
@@ -69,23 +83,43 @@ def load_ils_results(
 ) -> pd.DataFrame:
     """Stored ILS results as a DataFrame (columns :data:`COLUMNS`; empty if none stored).
 
-    With ``current_only`` (default) rows computed by another ILS version or for another build
-    of the catalog's tourists are left out.
+    Both stores are read (our tourists and the paper's sets; their tourist ids never
+    overlap). With ``current_only`` (default) rows computed by another ILS version or for
+    another build of the catalog's tourists are left out.
     """
-    df, sha = _read(ils_store_path(catalog_dir))
-    if current_only and len(df):
-        if sha != _catalog_hash(catalog_dir):
-            return _empty()
-        df = df[df["ils_version"] == ILS_VERSION]
+    parts = []
+    for store in _SOURCE_OF:
+        df, sha = _read(_store_path(catalog_dir, store))
+        if current_only and len(df):
+            if sha is None or sha != _catalog_hash(catalog_dir, store):
+                continue
+            df = df[df["ils_version"] == ILS_VERSION]
+        if len(df):
+            parts.append(df)
+    if not parts:
+        return _empty()
+    df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
     return df.sort_values(["region", "tourist"]).reset_index(drop=True)
 
 
 def write_ils_results(
     catalog_dir: Path | str | None, rows: pd.DataFrame, replace_stale: bool = True
 ) -> Path:
-    """Merge ``rows`` into the store (new rows win per (region, tourist)); atomic replace."""
+    """Merge ``rows`` into their stores by kind (new rows win per (region, tourist)); atomic
+    replace. Returns the path of the last store written."""
     path = ils_store_path(catalog_dir)
-    sha = _catalog_hash(catalog_dir)
+    for store, part in rows.groupby(rows["kind"].map(_STORE_OF), sort=False):
+        path = _write_store(catalog_dir, part, str(store), replace_stale)
+    return path
+
+
+def _write_store(catalog_dir: Path | str | None, rows: pd.DataFrame, store: str,
+                 replace_stale: bool) -> Path:
+    path = _store_path(catalog_dir, store)
+    sha = _catalog_hash(catalog_dir, store)
+    if sha is None:
+        raise ValueError(f"the catalog at {catalog_dir} has no {_SOURCE_OF[store]} to store "
+                         "ILS results for")
     old, old_sha = _read(path)
     if replace_stale and old_sha != sha:
         old = _empty()
@@ -95,15 +129,7 @@ def write_ils_results(
     df["route"] = [np.asarray(r, dtype=np.int32) for r in df["route"]]
     table = pa.Table.from_pandas(df[list(COLUMNS)], schema=SCHEMA, preserve_index=False)
     table = table.replace_schema_metadata({_META_KEY: sha.encode()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return write_parquet_atomic(table, path)
 
 
 # ----------------------------------------------------------------------------- work
@@ -152,6 +178,8 @@ class IlsRun:
     seconds: float
     path: Path
     new_keys: set = field(default_factory=set)
+    #: every store the selection's results live in (``path`` is the first)
+    paths: list[Path] = field(default_factory=list)
 
 
 def _selection(cat, regions, groups, kinds) -> list[tuple[str, str, list[int]]]:
@@ -178,19 +206,25 @@ def run_ils_baseline(
 ) -> IlsRun:
     """Compute the ILS results missing from the store for the selection, in parallel.
 
-    ``tourists`` is ``benchmark``, ``validation`` or ``all``; ``force`` recomputes stored pairs.
-    ``on_result`` is called with each new row as it arrives. Progress is flushed to the store
-    every ``flush_seconds`` and at the end (also when interrupted).
+    ``tourists`` is ``benchmark``, ``validation``, ``paper`` or ``all`` (every kind the
+    catalog holds: the paper's sets only in a catalog built with ``--paper-sets``); ``force``
+    recomputes stored pairs. ``on_result`` is called with each new row as it arrives. Progress
+    is flushed to the stores every ``flush_seconds`` and at the end (also when interrupted).
     """
-    from optw.catalog.store import default_catalog_dir, open_catalog
+    from optw.catalog.store import CatalogError, default_catalog_dir, open_catalog
 
     t0 = time.perf_counter()
     catalog_dir = Path(catalog_dir or default_catalog_dir()).resolve()
     cat = open_catalog(catalog_dir)
     if tourists not in (*TOURIST_KINDS, "all"):
-        raise ValueError(f"unknown tourist kind {tourists!r}; expected benchmark, validation "
-                         "or all")
-    kinds = TOURIST_KINDS if tourists == "all" else (tourists,)
+        raise ValueError(f"--tourists: unknown tourist kind {tourists!r}; expected "
+                         f"{', '.join(TOURIST_KINDS)} or all")
+    if tourists == "paper" and not cat.has_paper_sets:
+        raise CatalogError(f"--tourists paper: the catalog at {catalog_dir} has no paper sets; "
+                           f"build them with `optw catalog build --paper-sets --out "
+                           f"{catalog_dir}`")
+    kinds = (tuple(k for k in TOURIST_KINDS if k != "paper" or cat.has_paper_sets)
+             if tourists == "all" else (tourists,))
     groups = list(groups) if groups else None
     selection = _selection(cat, list(regions) if regions else None, groups, kinds)
     if not selection:
@@ -253,11 +287,11 @@ def run_ils_baseline(
     keys = {(rid, t) for rid, _, tids in selection for t in tids}
     final = load_ils_results(catalog_dir)
     mask = [(r, t) in keys for r, t in zip(final["region"], final["tourist"], strict=True)]
+    paths = list(dict.fromkeys(ils_store_path(catalog_dir, k) for k in kinds))
     return IlsRun(
         results=final[mask].reset_index(drop=True), computed=len(new_rows),
         cached=len(keys) - len(new_rows), seconds=time.perf_counter() - t0,
-        path=ils_store_path(catalog_dir),
-        new_keys={(r["region"], r["tourist"]) for r in new_rows},
+        path=paths[0], new_keys={(r["region"], r["tourist"]) for r in new_rows}, paths=paths,
     )
 
 

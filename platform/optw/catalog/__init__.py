@@ -7,6 +7,8 @@ Typical use::
     region = cat.region("c101")             # Region (numpy arrays, node 0 start, n-1 end)
     bench = cat.benchmark("c101")           # Tourists batch of 1
     val = cat.validation("c101")            # Tourists batch of 64
+    paper = cat.tourists("c101", "paper")   # the paper's own 64 (a `--paper-sets` catalog;
+                                            # generator: optw.catalog.paper_sets)
     new = sample_tourists(region, 1000, rng=0)
     dist = region.distances(new.start_xy)   # [1000, n, n] rounded travel times
     batch = read_tourists([{"start": [1, 2], "t_start": 0, "t_end": 600, "scores": [...]}],
@@ -39,12 +41,15 @@ from optw.catalog.region import (
 from optw.catalog.store import (
     CATALOG_VERSION,
     PROJECT_ROOT,
+    TOURIST_KINDS,
+    TOURIST_SETS,
     Catalog,
     CatalogError,
     build_catalog,
     default_catalog_dir,
     default_source,
     open_catalog,
+    read_regions,
 )
 from optw.catalog.tourist_json import (
     TOURIST_FIELDS,
@@ -58,10 +63,11 @@ from optw.catalog.tourist_json import (
 
 __all__ = [
     "CATALOG_VERSION", "DEFAULT_SCORE_KIND", "GROUPS", "PAPER_SUBSET", "PROJECT_ROOT",
-    "SCORE_KINDS", "TIME_UNITS_PER_MINUTE", "TOURIST_FIELDS", "VALIDATION_SEED",
-    "VALIDATION_SIZE", "Catalog", "CatalogError", "Region", "SourceError", "TouristBatch",
-    "TouristError", "TouristInput", "Tourists", "benchmark_tourist", "build_catalog",
-    "default_catalog_dir", "default_source", "discover", "distance_matrix", "open_catalog",
-    "parse_file", "read_tourist", "read_tourists", "region_rng", "round_down", "sample_scores",
-    "sample_times", "sample_tourists", "to_time_units", "tourist_batch", "validation_tourists",
+    "SCORE_KINDS", "TIME_UNITS_PER_MINUTE", "TOURIST_FIELDS", "TOURIST_KINDS", "TOURIST_SETS",
+    "VALIDATION_SEED", "VALIDATION_SIZE", "Catalog", "CatalogError", "Region", "SourceError",
+    "TouristBatch", "TouristError", "TouristInput", "Tourists", "benchmark_tourist",
+    "build_catalog", "default_catalog_dir", "default_source", "discover", "distance_matrix",
+    "open_catalog", "parse_file", "read_regions", "read_tourist", "read_tourists", "region_rng",
+    "round_down", "sample_scores", "sample_times", "sample_tourists", "to_time_units",
+    "tourist_batch", "validation_tourists",
 ]

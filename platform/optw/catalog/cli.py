@@ -18,6 +18,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="catalog folder (default: $OPTW_CATALOG or region_catalog/)")
     b.add_argument("--if-missing", action="store_true",
                    help="do nothing when a current catalog already exists there")
+    b.add_argument("--paper-sets", action="store_true",
+                   help="also store the paper's own 64 tourists per region (tourist set "
+                   "'paper'; Gavalas' exact only from a GPU, see optw.catalog.paper_sets)")
+    b.add_argument("--device", default="auto",
+                   help="where Gavalas' paper sets are drawn: auto (CUDA if available), cpu, "
+                   "cuda[:N]")
     b.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     b.set_defaults(func=_build)
 
@@ -42,17 +48,26 @@ def _build(args) -> int:
     if args.if_missing:
         try:
             cat = Catalog(args.out)
-            if not args.quiet:
-                print(f"catalog {cat.path} is current ({len(cat)} regions); nothing to do")
-            return 0
+            if cat.has_paper_sets or not args.paper_sets:
+                if not args.quiet:
+                    print(f"catalog {cat.path} is current ({len(cat)} regions); nothing to do")
+                return 0
         except CatalogError:
             pass
-    manifest = build_catalog(args.source, args.out, progress=not args.quiet)
+    manifest = build_catalog(args.source, args.out, progress=not args.quiet,
+                             paper_sets=args.paper_sets, device=args.device)
     if not args.quiet:
         out = args.out or default_catalog_dir()
         groups = ", ".join(f"{n} {g}" for g, n in manifest["groups"].items())
         print(f"built {manifest['regions']} regions ({groups}) into {out} "
               f"in {manifest['build_seconds']:.1f} s")
+        paper = manifest.get("paper_sets")
+        if paper:
+            approx = paper["approximate_regions"]
+            print(f"paper sets: {paper['exact_regions']} of {paper['regions']} regions exact"
+                  + (f"; {len(approx)} approximate (correlated scores drawn on the CPU: "
+                     f"{' '.join(approx[:4])}{' …' if len(approx) > 4 else ''})" if approx
+                     else ""))
     return 0
 
 
@@ -113,22 +128,30 @@ def _show(args) -> int:
     row = next(r for r in _rows(cat) if r["region"] == args.region)
     row.update(t_day=region.t_day, start=list(region.start_xy), decimals=region.decimals,
                source_file=region.source_file, source_sha256=region.source_hash)
-    val = cat.validation(args.region)
-    summary = {
-        "validation_tourists": len(val),
-        "t_start": [float(val.t_start.min()), float(np.median(val.t_start)),
-                    float(val.t_start.max())],
-        "t_end": [float(val.t_end.min()), float(np.median(val.t_end)), float(val.t_end.max())],
-        "mean_score": float(val.scores[:, 1:-1].mean()),
-    }
+    def summary(batch) -> dict:
+        return {
+            "tourists": len(batch),
+            "t_start": [float(batch.t_start.min()), float(np.median(batch.t_start)),
+                        float(batch.t_start.max())],
+            "t_end": [float(batch.t_end.min()), float(np.median(batch.t_end)),
+                      float(batch.t_end.max())],
+            "mean_score": float(batch.scores[:, 1:-1].mean()),
+        }
+
+    sets = {"validation": summary(cat.validation(args.region))}
+    if cat.has_paper_sets:
+        sets["paper"] = {**summary(cat.tourists(args.region, "paper")),
+                         "exact": cat.paper_exact(args.region)}
     if args.json:
-        print(json.dumps({**row, "validation": summary}))
+        print(json.dumps({**row, **sets}))
         return 0
     for k, v in row.items():
         print(f"{k:>20}: {v}")
     print(f"{'benchmark tourist':>20}: start {region.start_xy}, T {region.t_start:g}-"
           f"{region.t_end:g}, total score {region.score.sum():g}")
-    print(f"{'validation tourists':>20}: {len(val)}; T_start min/median/max "
-          f"{summary['t_start']}; T_end {summary['t_end']}; mean point score "
-          f"{summary['mean_score']:.2f}")
+    for name, s in sets.items():
+        flag = "" if s.get("exact", True) else " (CPU approximation, not exact)"
+        print(f"{name + ' tourists':>20}: {s['tourists']}; T_start min/median/max "
+              f"{s['t_start']}; T_end {s['t_end']}; mean point score "
+              f"{s['mean_score']:.2f}{flag}")
     return 0

@@ -132,11 +132,13 @@ class Region:
         out[:, -1] = start_xy
         return out
 
-    def distances(self, start_xy: np.ndarray | None = None) -> np.ndarray:
+    def distances(self, start_xy: np.ndarray | None = None, f32: bool = False) -> np.ndarray:
         """Rounded travel times ``[n, n]`` (benchmark start) or ``[K, n, n]`` per start location.
 
         Only the start and end rows/columns depend on the start location, so the point-to-point
-        block is computed once per region and cached.
+        block is computed once per region and cached. ``f32``: compute those rows in float32 as
+        ``floor(k·sqrt(dx² + dy²)) / k`` (k = 10^decimals), as the paper's generator does for
+        its own tourists (:attr:`Tourists.start_rows_f32`).
         """
         if "base" not in self._dist_cache:
             self._dist_cache["base"] = distance_matrix(self.coordinates(), self.decimals)
@@ -145,9 +147,15 @@ class Region:
             return base.copy()
         start_xy = np.asarray(start_xy, dtype=np.float64).reshape(-1, 2)
         xy = self.coordinates()
-        d = round_down(
-            np.sqrt(((start_xy[:, None, :] - xy[None, :, :]) ** 2).sum(-1)), self.decimals
-        )  # [K, n] from the new start to every node
+        if f32:
+            k = np.float32(10**self.decimals)
+            diff = start_xy.astype(np.float32)[:, None, :] - xy.astype(np.float32)[None, :, :]
+            units = np.floor(k * np.sqrt((diff**2).sum(-1, dtype=np.float32)))
+            d = units.astype(np.float64) / 10**self.decimals
+        else:
+            d = round_down(
+                np.sqrt(((start_xy[:, None, :] - xy[None, :, :]) ** 2).sum(-1)), self.decimals
+            )  # [K, n] from the new start to every node
         d[:, 0] = 0.0
         d[:, -1] = 0.0
         out = np.broadcast_to(base, (start_xy.shape[0], *base.shape)).copy()
@@ -179,7 +187,7 @@ class Tourists:
     """A batch of K tourists of one region (numpy arrays with leading dimension K).
 
     ``scores[K, n_nodes]`` includes the start and end nodes (score 0). ``kind`` is
-    ``benchmark``, ``validation`` or ``generated``.
+    ``benchmark``, ``validation``, ``paper`` (the paper's own sets) or ``generated``.
     """
 
     region_id: str
@@ -189,6 +197,8 @@ class Tourists:
     t_start: np.ndarray  # [K]
     t_end: np.ndarray  # [K]
     scores: np.ndarray  # [K, n_nodes]
+    #: travel times from the start computed in float32 (the paper's own sets, ``kind="paper"``)
+    start_rows_f32: bool = False
 
     def __len__(self) -> int:
         return int(self.t_start.shape[0])
@@ -205,13 +215,21 @@ class Tourists:
             t_start=self.t_start[idx],
             t_end=self.t_end[idx],
             scores=self.scores[idx],
+            start_rows_f32=self.start_rows_f32,
         )
+
+    def distances(self, region: Region) -> np.ndarray:
+        """Travel times ``[K, n, n]`` of these tourists in ``region`` (:meth:`Region.distances`
+        from each start, in float32 where :attr:`start_rows_f32`)."""
+        return region.distances(self.start_xy, self.start_rows_f32)
 
     @staticmethod
     def concat(batches: list[Tourists]) -> Tourists:
         if not batches or len({b.region_id for b in batches}) != 1:
             raise ValueError("Tourists.concat needs a non-empty list of one region's tourists")
         kinds = {b.kind for b in batches}
+        if len({b.start_rows_f32 for b in batches}) != 1:
+            raise ValueError("Tourists.concat cannot mix float32 (paper) and float64 start rows")
         return Tourists(
             region_id=batches[0].region_id,
             tourist_id=np.concatenate([b.tourist_id for b in batches]),
@@ -220,6 +238,7 @@ class Tourists:
             t_start=np.concatenate([b.t_start for b in batches]),
             t_end=np.concatenate([b.t_end for b in batches]),
             scores=np.concatenate([b.scores for b in batches]),
+            start_rows_f32=batches[0].start_rows_f32,
         )
 
     def to_records(self) -> list[dict]:

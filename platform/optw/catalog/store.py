@@ -5,6 +5,8 @@ Layout of a catalog folder (schema in ``region_catalog/README.md``)::
     regions.parquet   one row per region
     nodes.parquet     one row per (region, node)
     tourists.parquet  one row per (region, tourist): benchmark (id 0) + 64 validation (1..64)
+    paper_tourists.parquet  optional (``--paper-sets``): the paper's own 64 tourists per region
+                      (ids 1000..1063, flagged exact or not; :mod:`optw.catalog.paper_sets`)
     manifest.json     catalog_version, build settings, row counts and file hashes
 
 A build writes into a temporary folder beside the target and only then moves the files in,
@@ -19,6 +21,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -35,6 +38,14 @@ from optw.paths import PROJECT_ROOT  # noqa: F401 - re-exported by optw.catalog
 #: Bump whenever the schema or the meaning of a column changes.
 CATALOG_VERSION = 1
 FILES = ("regions.parquet", "nodes.parquet", "tourists.parquet")
+#: The paper's own tourists (``--paper-sets``; written by :mod:`optw.catalog.paper_sets`).
+PAPER_FILE = "paper_tourists.parquet"
+PAPER_KIND = "paper"
+#: Stored tourist kinds: the benchmark tourist, our validation tourists, the paper's sets.
+TOURIST_KINDS = ("benchmark", "validation", PAPER_KIND)
+#: Named sets of generated tourists a model is evaluated on (ours: the default).
+TOURIST_SETS = ("validation", PAPER_KIND)
+_NODE_ARRAYS = ("x", "y", "duration", "opening", "closing", "score")
 
 
 class CatalogError(RuntimeError):
@@ -91,6 +102,19 @@ def _tables(regions: list[Region], seed: int, n_val: int) -> dict[str, pa.Table]
     }
 
 
+def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
+    """Write ``table`` to a temporary file beside ``path`` and rename it over ``path``: a
+    reader never sees a half-written file (concurrent writers use distinct temporary names)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -101,11 +125,15 @@ def build_catalog(
     seed: int = VALIDATION_SEED,
     validation_size: int = VALIDATION_SIZE,
     progress: bool = False,
+    paper_sets: bool = False,
+    device: str | None = "auto",
 ) -> dict:
     """Parse every instance under ``source`` and (re)write the catalog at ``out``.
 
-    Raises :class:`~optw.catalog.parse.SourceError` on the first bad file, before anything
-    at ``out`` is touched. Returns the manifest.
+    ``paper_sets`` also stores the paper's own tourists (:func:`~optw.catalog.paper_sets.
+    build_paper_sets`, correlated sets drawn on ``device``); without it a previous paper file
+    is removed. Raises :class:`~optw.catalog.parse.SourceError` on the first bad file, before
+    anything at ``out`` is touched. Returns the manifest.
     """
     source = Path(source) if source else default_source()
     out = Path(out) if out else default_catalog_dir()
@@ -118,6 +146,11 @@ def build_catalog(
         it = tqdm(files, desc="parsing regions", unit="region")
     regions = [parse_file(path, group) for group, path in it]
     tables = _tables(regions, seed, validation_size)
+    paper_info = None
+    if paper_sets:
+        from optw.catalog.paper_sets import build_paper_sets
+
+        tables[PAPER_FILE], paper_info = build_paper_sets(regions, device)
 
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
@@ -131,13 +164,17 @@ def build_catalog(
             "validation_size": validation_size,
             "regions": len(regions),
             "groups": {g: sum(r.group == g for r in regions) for g in GROUPS},
-            "files": {name: _sha256(tmp / name) for name in FILES},
+            "files": {name: _sha256(tmp / name) for name in tables},
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "build_seconds": None,
         }
+        if paper_info is not None:
+            manifest["paper_sets"] = paper_info
         (out / "manifest.json").unlink(missing_ok=True)  # a partial swap must not look valid
-        for name in FILES:
+        for name in tables:
             os.replace(tmp / name, out / name)
+        if paper_info is None:
+            (out / PAPER_FILE).unlink(missing_ok=True)
         manifest["build_seconds"] = round(time.perf_counter() - t0, 3)
         tmp_manifest = tmp / "manifest.json"
         tmp_manifest.write_text(json.dumps(manifest, indent=2) + "\n")
@@ -168,7 +205,7 @@ class Catalog:
                 f"region catalog at {self.path} has catalog_version {version}, this code reads "
                 f"version {CATALOG_VERSION}; rebuild it with `optw catalog build --out {self.path}`"
             )
-        for name in FILES:
+        for name in self.manifest.get("files", FILES):
             if not (self.path / name).exists():
                 raise CatalogError(
                     f"{self.path / name} is missing; rebuild with `optw catalog build`"
@@ -177,6 +214,7 @@ class Catalog:
         self._regions = self._regions.set_index("region", drop=False)
         self._nodes = None
         self._tourists = None
+        self._paper = None
         self._cache: dict[str, Region] = {}
 
     # -- tables
@@ -200,6 +238,26 @@ class Catalog:
             df = pq.read_table(self.path / "tourists.parquet").to_pandas()
             self._tourists = {rid: g for rid, g in df.groupby("region", sort=False)}
         return self._tourists
+
+    @property
+    def has_paper_sets(self) -> bool:
+        """Whether the catalog holds the paper's sets (``optw catalog build --paper-sets``)."""
+        return PAPER_FILE in self.manifest.get("files", {})
+
+    def _paper_table(self):
+        if not self.has_paper_sets:
+            raise CatalogError(f"the catalog at {self.path} has no paper sets; build them with "
+                               f"`optw catalog build --paper-sets --out {self.path}`")
+        if self._paper is None:
+            df = pq.read_table(self.path / PAPER_FILE).to_pandas()
+            self._paper = {rid: g for rid, g in df.groupby("region", sort=False)}
+        return self._paper
+
+    def paper_exact(self, region_id: str) -> bool:
+        """Whether the region's paper set equals the paper's (False: CPU approximation of
+        correlated scores, see :mod:`optw.catalog.paper_sets`)."""
+        self._check(region_id)
+        return bool(self._paper_table()[region_id]["exact"].all())
 
     # -- listing
     def list_regions(
@@ -236,23 +294,23 @@ class Catalog:
         """The region as a :class:`Region` (cached)."""
         self._check(region_id)
         if region_id not in self._cache:
-            row = self._regions.loc[region_id]
             nodes = self._node_table()[region_id].sort_values("index")
-            arr = {k: nodes[k].to_numpy(np.float64) for k in
-                   ("x", "y", "duration", "opening", "closing", "score")}
-            self._cache[region_id] = Region(
-                id=region_id, group=str(row["group"]), t_start=float(row["t_start"]),
-                t_end=float(row["t_end"]), decimals=int(row["decimals"]),
-                source_file=str(row["source_file"]), source_hash=str(row["source_sha256"]),
-                **arr,
-            )
+            self._cache[region_id] = _region(self._regions.loc[region_id],
+                                             {k: nodes[k].to_numpy() for k in _NODE_ARRAYS})
         return self._cache[region_id]
 
     def tourists(self, region_id: str, kind: str = "validation") -> Tourists:
-        """The stored ``benchmark`` (1 tourist) or ``validation`` (64) tourists of a region."""
+        """The stored ``benchmark`` (1 tourist), ``validation`` (64) or ``paper`` (64, the
+        paper's own set; only in a catalog built with ``--paper-sets``) tourists of a region."""
         self._check(region_id)
-        if kind not in ("benchmark", "validation"):
-            raise ValueError(f"unknown tourist kind {kind!r}; expected benchmark or validation")
+        if kind not in TOURIST_KINDS:
+            raise ValueError(f"unknown tourist kind {kind!r}; expected one of "
+                             f"{', '.join(TOURIST_KINDS)}")
+        if kind == PAPER_KIND:
+            from optw.catalog.paper_sets import tourists_from_rows
+
+            df = self._paper_table()[region_id]
+            return tourists_from_rows(region_id, {c: df[c].to_numpy() for c in df.columns})
         df = self._tourist_table()[region_id]
         df = df[df["kind"] == kind].sort_values("tourist")
         return Tourists(
@@ -275,3 +333,33 @@ class Catalog:
 def open_catalog(path: Path | str | None = None) -> Catalog:
     """Open the catalog at ``path`` (default: ``$OPTW_CATALOG`` or ``region_catalog/``)."""
     return Catalog(path)
+
+
+def _region(row, nodes: dict[str, np.ndarray]) -> Region:
+    """A :class:`Region` from its ``regions.parquet`` row and node columns (in index order)."""
+    return Region(
+        id=str(row["region"]), group=str(row["group"]), t_start=float(row["t_start"]),
+        t_end=float(row["t_end"]), decimals=int(row["decimals"]),
+        source_file=str(row["source_file"]), source_hash=str(row["source_sha256"]),
+        **{k: np.asarray(nodes[k], dtype=np.float64) for k in _NODE_ARRAYS},
+    )
+
+
+def read_regions(path: Path | str) -> list[Region]:
+    """Every region of a built catalog, read with pyarrow only (no pandas): what the
+    stand-alone paper-set generator needs on a bare GPU machine."""
+    path = Path(path)
+    for name in ("regions.parquet", "nodes.parquet"):
+        if not (path / name).exists():
+            raise FileNotFoundError(f"{path / name} does not exist; build the catalog with "
+                                    f"`optw catalog build --out {path}`")
+    nodes = pq.read_table(path / "nodes.parquet")
+    ids = np.asarray(nodes.column("region").to_pylist(), dtype=object)
+    index = nodes.column("index").to_numpy()
+    cols = {k: nodes.column(k).to_numpy() for k in _NODE_ARRAYS}
+    out = []
+    for row in pq.read_table(path / "regions.parquet").to_pylist():
+        sel = np.flatnonzero(ids == row["region"])
+        sel = sel[np.argsort(index[sel])]
+        out.append(_region(row, {k: v[sel] for k, v in cols.items()}))
+    return out

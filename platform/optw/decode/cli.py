@@ -5,6 +5,11 @@ Examples::
     optw solve --region pr01 --checkpoint pr01_uni_samp_500000.pt            # beam search 128
     optw solve --region t101 --checkpoint model.pt --greedy --tourist validation --json
     optw solve --region t101 --checkpoint model.pt --active-search 128 --tourist me.json
+    optw solve --region pr01 --checkpoint pr01_uni_samp_500000.pt --tourist paper --published
+
+``--tourist paper`` solves the paper's own 64 tourists of the region (ids 1000..1063; a catalog
+built with ``optw catalog build --paper-sets``); a set that is only the CPU approximation of the
+paper's (Gavalas without a GPU) is flagged on standard error.
 
 A tourist file holds one tourist object, a list of them, or ``{"tourists": [...]}``. A tourist
 is ``{"start": [x, y], "t_start": ..., "t_end": ..., "scores": [...]}`` with one score per
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +31,7 @@ from optw.decode.limits import MAX_BEAMS, MIN_BEAMS, PAPER_BEAMS
 if TYPE_CHECKING:
     from optw.catalog import Region, TouristBatch
 
-TOURIST_CHOICES = ("benchmark", "validation")
+TOURIST_CHOICES = ("benchmark", "validation", "paper")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beams", type=int, default=PAPER_BEAMS,
                    help=f"beam width {MIN_BEAMS}..{MAX_BEAMS} (default {PAPER_BEAMS})")
     p.add_argument("--tourist", default="benchmark",
-                   help="benchmark (default), validation, or a tourist JSON file")
+                   help="benchmark (default), validation, paper (the paper's own set) or a "
+                   "tourist JSON file")
     p.add_argument("--published", action="store_true",
                    help="published-outputs mode: do not add the greedy route to the candidates")
     p.add_argument("--seed", type=int, default=0, help="seed of sampling / active search")
@@ -100,6 +107,9 @@ def _solve(args) -> int:
     region = cat.region(args.region)
     if args.tourist in TOURIST_CHOICES:
         batch = TouristBatch.of(cat.tourists(args.region, args.tourist))
+        if args.tourist == "paper" and not cat.paper_exact(args.region):
+            print(f"note: the paper set of {args.region} is the CPU approximation, not the "
+                  "paper's exact tourists (see optw.catalog.paper_sets)", file=sys.stderr)
     else:
         batch = read_tourists(Path(args.tourist), region)
     model = load_model(args.checkpoint)

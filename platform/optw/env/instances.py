@@ -142,7 +142,7 @@ def make_instances(
             f"t_start {t_start[bad]:g}"
         )
     coords = region.coordinates(tourists.start_xy)  # [K, n, 2]
-    dist = region.distances(tourists.start_xy)  # [K, n, n] rounded minutes
+    dist = tourists.distances(region)  # [K, n, n] rounded minutes
     opening = np.broadcast_to(region.opening, (k, n)).copy()
     closing = np.broadcast_to(region.closing, (k, n)).copy()
     opening[:, 0] = opening[:, -1] = t_start

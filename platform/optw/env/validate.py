@@ -47,10 +47,10 @@ def check_route(
     (default: the region's benchmark tourist). ``claimed_score``, if given, must match."""
     n = region.n_nodes
     if tourists is None:
-        start_xy = np.array(region.start_xy)
+        start_xy, f32 = np.array(region.start_xy), False
         t_start, t_end, scores = region.t_start, region.t_end, region.score
     else:
-        start_xy = tourists.start_xy[index]
+        start_xy, f32 = tourists.start_xy[index], tourists.start_rows_f32
         t_start, t_end = float(tourists.t_start[index]), float(tourists.t_end[index])
         scores = tourists.scores[index]
     route = [int(v) for v in route]
@@ -74,7 +74,7 @@ def check_route(
     if dups:
         problems.append(f"nodes {sorted(set(dups))} are visited more than once")
 
-    dist = to_time_units(region.distances(start_xy)[0])
+    dist = to_time_units(region.distances(start_xy, f32)[0])
     opening, closing = to_time_units(region.opening), to_time_units(region.closing)
     duration = to_time_units(region.duration)
     ts, te = int(to_time_units(t_start)), int(to_time_units(t_end))

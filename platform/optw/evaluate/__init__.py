@@ -7,6 +7,8 @@ Typical use::
     res = load_results("results.csv", cat)            # checked against the catalog
     tables = evaluate(res, load_ils_results(cat.path), load_best_known())
     write_tables(tables, "outputs/evaluate/run1")     # CSV + Markdown, atomically
+    ours = ours_from_regions(tables["regions"])       # ... held against the paper's tables
+    paper = against_paper(ours, load_paper_scores())  # paper_groups, paper_regions
 
 Names are imported lazily, so the CLI (``optw.evaluate.cli``) loads without pandas/scipy.
 """
@@ -16,6 +18,14 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
+    "optw.evaluate.paper": (
+        "against_paper", "load_paper_scores", "ours_from_regions", "ours_from_results",
+        "render_against_paper",
+    ),
+    "optw.evaluate.protocol": (
+        "EvaluateSettings", "evaluate_model", "gap_to_ils", "ils_validation_means",
+        "validation_score",
+    ),
     "optw.evaluate.results": (
         "REQUIRED", "ResultsError", "load_results", "read_table", "validate_results",
     ),

@@ -13,11 +13,14 @@ BASELINES = ("ils",)
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "evaluate", help="paper-style tables (gaps, bootstrap CIs, Wilcoxon) from results",
-        description="Turn a results table (CSV or Parquet; columns region, tourist, method, "
-        "score, seconds; optional route) into the paper's group and per-region tables, "
-        "compared with the stored baseline results.",
+        description="Turn a results table (CSV, Parquet or JSON lines as `optw solve --json` "
+        "prints, '-' for standard input; columns region, tourist, method, score, seconds; "
+        "optional route) into the paper's group and per-region tables, compared with the "
+        "stored baseline results. --against-paper holds ours (stored ILS results and the "
+        "results' methods) against the paper's own tables instead.",
     )
-    p.add_argument("--results", type=Path, required=True, metavar="FILE")
+    p.add_argument("--results", type=Path, default=None, metavar="FILE",
+                   help="results table (required unless --against-paper)")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: outputs/evaluate/<results file stem>)")
     p.add_argument("--baseline", default="ils", help=f"baseline, one of {list(BASELINES)}")
@@ -30,6 +33,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "paper_benchmark_scores.csv or ../shared/reference/)")
     p.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--against-paper", action="store_true",
+                   help="tables of ours beside the paper's columns: the paper's own tourists "
+                   "against paper_generated_scores.csv, the benchmark tourist against "
+                   "paper_benchmark_scores.csv (ILS from the store; methods of --results)")
+    p.add_argument("--paper-column", action="append", default=None, metavar="NAME=COLUMN",
+                   help="compare our method NAME with the paper's COLUMN (ils, global_ft, "
+                   "model, model_as), e.g. beam=model; same names match by themselves")
+    p.add_argument("--paper-dir", type=Path, default=None, metavar="DIR",
+                   help="folder of the paper's tables (default: $OPTW_REFERENCE or "
+                   "../shared/reference)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.set_defaults(func=_evaluate)
 
@@ -50,6 +63,10 @@ def _evaluate(args) -> int:
         raise ValueError(f"unknown baseline {args.baseline!r}; known: {list(BASELINES)}")
     if args.resamples < 1:
         raise ValueError(f"--resamples must be >= 1, got {args.resamples}")
+    if args.against_paper:
+        return _against_paper(args)
+    if args.results is None:
+        raise ValueError("--results FILE is required (or --against-paper)")
     cat = open_catalog(args.catalog)
     results = load_results(args.results, cat, args.baseline, args.methods)
     reference = args.reference or default_reference_path()
@@ -66,4 +83,51 @@ def _evaluate(args) -> int:
     if not args.quiet:
         print(render_markdown(tables)["summary.md"])
         print(f"wrote {len(paths)} files to {out}")
+    return 0
+
+
+def _against_paper(args) -> int:
+    """``optw evaluate --against-paper``: ours (stored ILS, the results' methods) beside the
+    paper's columns, per group and per region."""
+    from optw.baselines.store import load_ils_results
+    from optw.catalog.store import open_catalog
+    from optw.evaluate.paper import (
+        against_paper,
+        group_view,
+        load_paper_scores,
+        ours_from_results,
+        parse_column_map,
+        render_against_paper,
+    )
+    from optw.evaluate.results import load_results
+    from optw.evaluate.tables import to_markdown, write_tables
+
+    columns = parse_column_map(args.paper_column)
+    paper = load_paper_scores(args.paper_dir)
+    cat = open_catalog(args.catalog)
+    results = (load_results(args.results, cat, args.baseline, args.methods)
+               if args.results is not None else None)
+    ils = load_ils_results(cat.path)
+    if results is not None:  # ILS of the same regions and tourist kinds only
+        keys = set(zip(results["region"], results["kind"], strict=True))
+        ils = ils[[k in keys for k in zip(ils["region"], ils["kind"], strict=True)]]
+    regions = set(ils["region"]) | set(results["region"] if results is not None else ())
+    exact = {r: cat.paper_exact(r) for r in regions} if cat.has_paper_sets else {}
+    ours = ours_from_results(results, ils, exact, cat.regions_table["group"].to_dict())
+    tables = against_paper(ours, paper, columns)
+    if tables["paper_groups"].empty:
+        raise ValueError("nothing to hold against the paper: no stored ILS result of the "
+                         "paper's sets or the benchmark tourists and no result of a method "
+                         "with a paper column, in a region of the paper's tables (run `optw "
+                         "baseline ils --tourists paper`, or map a method with "
+                         "--paper-column NAME=COLUMN)")
+    stem = args.results.stem if args.results is not None and str(args.results) != "-" else ""
+    out = args.out or Path("outputs") / "evaluate" / (f"{stem}-against-paper" if stem
+                                                      else "against-paper")
+    doc = render_against_paper(tables)
+    paths = write_tables(tables, out, {"against_paper.md": doc})
+    if not args.quiet:
+        print("# Against the paper, per group\n")
+        print(to_markdown(group_view(tables["paper_groups"])))
+        print(f"per region: {out / 'against_paper.md'}; wrote {len(paths)} files to {out}")
     return 0

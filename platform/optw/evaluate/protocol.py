@@ -1,10 +1,12 @@
 """The evaluation protocol: how a trained model is scored, and how scores compare with ILS.
 
-A model is evaluated on each region's benchmark tourist and its first ``validation_tourists``
-validation tourists with greedy decoding, beam search (and optionally active search), giving
-one row per (region, tourist, method) with the per-tourist solve time; the beam-width sweep
-times each width on the benchmark tourist. During training the gap to ILS on the validation
-tourists (:func:`gap_to_ils`) is the score-free measure that compares regions and trials.
+A model is evaluated on each region's benchmark tourist and the first ``validation_tourists``
+tourists of its generated set (``tourists``: our validation tourists, or the paper's own sets
+of a catalog built with ``--paper-sets``) with greedy decoding, beam search (and optionally
+active search), giving one row per (region, tourist, method) with the per-tourist solve time;
+the beam-width sweep times each width on the benchmark tourist. During training the gap to
+ILS on the validation tourists (:func:`gap_to_ils`) is the score-free measure that compares
+regions and trials.
 These functions need neither Ray nor MLflow.
 """
 
@@ -16,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from optw.catalog import TOURIST_SETS
 from optw.decode.limits import MAX_BEAMS, MIN_BEAMS, PAPER_BEAMS
 from optw.evaluate.stats import gap
 from optw.train.config import ConfigError
@@ -37,6 +40,9 @@ class EvaluateSettings:
     #: solve validation tourists one at a time, so each row's ``seconds`` is that tourist's
     #: own solve time; false: one batch per region, each row gets the batch time / tourists
     one_by_one: bool = False
+    #: the generated tourists evaluated: ``validation`` (ours) or ``paper`` (the paper's own
+    #: sets, ids 1000..1063; the catalog must be built with ``--paper-sets``)
+    tourists: str = "validation"
 
     def __post_init__(self) -> None:
         def width(w: Any) -> bool:
@@ -58,16 +64,19 @@ class EvaluateSettings:
             if type(getattr(self, name)) is not bool:
                 raise ConfigError(f"evaluate.{name} = {getattr(self, name)!r}: must be true "
                                   "or false")
+        if not (isinstance(self.tourists, str) and self.tourists in TOURIST_SETS):
+            raise ConfigError(f"evaluate.tourists = {self.tourists!r}: expected one of "
+                              f"{', '.join(map(repr, TOURIST_SETS))}")
 
 
 def evaluate_model(checkpoint: str, regions: list[str], method: str,
                    settings: EvaluateSettings, catalog_dir: str,
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Greedy and beam search (and active search if asked) on each region's benchmark and
-    validation tourists: one row per (region, tourist, method), with its solve seconds (the
-    benchmark tourist is solved on its own, validation tourists one by one or as a batch, see
-    :class:`EvaluateSettings`); and the beam-width sweep on each benchmark tourist: one row per
-    (region, beams)."""
+    """Greedy and beam search (and active search if asked) on each region's benchmark tourist
+    and generated tourists (``settings.tourists``): one row per (region, tourist, method), with
+    its solve seconds and ``kind`` (the benchmark tourist is solved on its own, the generated
+    ones one by one or as a batch, see :class:`EvaluateSettings`); and the beam-width sweep on
+    each benchmark tourist: one row per (region, beams)."""
     import torch
 
     from optw.catalog import open_catalog
@@ -81,7 +90,7 @@ def evaluate_model(checkpoint: str, regions: list[str], method: str,
     sweep: list[dict[str, Any]] = []
     for rid in regions:
         region = catalog.region(rid)
-        val = catalog.validation(rid)[: settings.validation_tourists]
+        val = catalog.tourists(rid, settings.tourists)[: settings.validation_tourists]
         batches = [catalog.benchmark(rid)]
         if len(val):
             batches += [val[k] for k in range(len(val))] if settings.one_by_one else [val]
@@ -95,8 +104,7 @@ def evaluate_model(checkpoint: str, regions: list[str], method: str,
             for tourists in batches:
                 for i, sol in enumerate(solve(model, region, tourists, **kwargs)):
                     tid = int(tourists.tourist_id[i])
-                    rows.append({"region": rid, "tourist": tid,
-                                 "kind": "benchmark" if tid == 0 else "validation",
+                    rows.append({"region": rid, "tourist": tid, "kind": tourists.kind,
                                  "method": name, "score": float(sol.score),
                                  "seconds": float(sol.seconds), "route": json.dumps(sol.route)})
         bench = catalog.benchmark(rid)
@@ -109,10 +117,10 @@ def evaluate_model(checkpoint: str, regions: list[str], method: str,
 
 
 def validation_score(rows: list[dict[str, Any]], region: str, method: str) -> float:
-    """Mean score of ``method`` on ``region``'s validation tourists (all its rows when the
-    evaluation had none): what the registry's champion rule compares."""
+    """Mean score of ``method`` on ``region``'s generated tourists (validation or paper; all
+    its rows when the evaluation had none): what the registry's champion rule compares."""
     vals = [r["score"] for r in rows
-            if r["region"] == region and r["method"] == method and r["kind"] == "validation"]
+            if r["region"] == region and r["method"] == method and r["kind"] != "benchmark"]
     if not vals:
         vals = [r["score"] for r in rows if r["region"] == region and r["method"] == method]
     return float(np.mean(vals)) if vals else float("nan")

@@ -1,6 +1,8 @@
 """Reading and checking a results table: one row per (region, tourist, method).
 
-Required columns: ``region, tourist, method, score, seconds``. An optional ``route`` column
+Required columns: ``region, tourist, method, score, seconds``. A table is CSV, Parquet or JSON
+lines (one object per line, as ``optw solve --json`` prints; ``-`` reads them from standard
+input). An optional ``route`` column
 (list of node ids, or a string like ``"0 5 12 101"`` / ``"[0, 5, 12, 101]"``) is checked with
 :func:`optw.env.validate.check_route` and must reproduce ``score``. Every problem is reported
 with the row it is on (``row N`` counts data rows from 1; in a CSV file that is line N+1).
@@ -9,7 +11,9 @@ with the row it is on (``row N`` counts data rows from 1; in a CSV file that is 
 from __future__ import annotations
 
 import difflib
+import json
 import re
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -27,13 +31,40 @@ class ResultsError(ValueError):
     """A results table that cannot be evaluated (the message names the offending rows)."""
 
 
+def _json_lines(text: str, source: str) -> pd.DataFrame:
+    records = []
+    for no, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ResultsError(f"{source} line {no} is not JSON: {exc}") from None
+        if not isinstance(rec, dict):
+            raise ResultsError(f"{source} line {no} is not a JSON object")
+        records.append(rec)
+    if not records:
+        raise ResultsError(f"{source} is empty")
+    return pd.DataFrame(records)
+
+
 def read_table(path: Path | str) -> pd.DataFrame:
-    """A CSV or Parquet file as a DataFrame (by extension; ``.pq``/``.parquet`` are Parquet)."""
+    """A CSV, Parquet (``.pq``/``.parquet``) or JSON-lines (``.jsonl``/``.json``; ``-`` =
+    standard input) results table as a DataFrame."""
+    if str(path) == "-":
+        df = _json_lines(sys.stdin.read(), "standard input")
+        df.attrs.update(source="standard input", csv=False)
+        return df
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"results file {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        df = _json_lines(path.read_text(), f"results file {path}")
+        df.attrs.update(source=str(path), csv=False)
+        return df
     try:
-        if path.suffix.lower() in (".parquet", ".pq"):
+        if suffix in (".parquet", ".pq"):
             df = pd.read_parquet(path)
         else:
             df = pd.read_csv(path, skipinitialspace=True)
@@ -72,7 +103,8 @@ def validate_results(
     check_routes: bool = True,
 ) -> pd.DataFrame:
     """Check a raw results table against the catalog; returns a clean copy with a ``kind``
-    column (``benchmark``/``validation`` from the catalog) and ``group``.
+    column (``benchmark``/``validation``/``paper`` from the catalog), ``group`` and ``exact``
+    (False for tourists of a paper set that is only the CPU approximation).
 
     Raises :class:`ResultsError` naming the rows at fault (up to ten problems per message).
     """
@@ -92,6 +124,7 @@ def validate_results(
         problems.append(f"{_row(df, i)}: {msg}")
 
     known: dict[str, dict[int, str]] = {}
+    kinds_held = ("benchmark", "validation", *(("paper",) if catalog.has_paper_sets else ()))
     regions = set(catalog.list_regions())
     region_ids = list(regions)
     groups = catalog.regions_table["group"]
@@ -116,14 +149,13 @@ def validate_results(
         else:
             if region not in known:
                 known[region] = {
-                    int(tid): k for k in ("benchmark", "validation")
+                    int(tid): k for k in kinds_held
                     for tid in catalog.tourists(region, k).tourist_id
                 }
             kind = known[region].get(int(t))
             if kind is None:
-                ids = sorted(known[region])
                 bad(i, f"tourist {int(t)} of region {region} is not in the catalog "
-                       f"(ids {ids[0]}..{ids[-1]})")
+                       f"(ids {_id_ranges(known[region])})")
         s, sec = score.iat[i], seconds.iat[i]
         if not np.isfinite(s) or s < 0:
             bad(i, f"score {_show(df['score'].iat[i])} is not a finite number >= 0")
@@ -156,6 +188,9 @@ def validate_results(
         "seconds": seconds.astype("float64"), "kind": kinds,
     })
     out["group"] = out["region"].map(groups)
+    inexact = {r for r in out.loc[out["kind"] == "paper", "region"].unique()
+               if not catalog.paper_exact(r)}
+    out["exact"] = ~((out["kind"] == "paper") & out["region"].isin(inexact))
     if methods is not None:
         methods = list(methods)
         present = sorted(out["method"].unique())
@@ -166,6 +201,14 @@ def validate_results(
     if check_routes and "route" in df.columns:
         _check_routes(df, out, catalog, source)
     return out.reset_index(drop=True)
+
+
+def _id_ranges(kinds: dict[int, str]) -> str:
+    """``0..64`` or ``0..64, paper 1000..1063``: the ids a region's stored tourists have."""
+    ours = [t for t, k in kinds.items() if k != "paper"]
+    paper = [t for t, k in kinds.items() if k == "paper"]
+    text = f"{min(ours)}..{max(ours)}"
+    return text + (f", paper {min(paper)}..{max(paper)}" if paper else "")
 
 
 def _check_routes(df: pd.DataFrame, out: pd.DataFrame, catalog, source: str) -> None:

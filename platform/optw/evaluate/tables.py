@@ -3,8 +3,9 @@
 Aggregation follows the paper ("Metrics and Statistical analysis"):
 
 - per region: mean score over its tourists (1 benchmark tourist; the 64 generated = the
-  catalog's validation tourists), for the method and for ILS on the same tourists; gap to ILS
-  of those means; for benchmark tourists also the gap to the best-known score;
+  catalog's validation tourists, or the paper's own sets, kind ``paper``), for the method and
+  for ILS on the same tourists; gap to ILS of those means; for benchmark tourists also the
+  gap to the best-known score;
 - per group and tourist kind: the mean over regions of each column, with a 95% bootstrap CI
   over regions for the gaps and the time, and a one-sided Wilcoxon p-value (method > ILS)
   over the per-region scores;
@@ -26,9 +27,9 @@ from optw.evaluate.stats import N_RESAMPLES, SEED, bootstrap_ci, gap, wilcoxon_g
 GROUP_ORDER = ("solomon", "cordeau", "gavalas")
 GROUP_LABEL = {"solomon": "Solomon", "cordeau": "Cordeau", "gavalas": "Gavalas"}
 #: Catalog tourist kind -> the paper's label (the paper's "generated" tourists are our
-#: fixed validation tourists).
-KIND_LABEL = {"validation": "generated", "benchmark": "benchmark"}
-KIND_ORDER = ("validation", "benchmark")
+#: fixed validation tourists; ``paper``: the paper's own generated sets).
+KIND_LABEL = {"validation": "generated", "paper": "paper", "benchmark": "benchmark"}
+KIND_ORDER = ("validation", "paper", "benchmark")
 REFERENCE_FILE = "paper_benchmark_scores.csv"
 
 
@@ -43,18 +44,24 @@ def default_reference_path() -> Path:
     return reference_dir() / REFERENCE_FILE
 
 
-def load_best_known(path: Path | str | None = None) -> pd.Series:
-    """Best-known benchmark scores per region from a reference CSV (columns ``instance``,
-    ``best_known``)."""
-    path = Path(path) if path else default_reference_path()
+def read_reference(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    """A reference CSV of the paper indexed by ``instance``; errors name the file and what is
+    missing."""
     if not path.exists():
         raise FileNotFoundError(f"reference file {path} does not exist (set OPTW_REFERENCE "
                                 "to its folder or pass the path)")
     df = pd.read_csv(path)
-    missing = [c for c in ("instance", "best_known") if c not in df.columns]
+    missing = [c for c in ("instance", *columns) if c not in df.columns]
     if missing:
         raise ValueError(f"reference file {path} lacks column(s) {missing}")
-    return df.set_index("instance")["best_known"].astype("float64")
+    return df.set_index("instance")
+
+
+def load_best_known(path: Path | str | None = None) -> pd.Series:
+    """Best-known benchmark scores per region from a reference CSV (columns ``instance``,
+    ``best_known``)."""
+    path = Path(path) if path else default_reference_path()
+    return read_reference(path, ("best_known",))["best_known"].astype("float64")
 
 
 # ----------------------------------------------------------------------------- tables
@@ -78,12 +85,15 @@ def pair_with_baseline(results: pd.DataFrame, baseline: pd.DataFrame,
 
 
 def region_table(paired: pd.DataFrame, best_known: pd.Series | None = None) -> pd.DataFrame:
-    """One row per (method, kind, group, region): tourists, mean ILS and model scores, gaps
-    and mean time."""
+    """One row per (method, kind, group, region): tourists, mean ILS and model scores, gaps,
+    mean time and ``exact`` (False where the region's paper set is the CPU approximation)."""
     keys = ["method", "kind", "group", "region"]
+    if "exact" not in paired.columns:
+        paired = paired.assign(exact=True)
     agg = paired.groupby(keys, sort=False).agg(
         tourists=("tourist", "size"), ils=("base_score", "mean"), model=("score", "mean"),
         seconds=("seconds", "mean"), ils_seconds=("base_seconds", "mean"),
+        exact=("exact", "all"),
     ).reset_index()
     agg["gap_ils"] = gap(agg["ils"], agg["model"])
     agg["best_known"] = np.nan
@@ -97,7 +107,7 @@ def region_table(paired: pd.DataFrame, best_known: pd.Series | None = None) -> p
     agg["ils_gap_bk"] = gap(agg["best_known"], agg["ils"])
     return _ordered(agg)[["method", "kind", "group", "region", "tourists", "best_known",
                           "ils", "model", "gap_ils", "gap_bk", "ils_gap_bk", "seconds",
-                          "ils_seconds"]]
+                          "ils_seconds", "exact"]]
 
 
 def _ordered(df: pd.DataFrame) -> pd.DataFrame:
@@ -271,7 +281,8 @@ def render_markdown(tables: dict[str, pd.DataFrame]) -> dict[str, str]:
     parts = ["# Evaluation summary\n",
              "Gaps: (baseline - model) / baseline x 100, negative = better than the baseline; "
              "95% CIs: bootstrap over regions; p: one-sided Wilcoxon signed-rank test over "
-             "regions. Generated = the catalog's 64 validation tourists per region.\n"]
+             "regions. Generated = the catalog's 64 validation tourists per region; paper = "
+             "the paper's own 64 generated tourists per region.\n"]
     for m in dict.fromkeys(summary["method"]):
         parts += [f"\n## {m}\n\n", to_markdown(paper_summary(summary, m))]
     docs = {"summary.md": "".join(parts)}
@@ -287,8 +298,10 @@ def render_markdown(tables: dict[str, pd.DataFrame]) -> dict[str, str]:
     return docs
 
 
-def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path | str) -> list[Path]:
-    """Write every table as CSV and the Markdown documents into ``out_dir``.
+def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path | str,
+                 docs: dict[str, str] | None = None) -> list[Path]:
+    """Write every table as CSV and the Markdown documents (default: :func:`render_markdown`)
+    into ``out_dir``.
 
     Everything is written into a temporary folder beside ``out_dir`` first and moved in only
     when all files exist, so a failure leaves ``out_dir`` as it was.
@@ -302,7 +315,7 @@ def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path | str) -> list[P
         for name, df in tables.items():
             df.to_csv(tmp / f"{name}.csv", index=False)
             names.append(f"{name}.csv")
-        for name, text in render_markdown(tables).items():
+        for name, text in (render_markdown(tables) if docs is None else docs).items():
             (tmp / name).write_text(text)
             names.append(name)
         out_dir.mkdir(parents=True, exist_ok=True)

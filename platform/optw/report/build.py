@@ -7,6 +7,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+from optw.evaluate.tables import KIND_ORDER
 from optw.report.data import JobData, load_job
 from optw.report.html import render
 from optw.report.plots import (
@@ -38,8 +39,8 @@ def _figures(data: JobData, plots: Path, groups: list[str]) -> tuple[dict[str, s
     if len(data.evaluation):
         methods += list(data.evaluation["method"])
     colors = method_colors(methods)
-    for kind in ("validation", "benchmark"):
-        if regions is not None and len(regions):
+    for kind in KIND_ORDER:
+        if regions is not None and len(regions) and (regions["kind"] == kind).any():
             figures[f"gaps_{kind}"] = rel(region_gaps(regions, kind, groups, colors,
                                                       plots / f"gaps_{kind}.png"))
     points = time_score_points(data)

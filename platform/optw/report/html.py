@@ -10,10 +10,9 @@ from typing import Any
 
 import pandas as pd
 
+from optw.evaluate.tables import KIND_LABEL, KIND_ORDER
 from optw.report.data import JobData
 from optw.tracking.uri import sqlite_path
-
-KIND_LABEL = {"validation": "generated", "benchmark": "benchmark"}
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;
@@ -118,6 +117,40 @@ def summary_tables(summary: pd.DataFrame, groups: list[str]) -> str:
     return "\n".join(out)
 
 
+def against_paper_section(regions: pd.DataFrame | None) -> str:
+    """Ours beside the paper's columns (:mod:`optw.evaluate.paper`): group table, then the
+    per-region tables folded; a note when there is nothing to compare or no paper table."""
+    from optw.evaluate.paper import (
+        KINDS,
+        against_paper,
+        group_view,
+        load_paper_scores,
+        ours_from_regions,
+        region_view,
+    )
+
+    if regions is None or not regions["kind"].isin(KINDS).any():
+        return ('<p class="note">No results on the paper\'s tourists or the benchmark '
+                "tourists.</p>")
+    try:
+        paper = load_paper_scores()
+    except (OSError, ValueError) as exc:
+        return f'<p class="note">No paper tables to compare with: {escape(str(exc))}</p>'
+    tables = against_paper(ours_from_regions(regions), paper)
+    if tables["paper_groups"].empty:
+        return ('<p class="note">No region and method of this job has a number in the '
+                "paper's tables.</p>")
+    parts = [table(group_view(tables["paper_groups"]),
+                   left=("tourists", "group", "ours", "paper column"))]
+    for kind in KINDS:
+        if (tables["paper_regions"]["kind"] == kind).any():
+            parts.append(f"<details><summary>Per region, {escape(KIND_LABEL[kind])} tourists"
+                         "</summary>" + table(region_view(tables["paper_regions"], kind),
+                                              left=("group", "region", "exact"))
+                         + "</details>")
+    return "\n".join(parts)
+
+
 def _mlflow_links(data: JobData) -> str:
     """How to open the runs in MLflow: links for a server, the ``mlflow ui`` command else."""
     if data.run_url(data.parent_run_id):
@@ -190,7 +223,7 @@ def render(data: JobData, figures: dict[str, str | None], groups: list[str],
         f"<header><h1>{escape(title)}</h1><div class=\"meta\">{meta}</div></header>",
         '<nav><a href="#curves">Training curves</a><a href="#gaps">Gaps per region</a>'
         '<a href="#time">Time vs score</a><a href="#tables">Group tables</a>'
-        '<a href="#runs">MLflow runs</a></nav><main>',
+        '<a href="#paper">Against the paper</a><a href="#runs">MLflow runs</a></nav><main>',
         '<section id="curves"><h2>Training curves</h2>'
         '<p class="note">Greedy decoding of the validation tourists (mean score) and of the '
         "benchmark tourist at each validation point; step = epoch.</p>",
@@ -205,11 +238,13 @@ def render(data: JobData, figures: dict[str, str | None], groups: list[str],
     parts.append('<section id="gaps"><h2>Gaps per region</h2>'
                  '<p class="note">Gap = (reference − model) / reference × 100 on the mean '
                  "score over a region's tourists; generated = the catalog's validation "
-                 "tourists.</p>")
-    for kind in ("validation", "benchmark"):
+                 "tourists; paper = the paper's own generated tourists.</p>")
+    regions = data.tables.get("regions")
+    for kind in KIND_ORDER:
+        if kind == "paper" and f"gaps_{kind}" not in figures:
+            continue  # shown only for a job evaluated on the paper's sets
         parts.append(f"<h3>{KIND_LABEL[kind]} tourists</h3>")
         parts.append(_figure(figures.get(f"gaps_{kind}"), f"gaps {KIND_LABEL[kind]}"))
-    regions = data.tables.get("regions")
     if regions is not None and regions.get("best_known", pd.Series(dtype=float)).isna().all():
         parts.append('<p class="note">No best-known scores (no reference file when the job '
                      "ran): gaps to best-known are left out.</p>")
@@ -241,6 +276,12 @@ def render(data: JobData, figures: dict[str, str | None], groups: list[str],
         parts.append("<details><summary>Pairwise p-values</summary>"
                      + table(pvalues, left=("kind", "from", "to")) + "</details>")
     parts.append("</section>")
+    parts.append('<section id="paper"><h2>Against the paper</h2>'
+                 '<p class="note">Ours beside the paper\'s columns of the same name: the '
+                 "paper's own tourists against its generated-instance table, the benchmark "
+                 "tourist against its benchmark table; diff = (ours − paper) / paper × 100 "
+                 "(positive: ours higher); 'not exact': regions whose paper set is the CPU "
+                 "approximation.</p>" + against_paper_section(regions) + "</section>")
     parts.append('<section id="runs"><h2>MLflow runs</h2>' + _mlflow_links(data)
                  + runs_table(data) + "</section>")
     parts.append("</main></body></html>")

@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from optw.evaluate.tables import KIND_LABEL
 from optw.report.data import ChildRun, JobData, group_of
 
 DPI = 110
-KIND_LABEL = {"validation": "generated", "benchmark": "benchmark"}
 STAGE_ORDER = {"global": 0, "scratch": 1, "finetune": 2}
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2",
             "#17becf", "#bcbd22", "#7f7f7f")

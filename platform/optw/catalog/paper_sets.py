@@ -1,0 +1,280 @@
+"""The paper's own generated tourists ("paper sets"), drawn as the authors' released generator
+draws them, so our results can be held against the paper's generated-instance table region by
+region.
+
+The authors' generator (``generate_instances.py``) differs from the paper's prose, which our
+validation tourists follow (:mod:`optw.catalog.generator`). Per region:
+
+- ``torch.manual_seed(2925)``, then 64 tourists in order, each drawing: start time, end time,
+  scores, x, y. Every region restarts the stream (c101…c109 share their tourists).
+- ``day = int(T_day)``, ``m = int(4/24·day)``; start ``randint(T0 − m, min(int(15/24·day),
+  T1 + m))``, end ``randint(max(int(12/24·day), start + m), T1 + m)`` (upper ends exclusive;
+  T0, T1 the benchmark's times; the 15/24 and 12/24 bounds are truncated to integers, as
+  ``torch.randint`` takes integers only).
+- Uniform scores: ``randint(1, S, (n,))`` over all n nodes with ``S = round(1.1·S_max^b)``;
+  correlated (Gavalas): ``round(clip((S / int(d_max))·d + 10·randn(n), 1, S))`` with the randn
+  drawn on the generating device. Start and end get 0.
+- x then y: ``lo + width·rand(1)`` on the group's square; the end is the start. Travel times
+  from the start are computed in float32 (:attr:`~optw.catalog.Tourists.start_rows_f32`).
+
+The paper's sets were made on CUDA, whose normal stream differs from the CPU's: only a CUDA run
+rebuilds Gavalas' sets exactly. On a CPU the correlated noise comes from a separate CPU
+generator seeded alike, so times and start points stay exact and only the noise differs; such
+sets are flagged ``exact = False``. Uniform sets are CPU draws either way (always exact).
+
+Run stand-alone (torch, numpy and pyarrow only) to produce the exact sets on a GPU::
+
+    PYTHONPATH=platform python -m optw.catalog.paper_sets --device cuda \\
+        --catalog region_catalog --groups gavalas --out OUT
+
+and commit ``OUT/paper_tourists.parquet`` as ``platform/optw/catalog/data/paper_tourists.parquet``
+(:data:`DATA_FILE`); ``optw catalog build --paper-sets`` then takes its exact rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from optw.catalog.region import GROUPS, START_BOX, Region, Tourists
+from optw.catalog.store import PAPER_FILE, PAPER_KIND, write_parquet_atomic
+
+PAPER_SEED = 2925
+PAPER_SIZE = 64
+#: Paper tourist ``i`` (0-based) has id ``PAPER_FIRST_ID + i``: never an id of ours (0..64).
+PAPER_FIRST_ID = 1000
+#: Exact sets made on a GPU and committed as data (absent until a GPU session made them).
+DATA_FILE = Path(__file__).resolve().parent / "data" / PAPER_FILE
+
+#: Schema of :data:`PAPER_FILE` (in a catalog, in :data:`DATA_FILE` and in a stand-alone run).
+SCHEMA = pa.schema([
+    ("region", pa.string()), ("tourist", pa.int64()), ("kind", pa.string()),
+    ("start_x", pa.float64()), ("start_y", pa.float64()), ("t_start", pa.float64()),
+    ("t_end", pa.float64()), ("scores", pa.list_(pa.float64())), ("exact", pa.bool_()),
+    ("device", pa.string()), ("torch", pa.string()), ("source_sha256", pa.string()),
+])
+
+
+@dataclass(frozen=True)
+class PaperSet:
+    """One region's paper set: the tourists, whether they equal the paper's, where the
+    correlated noise was drawn (``cpu`` for uniform sets) and with which torch."""
+
+    tourists: Tourists
+    exact: bool
+    device: str
+    torch_version: str
+
+
+def _device(device: str | None) -> str:
+    """``auto`` / None -> ``cuda`` when available, else ``cpu``; ``cuda`` must be available."""
+    import torch
+
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
+        raise ValueError(f"--device {device!r}: expected cpu, cuda, cuda:N or auto")
+    if device != "cpu" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available on this machine")
+    return device
+
+
+def generate_paper_set(region: Region, device: str | None = "cpu", seed: int = PAPER_SEED,
+                       size: int = PAPER_SIZE) -> PaperSet:
+    """The region's paper set as the authors' generator draws it (see the module docstring)."""
+    import torch
+
+    device = _device(device)
+    cpu = torch.Generator().manual_seed(seed)
+    correlated = region.default_score_kind == "correlated"
+    noise = torch.Generator(device=device).manual_seed(seed) if correlated else None
+    day = int(region.t_day)
+    m = int(4 / 24 * day)
+    t0, t1 = int(region.t_start), int(region.t_end)
+    s = int(region.s_max)
+    n = region.n_nodes
+    lo, hi = START_BOX[region.group]
+    dur = torch.tensor(region.duration, dtype=torch.float32, device=device)
+    d_max = int(region.max_duration) or 1
+    ts, te = np.empty(size), np.empty(size)
+    xy, scores = np.empty((size, 2)), np.zeros((size, n))
+    for k in range(size):
+        try:
+            start = int(torch.randint(t0 - m, min(int(15 / 24 * day), t1 + m), (1,),
+                                      generator=cpu))
+            end = int(torch.randint(max(int(12 / 24 * day), start + m), t1 + m, (1,),
+                                    generator=cpu))
+        except RuntimeError as exc:
+            raise ValueError(f"region {region.id}: the paper's generator cannot draw the times "
+                             f"of tourist {k} (T {t0}-{t1}, day {day}): {exc}") from None
+        if correlated:
+            raw = s / d_max * dur + 10 * torch.randn(n, generator=noise, device=device)
+            sc = torch.round(torch.clamp(raw, 1, s))
+        else:
+            sc = torch.randint(1, s, (n,), generator=cpu)
+        x = lo + (hi - lo) * torch.rand(1, generator=cpu)
+        y = lo + (hi - lo) * torch.rand(1, generator=cpu)
+        ts[k], te[k], xy[k] = start, end, (float(x), float(y))
+        scores[k] = sc.double().cpu().numpy()
+    scores[:, 0] = scores[:, -1] = 0.0
+    tourists = Tourists(
+        region_id=region.id, tourist_id=np.arange(PAPER_FIRST_ID, PAPER_FIRST_ID + size),
+        kind=PAPER_KIND, start_xy=xy, t_start=ts, t_end=te, scores=scores,
+        start_rows_f32=True,
+    )
+    exact = not correlated or device != "cpu"
+    return PaperSet(tourists, exact, device if correlated else "cpu", torch.__version__)
+
+
+def paper_table(sets: Iterable[tuple[Region, PaperSet]]) -> pa.Table:
+    """Rows of :data:`SCHEMA`, one per (region, paper tourist)."""
+    cols: dict[str, list] = {name: [] for name in SCHEMA.names}
+    for region, ps in sets:
+        t = ps.tourists
+        for i in range(len(t)):
+            for name, value in (
+                ("region", region.id), ("tourist", int(t.tourist_id[i])), ("kind", t.kind),
+                ("start_x", float(t.start_xy[i, 0])), ("start_y", float(t.start_xy[i, 1])),
+                ("t_start", float(t.t_start[i])), ("t_end", float(t.t_end[i])),
+                ("scores", t.scores[i].tolist()), ("exact", ps.exact), ("device", ps.device),
+                ("torch", ps.torch_version), ("source_sha256", region.source_hash),
+            ):
+                cols[name].append(value)
+    return pa.table(cols, schema=SCHEMA)
+
+
+def tourists_from_rows(region_id: str, rows: dict[str, np.ndarray]) -> Tourists:
+    """A paper set back from the columns of its rows (sorted by tourist id)."""
+    order = np.argsort(rows["tourist"], kind="stable")
+    return Tourists(
+        region_id=region_id, tourist_id=np.asarray(rows["tourist"], np.int64)[order],
+        kind=PAPER_KIND,
+        start_xy=np.stack([rows["start_x"], rows["start_y"]], -1).astype(np.float64)[order],
+        t_start=np.asarray(rows["t_start"], np.float64)[order],
+        t_end=np.asarray(rows["t_end"], np.float64)[order],
+        scores=np.stack([np.asarray(s, np.float64) for s in rows["scores"]])[order],
+        start_rows_f32=True,
+    )
+
+
+def _rows_by_region(table: pa.Table) -> dict[str, dict[str, np.ndarray]]:
+    """The table's columns split by region (region id -> column name -> values)."""
+    data = {name: np.asarray(table.column(name).to_pylist(), dtype=object)
+            for name in table.column_names}
+    return {rid: {k: v[data["region"] == rid] for k, v in data.items()}
+            for rid in dict.fromkeys(data["region"])}
+
+
+def _from_data(region: Region, cpu_set: PaperSet, rows: dict[str, np.ndarray] | None,
+               source: Path | None) -> PaperSet | None:
+    """The committed exact set of ``region`` when there is one for its file; its times and
+    start points must equal the CPU draws (they are CPU draws on every device)."""
+    if rows is None or not bool(np.all(rows["exact"])):
+        return None
+    if set(rows["source_sha256"].tolist()) != {region.source_hash}:
+        return None  # made from another version of the region's file
+    data = tourists_from_rows(region.id, rows)
+    mine = cpu_set.tourists
+    same = (np.array_equal(data.tourist_id, mine.tourist_id)
+            and np.array_equal(data.t_start, mine.t_start)
+            and np.array_equal(data.t_end, mine.t_end)
+            and np.array_equal(data.start_xy, mine.start_xy))
+    if not same:
+        raise ValueError(f"{source}: the times or start points of region {region.id} differ "
+                         "from the paper's CPU draws; regenerate the file (see "
+                         "optw.catalog.paper_sets)")
+    return PaperSet(data, True, str(rows["device"][0]), str(rows["torch"][0]))
+
+
+def build_paper_sets(regions: list[Region], device: str | None = "auto",
+                     data_file: Path | None = DATA_FILE) -> tuple[pa.Table, dict]:
+    """Every region's paper set for a catalog build: uniform sets on the CPU; correlated sets
+    from ``data_file`` (exact sets made on a GPU) when it has the region, else drawn on
+    ``device`` (``auto``: CUDA when available; exact only on CUDA). Returns the table and a
+    summary for the manifest."""
+    device = _device(device)
+    committed = {}
+    if data_file is not None and Path(data_file).exists():
+        committed = _rows_by_region(pq.read_table(data_file))
+    sets, from_data = [], []
+    for region in regions:
+        ps = generate_paper_set(region, "cpu")
+        if region.default_score_kind == "correlated":
+            exact = _from_data(region, ps, committed.get(region.id), data_file)
+            if exact is not None:
+                from_data.append(region.id)
+                ps = exact
+            elif device != "cpu":
+                ps = generate_paper_set(region, device)
+        sets.append((region, ps))
+    summary = {
+        "seed": PAPER_SEED, "size": PAPER_SIZE, "first_id": PAPER_FIRST_ID,
+        "device": device, "regions": len(sets),
+        "exact_regions": sum(ps.exact for _, ps in sets),
+        "approximate_regions": [r.id for r, ps in sets if not ps.exact],
+        "from_data_file": from_data,
+    }
+    return paper_table(sets), summary
+
+
+# ----------------------------------------------------------------------------- stand-alone
+
+
+def _regions(args: argparse.Namespace) -> list[Region]:
+    if args.catalog is not None:
+        from optw.catalog.store import read_regions
+
+        regions = read_regions(args.catalog)
+    else:
+        from optw.catalog.parse import discover, parse_file
+        from optw.catalog.store import default_source
+
+        regions = [parse_file(p, g) for g, p in discover(args.source or default_source())]
+    groups = [g for item in args.groups or [] for g in item.split(",") if g]
+    bad = sorted(set(groups) - set(GROUPS))
+    if bad:
+        raise ValueError(f"--groups: unknown group(s) {bad}; expected some of {list(GROUPS)}")
+    wanted = [r for item in args.regions or [] for r in item.split(",") if r]
+    unknown = sorted(set(wanted) - {r.id for r in regions})
+    if unknown:
+        raise ValueError(f"--regions: unknown region(s) {unknown}")
+    return [r for r in regions if (not groups or r.group in groups)
+            and (not wanted or r.id in wanted)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the paper sets of the chosen regions to ``OUT/paper_tourists.parquet``."""
+    p = argparse.ArgumentParser(prog="python -m optw.catalog.paper_sets",
+                                description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--catalog", type=Path, default=None,
+                     help="read the regions from a built catalog (pyarrow only)")
+    src.add_argument("--source", type=Path, default=None,
+                     help="read the benchmark files (default: $OPTW_BENCHMARKS)")
+    p.add_argument("--device", default="auto", help="cpu, cuda[:N] or auto (default)")
+    p.add_argument("--groups", action="append", default=None, help="e.g. gavalas")
+    p.add_argument("--regions", action="append", default=None, help="e.g. t101,t102")
+    p.add_argument("--out", type=Path, required=True, help="output folder")
+    args = p.parse_args(argv)
+    try:
+        device = _device(args.device)
+        regions = _regions(args)
+        sets = [(r, generate_paper_set(r, device)) for r in regions]
+        path = write_parquet_atomic(paper_table(sets), args.out / PAPER_FILE)
+    except (ValueError, OSError) as exc:
+        print(f"paper_sets: error: {exc}", file=sys.stderr)
+        return 2
+    exact = sum(ps.exact for _, ps in sets)
+    print(f"{len(sets)} regions ({exact} exact) on {device} -> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""Our results held against the paper's tables (``optw evaluate --against-paper`` and the
+report's "Against the paper" section).
+
+Our mean per region, for ILS and each method, beside the paper's column of the same name
+(``ils``, ``global_ft``, ``model``, ``model_as``; other names through an explicit mapping): on
+the paper's own tourists (kind ``paper``) against ``paper_generated_scores.csv``, on the
+benchmark tourist against ``paper_benchmark_scores.csv``. Our validation tourists have no
+counterpart in the paper and are left out. ``diff`` = (ours − paper) / paper × 100: positive
+when ours scores higher. Group rows: means over the regions compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from optw.evaluate.tables import (
+    GROUP_LABEL,
+    GROUP_ORDER,
+    KIND_LABEL,
+    read_reference,
+    to_markdown,
+)
+
+#: Tourist kind -> the paper's table of it (in ``$OPTW_REFERENCE`` / ``../shared/reference``).
+PAPER_FILES = {"paper": "paper_generated_scores.csv", "benchmark": "paper_benchmark_scores.csv"}
+PAPER_COLUMNS = ("ils", "global_ft", "model", "model_as")
+KINDS = tuple(PAPER_FILES)
+#: Long form of our numbers: one row per (kind, region, name).
+OURS = ("kind", "group", "region", "name", "tourists", "score", "exact")
+
+
+def load_paper_scores(reference_dir: Path | str | None = None) -> dict[str, pd.DataFrame]:
+    """The paper's two tables, indexed by region (``instance``): kind -> DataFrame."""
+    from optw.paths import reference_dir as default_dir
+
+    folder = Path(reference_dir) if reference_dir else default_dir()
+    return {kind: read_reference(folder / name, ("ils",)) for kind, name in PAPER_FILES.items()}
+
+
+def parse_column_map(items: list[str] | None) -> dict[str, str]:
+    """``["beam=model", ...]`` -> ``{"beam": "model"}`` (our name -> the paper's column)."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        name, sep, column = item.partition("=")
+        if not sep or not name or column not in PAPER_COLUMNS:
+            raise ValueError(f"--paper-column {item!r}: expected NAME=COLUMN with COLUMN one "
+                             f"of {', '.join(PAPER_COLUMNS)}")
+        out[name] = column
+    return out
+
+
+def ours_from_results(results: pd.DataFrame, ils: pd.DataFrame | None = None,
+                      exact: Mapping[str, bool] | None = None,
+                      groups: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """Our means per (kind, region, method) from validated results (and per (kind, region)
+    from stored ILS rows, name ``ils``). ``exact``: region -> whether its paper set is exact;
+    ``groups``: region -> group (for ILS rows)."""
+    parts = []
+    if results is not None and len(results):
+        parts.append(results.rename(columns={"method": "name"}))
+    if ils is not None and len(ils):
+        base = ils.assign(name="ils", group=ils["region"].map(groups or {}))
+        parts.append(base)
+    if not parts:
+        return pd.DataFrame(columns=list(OURS))
+    df = pd.concat(parts, ignore_index=True)
+    df = df[df["kind"].isin(KINDS)]
+    out = df.groupby(["kind", "group", "region", "name"], sort=False).agg(
+        tourists=("tourist", "size"), score=("score", "mean")).reset_index()
+    out["exact"] = [k != "paper" or bool((exact or {}).get(r, True))
+                    for k, r in zip(out["kind"], out["region"], strict=True)]
+    return out[list(OURS)]
+
+
+def ours_from_regions(regions: pd.DataFrame) -> pd.DataFrame:
+    """Our means from a region table (:func:`optw.evaluate.tables.region_table`, e.g. a job's
+    ``regions.csv``): each method as is, ILS once per (kind, region)."""
+    df = regions[regions["kind"].isin(KINDS)]
+    exact = df["exact"] if "exact" in df.columns else True
+    df = df.assign(exact=exact)
+    methods = df.rename(columns={"method": "name", "model": "score"})
+    ils = (df.sort_values("tourists", ascending=False, kind="stable")
+           .drop_duplicates(["kind", "region"]).assign(name="ils")
+           .rename(columns={"ils": "score"}))
+    out = pd.concat([ils, methods], ignore_index=True)
+    out["exact"] = out["exact"].astype(bool)
+    return out[list(OURS)].reset_index(drop=True)
+
+
+def against_paper(ours: pd.DataFrame, paper: Mapping[str, pd.DataFrame],
+                  columns: Mapping[str, str] | None = None) -> dict[str, pd.DataFrame]:
+    """Tables ``paper_regions`` (one row per kind, region and compared name) and
+    ``paper_groups`` (per kind, group and name: means over regions, the diff of the means and
+    the mean / min / max of the region diffs). Names with no paper column and regions the
+    paper's table lacks are left out."""
+    columns = dict(columns or {})
+    rows = []
+    for rec in ours.itertuples(index=False):
+        column = columns.get(rec.name, rec.name if rec.name in PAPER_COLUMNS else None)
+        table = paper.get(rec.kind)
+        if column is None or table is None:
+            continue
+        value = (table.at[rec.region, column] if rec.region in table.index
+                 and column in table.columns else np.nan)
+        if pd.isna(value):
+            continue
+        rows.append({"kind": rec.kind, "group": rec.group, "region": rec.region,
+                     "name": rec.name, "paper_column": column, "tourists": int(rec.tourists),
+                     "exact": bool(rec.exact), "ours": float(rec.score),
+                     "paper": float(value)})
+    cols = ["kind", "group", "region", "name", "paper_column", "tourists", "exact", "ours",
+            "paper", "diff_pct"]
+    regions = pd.DataFrame(rows, columns=cols[:-1])
+    regions["diff_pct"] = (regions["ours"] - regions["paper"]) / regions["paper"] * 100.0
+    regions = _sorted(regions, ["kind", "group", "name", "region"])
+    groups = []
+    for (kind, group, name, column), g in regions.groupby(
+            ["kind", "group", "name", "paper_column"], sort=False):
+        ours_mean, paper_mean = g["ours"].mean(), g["paper"].mean()
+        groups.append({
+            "kind": kind, "group": group, "name": name, "paper_column": column,
+            "regions": len(g), "inexact_regions": int((~g["exact"]).sum()),
+            "ours": ours_mean, "paper": paper_mean,
+            "diff_pct": (ours_mean - paper_mean) / paper_mean * 100.0,
+            "region_diff_mean": g["diff_pct"].mean(), "region_diff_min": g["diff_pct"].min(),
+            "region_diff_max": g["diff_pct"].max(),
+        })
+    group_cols = ["kind", "group", "name", "paper_column", "regions", "inexact_regions", "ours",
+                  "paper", "diff_pct", "region_diff_mean", "region_diff_min", "region_diff_max"]
+    return {"paper_groups": _sorted(pd.DataFrame(groups, columns=group_cols),
+                                    ["kind", "group", "name"]),
+            "paper_regions": regions}
+
+
+def _sorted(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Kinds as :data:`KINDS`, groups in the paper's order, names ILS first."""
+    def key(col: pd.Series) -> pd.Series:
+        if col.name == "kind":
+            return col.map({k: i for i, k in enumerate(KINDS)})
+        if col.name == "group":
+            return col.map({g: i for i, g in enumerate(GROUP_ORDER)}).fillna(len(GROUP_ORDER))
+        if col.name == "name":
+            return col.where(col != "ils", "")
+        return col
+    return df.sort_values(keys, key=key, kind="stable").reset_index(drop=True)
+
+
+def _pct(v: float) -> str:
+    return "-" if pd.isna(v) else f"{v:+.2f}%"
+
+
+def group_view(groups: pd.DataFrame) -> pd.DataFrame:
+    """The group table as people read it (labels, % columns, the approximate-set count)."""
+    return pd.DataFrame({
+        "tourists": [KIND_LABEL.get(k, k) for k in groups["kind"]],
+        "group": [GROUP_LABEL.get(g, g) for g in groups["group"]],
+        "ours": groups["name"].to_numpy(), "paper column": groups["paper_column"].to_numpy(),
+        "regions": groups["regions"].to_numpy(),
+        "not exact": [str(n) if n else "" for n in groups["inexact_regions"]],
+        "ours mean": groups["ours"].to_numpy(), "paper mean": groups["paper"].to_numpy(),
+        "diff": [_pct(v) for v in groups["diff_pct"]],
+        "region diffs mean [min, max]": [
+            "-" if pd.isna(m) else f"{m:+.2f}% [{lo:+.2f}%, {hi:+.2f}%]"
+            for m, lo, hi in zip(groups["region_diff_mean"], groups["region_diff_min"],
+                                 groups["region_diff_max"], strict=True)],
+    })
+
+
+def region_view(regions: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """Per-region table of one kind, wide over the compared names: ours, the paper's, diff."""
+    sub = regions[regions["kind"] == kind]
+    first = sub.drop_duplicates("region")
+    out = pd.DataFrame({"group": [GROUP_LABEL.get(g, g) for g in first["group"]],
+                        "region": first["region"].to_numpy(),
+                        "exact": ["" if e else "no" for e in first["exact"]]})
+    for name in dict.fromkeys(sub["name"]):
+        s = sub[sub["name"] == name].set_index("region")
+        column = s["paper_column"].iloc[0]
+        out[name] = out["region"].map(s["ours"])
+        out[f"paper {column}"] = out["region"].map(s["paper"])
+        out[f"{name} diff"] = out["region"].map(s["diff_pct"]).map(_pct)
+    if kind != "paper":
+        out = out.drop(columns=["exact"])
+    return out
+
+
+def render_against_paper(tables: Mapping[str, pd.DataFrame]) -> str:
+    """The Markdown document ``against_paper.md``."""
+    groups, regions = tables["paper_groups"], tables["paper_regions"]
+    parts = ["# Against the paper\n\n",
+             "Ours beside the paper's columns: the paper's own tourists against "
+             "`paper_generated_scores.csv`, the benchmark tourist against "
+             "`paper_benchmark_scores.csv`. diff = (ours - paper) / paper x 100 (positive: "
+             "ours higher); group rows are means over the regions compared. "
+             "'not exact': regions whose paper set is the CPU approximation (Gavalas' "
+             "correlated scores without a GPU).\n\n"]
+    if groups.empty:
+        return "".join(parts) + "No region and name of ours has a number in the paper's tables.\n"
+    parts += ["## Per group\n\n", to_markdown(group_view(groups))]
+    for kind in KINDS:
+        if (regions["kind"] == kind).any():
+            parts += [f"\n## Per region, {KIND_LABEL.get(kind, kind)} tourists\n\n",
+                      to_markdown(region_view(regions, kind))]
+    return "".join(parts)
