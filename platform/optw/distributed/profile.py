@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from optw.catalog import GROUPS
 from optw.evaluate.protocol import EvaluateSettings
-from optw.train.config import ConfigError, TrainConfig, from_table, load_mapping
+from optw.train.config import (
+    ConfigError,
+    TrainConfig,
+    from_table,
+    integer,
+    load_mapping,
+    number,
+)
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 MODES = ("scratch", "global-ft", "transfer")
@@ -56,19 +62,16 @@ class ResourcesSection:
     regions_per_worker: int = 1
 
     def __post_init__(self) -> None:
-        def number(v: Any) -> bool:
-            return type(v) in (int, float) and math.isfinite(v)
-
         if not (number(self.cpus_per_region) and self.cpus_per_region > 0):
             raise ConfigError(f"resources.cpus_per_region = {self.cpus_per_region!r}: must be "
                               "a finite number > 0")
         if not (number(self.gpu_fraction) and 0 < self.gpu_fraction <= 1):
             raise ConfigError(f"resources.gpu_fraction = {self.gpu_fraction!r}: must be in "
                               "(0, 1]")
-        if not (type(self.regions_per_worker) is int and self.regions_per_worker >= 1):
+        if not (integer(self.regions_per_worker) and self.regions_per_worker >= 1):
             raise ConfigError(f"resources.regions_per_worker = {self.regions_per_worker!r}: "
                               "must be an integer >= 1")
-        if not (type(self.max_failures) is int and self.max_failures >= -1):
+        if not (integer(self.max_failures) and self.max_failures >= -1):
             raise ConfigError(f"resources.max_failures = {self.max_failures!r}: must be an "
                               "integer >= -1 (-1: retry forever)")
 

@@ -21,7 +21,7 @@ import numpy as np
 from optw.catalog import TOURIST_SETS
 from optw.decode.limits import MAX_BEAMS, MIN_BEAMS, PAPER_BEAMS
 from optw.evaluate.stats import gap
-from optw.train.config import ConfigError
+from optw.train.config import ConfigError, integer
 
 #: the beam widths of the paper's score-against-time figure
 BEAM_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -46,7 +46,7 @@ class EvaluateSettings:
 
     def __post_init__(self) -> None:
         def width(w: Any) -> bool:
-            return type(w) is int and MIN_BEAMS <= w <= MAX_BEAMS
+            return integer(w) and MIN_BEAMS <= w <= MAX_BEAMS
 
         if not isinstance(self.beam_sweep, list) or not all(map(width, self.beam_sweep)):
             raise ConfigError(f"evaluate.beam_sweep = {self.beam_sweep!r}: a list of widths in "
@@ -54,10 +54,10 @@ class EvaluateSettings:
         if not width(self.beams):
             raise ConfigError(f"evaluate.beams = {self.beams!r}: must be an integer in "
                               f"{MIN_BEAMS}..{MAX_BEAMS}")
-        if not (type(self.active_search) is int and self.active_search >= 0):
+        if not (integer(self.active_search) and self.active_search >= 0):
             raise ConfigError(f"evaluate.active_search = {self.active_search!r}: must be an "
                               "integer >= 0")
-        if not (type(self.validation_tourists) is int and 0 <= self.validation_tourists <= 64):
+        if not (integer(self.validation_tourists) and 0 <= self.validation_tourists <= 64):
             raise ConfigError(f"evaluate.validation_tourists = {self.validation_tourists!r}: "
                               "must be an integer in 0..64")
         for name in ("keep_greedy", "one_by_one"):

@@ -16,6 +16,16 @@ class ConfigError(ValueError):
     """A configuration with unknown keys or bad values."""
 
 
+def integer(v: Any) -> bool:
+    """An int that is not a bool (bool is an int in Python, not in a config)."""
+    return type(v) is int
+
+
+def number(v: Any) -> bool:
+    """A finite int or float (not a bool, NaN or infinity)."""
+    return type(v) in (int, float) and math.isfinite(v)
+
+
 @dataclass
 class TrainConfig:
     """REINFORCE training of one region (or of a global model over several regions).
@@ -56,12 +66,6 @@ class TrainConfig:
         if isinstance(self.regions, str):
             self.regions = [self.regions]
         need(isinstance(self.regions, list), "regions", "must be a list of region ids")
-        def integer(v: Any) -> bool:  # bool is an int in Python, not here
-            return type(v) is int
-
-        def number(v: Any) -> bool:
-            return type(v) in (int, float) and math.isfinite(v)
-
         need(all(isinstance(r, str) and r for r in self.regions), "regions",
              "must be a list of region ids")
         need(integer(self.seed), "seed", "must be an integer")
