@@ -58,7 +58,7 @@ def _train(args) -> int:
         if args.region and listed and list(listed) != args.region:
             raise ValueError(f"--region {' '.join(args.region)} differs from regions = "
                              f"{listed} in {args.config}; give one of them")
-        config = TrainConfig.from_file(args.config, **overrides)
+        config = TrainConfig.from_dict({**data, **overrides}, source=str(args.config))
     else:
         config = TrainConfig.from_dict(overrides, source="command line")
     if not config.regions:
@@ -72,12 +72,12 @@ def _train(args) -> int:
         raise NotADirectoryError(f"--out: {out} is a file, not a folder")
     resume = None
     if args.resume:
-        resume = out / "last.pt"
-        if not resume.exists():
-            raise FileNotFoundError(f"--resume: no checkpoint {resume} to resume from")
-        state = read_checkpoint(resume)
-        for key, (before, now) in check_resume(state, config, str(resume)).items():
-            print(f"resuming {resume} with {key} = {now!r} (it was trained with {before!r})")
+        last = out / "last.pt"
+        if not last.exists():
+            raise FileNotFoundError(f"--resume: no checkpoint {last} to resume from")
+        resume = read_checkpoint(last)  # read once: checked here, resumed by train()
+        for key, (before, now) in check_resume(resume, config, str(last)).items():
+            print(f"resuming {last} with {key} = {now!r} (it was trained with {before!r})")
     else:
         if (out / "last.pt").exists():
             raise FileExistsError(f"--out: {out} already holds a run (last.pt); continue it "
