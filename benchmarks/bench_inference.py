@@ -10,6 +10,8 @@ the authors' code measured on the same 2-core machine (``AUTHORS``).
     .venv/bin/python benchmarks/bench_inference.py            # everything (~3 minutes)
     .venv/bin/python benchmarks/bench_inference.py --quick    # fewer repeats
     .venv/bin/python benchmarks/bench_inference.py --only beam
+    PYTHONPATH=platform python benchmarks/bench_inference.py --device cuda \
+        --pretrained .device/pretrained --wait-quiet 0       # the same figures on a GPU
 
 Timings are the best of a few repeats (other work on the machine only slows runs down).
 """
@@ -26,9 +28,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PRETRAINED = ROOT.parent / "shared" / "reference" / "pretrained"
+#: where the published weights are, and the device (``--pretrained``, ``--device``; passed on
+#: to the training worker processes through the environment)
+PRETRAINED = Path(os.environ.get("OPTW_BENCH_PRETRAINED",
+                                 ROOT.parent / "shared" / "reference" / "pretrained"))
+DEVICE = os.environ.get("OPTW_BENCH_DEVICE", "cpu")
 WEIGHTS = {"pr01": PRETRAINED / "pr01_uni_samp_500000.pt",
            "t101": PRETRAINED / "t101_corr_samp_500000.pt"}
+
+
+def _sync() -> None:
+    import torch
+
+    if DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
 
 #: The authors' implementation on this machine (torch CPU).
 AUTHORS = {
@@ -101,9 +114,9 @@ def bench_inference(threads: list[int], repeats: int, only: str,
     cat = open_catalog()
     rows = []
     for region_id in ("pr01", "t101"):
-        model = load_model(WEIGHTS[region_id])
+        model = load_model(WEIGHTS[region_id], map_location=DEVICE)
         region = cat.region(region_id)
-        inst = make_instances(region, cat.benchmark(region_id))
+        inst = make_instances(region, cat.benchmark(region_id), DEVICE)
         if only in ("all", "greedy"):
             wait_quiet(quiet)
             torch.set_num_threads(1)
@@ -112,8 +125,10 @@ def bench_inference(threads: list[int], repeats: int, only: str,
                     out = rollout(model, inst, greedy=True)
                 times = []
                 for _ in range(repeats * 5):
+                    _sync()
                     t = time.perf_counter()
                     out = rollout(model, inst, greedy=True)
+                    _sync()
                     times.append(time.perf_counter() - t)
             rows.append({"what": "greedy_ms", "region": region_id, "threads": 1,
                          "value": min(times) * 1e3, "score": float(out.reward[0])})
@@ -124,8 +139,10 @@ def bench_inference(threads: list[int], repeats: int, only: str,
                 res = beam_search(model, inst, 128)  # warm-up (kernel compilation)
                 times = []
                 for _ in range(repeats):
+                    _sync()
                     t = time.perf_counter()
                     res = beam_search(model, inst, 128)
+                    _sync()
                     times.append(time.perf_counter() - t)
                 rows.append({"what": "beam_s", "region": region_id, "threads": th,
                              "value": min(times), "score": res.scores[0]})
@@ -146,16 +163,16 @@ def train_worker(region_id: str, init: str, threads: int, epochs: int, seed: int
     torch.manual_seed(seed)
     region = open_catalog().region(region_id)
     model = load_model(WEIGHTS[init]) if init != "scratch" else PointerNet(ModelConfig())
-    model.train()
+    model.to(DEVICE).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     rng = np.random.default_rng(seed)
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.zeros(32, dtype=torch.long)
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    ids = torch.zeros(32, dtype=torch.long, device=DEVICE)
     base = _rss_mb()
     _reset_peak()  # the peak of the training epochs, not of loading the catalog
 
     def epoch() -> float:
-        inst = make_instances(region, sample_tourists(region, 1, rng))
+        inst = make_instances(region, sample_tourists(region, 1, rng), DEVICE)
         out = rollout(model, inst, ids, generator=gen)
         loss = (-((out.reward - out.reward.mean()) * out.log_prob).mean()
                 - 0.01 * out.entropy.mean())
@@ -168,13 +185,19 @@ def train_worker(region_id: str, init: str, threads: int, epochs: int, seed: int
     for _ in range(3):
         epoch()
     lengths = []
+    if DEVICE.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    _sync()
     t = time.perf_counter()
     for _ in range(epochs):
         lengths.append(epoch())
+    _sync()
     dt = (time.perf_counter() - t) / epochs
+    gpu = ({"gpu_peak_mb": torch.cuda.max_memory_allocated() / 2**20}
+           if DEVICE.startswith("cuda") else {})
     return {"region": region_id, "init": init, "threads": threads, "epochs_per_s": 1 / dt,
             "s_per_epoch": dt, "mean_route_len": float(np.mean(lengths)),
-            "baseline_rss_mb": base, "peak_rss_mb": _peak_mb()}
+            "baseline_rss_mb": base, "peak_rss_mb": _peak_mb(), "device": DEVICE, **gpu}
 
 
 def bench_training(threads: list[int], quick: bool, quiet: float = 0.0) -> list[dict]:
@@ -195,6 +218,7 @@ def bench_training(threads: list[int], quick: bool, quiet: float = 0.0) -> list[
 
 def report(inf: list[dict], train: list[dict]) -> None:
     """The table: our figure, the authors', and the speed-up (or memory ratio)."""
+    print(f"ours on {DEVICE}; the authors' on this machine's CPU")
     print(f"{'measure':<44}{'ours':>10}{'authors':>10}{'speed-up':>10}")
 
     def line(label: str, ours: float, theirs: float | None, lower_is_better: bool) -> None:
@@ -221,11 +245,14 @@ def report(inf: list[dict], train: list[dict]) -> None:
         label = f"peak RSS {r['region']} {init} {r['threads']}T (GB)"
         theirs = AUTHORS[("peak_gb", "t101", 0)] if r["region"] == "t101" else None
         line(label, r["peak_rss_mb"] / 1e3, theirs, True)
+        if "gpu_peak_mb" in r:
+            print(f"{'':<6}(GPU peak {r['gpu_peak_mb'] / 1e3:.2f} GB)")
         print(f"{'':<6}(process baseline {r['baseline_rss_mb'] / 1e3:.2f} GB, "
               f"mean route length {r['mean_route_len']:.1f})")
 
 
 def main() -> int:
+    global DEVICE, PRETRAINED
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer repeats")
     p.add_argument("--only", choices=("all", "greedy", "beam", "train"), default="all")
@@ -234,9 +261,17 @@ def main() -> int:
     p.add_argument("--wait-quiet", type=float, default=60.0, metavar="S",
                    help="before each measurement wait up to S seconds for other work on the "
                         "machine to stop (default 60)")
+    p.add_argument("--device", default=DEVICE, help="cpu (default), cuda or cuda:N: every "
+                   "figure on that device (the authors' figures stay the CPU's)")
+    p.add_argument("--pretrained", type=Path, default=PRETRAINED,
+                   help="folder of the published weights")
     p.add_argument("--worker", nargs=4, metavar=("REGION", "INIT", "THREADS", "EPOCHS"),
                    help=argparse.SUPPRESS)
     args = p.parse_args()
+    DEVICE, PRETRAINED = args.device, args.pretrained
+    os.environ.update(OPTW_BENCH_DEVICE=DEVICE, OPTW_BENCH_PRETRAINED=str(PRETRAINED))
+    for key, path in WEIGHTS.items():
+        WEIGHTS[key] = PRETRAINED / path.name
     if args.worker:
         region_id, init, th, epochs = args.worker
         print(json.dumps(train_worker(region_id, init, int(th), int(epochs), seed=0)))

@@ -11,12 +11,15 @@ Checks (each PASS or FAIL with its figures; everything also in ``OUT/gpu_check.j
    pr01 -> 308 and t101 -> 399 with the CPU's routes;
 2. ``greedy``: greedy routes on the device equal the CPU's on the 64 validation tourists of pr01
    and t101;
-3. ``learns``: a short training run on the device raises pr01's greedy validation score.
+3. ``learns``: a short training run on the device raises pr01's greedy validation score;
+4. ``pack``: a pack of three per-region models trained side by side on the device samples the
+   same routes as each trained alone there, with weights equal within rounding.
 
 Figures, device beside CPU: training epochs/s on t101 (B = 32, from scratch), beam-128 latency on
-t101's benchmark tourist, and the device's peak memory for each. Exit code 1 when a check fails,
-2 when CUDA is missing. ``tests/test_gpu.py`` runs the same checks under pytest where CUDA
-exists. ``docs/gpu.md`` says how to run it on the lent device.
+t101's benchmark tourist, and the device's peak memory for each; on the device, the summed
+region-epochs/s of all 56 Solomon regions trained in packs (of 14 and of 56). Exit code 1 when
+a check fails, 2 when CUDA is missing. ``tests/test_gpu.py`` runs the same checks under pytest
+where CUDA exists. ``docs/gpu.md`` says how to run it on the lent device.
 """
 
 from __future__ import annotations
@@ -99,6 +102,45 @@ def check_learns(catalog, device: torch.device, epochs: int = 300) -> dict[str, 
             "ok": after > before * 1.1}
 
 
+def check_pack(catalog, device: torch.device, epochs: int = 4) -> dict[str, Any]:
+    """A pack of three per-region models trained side by side on ``device`` samples the same
+    routes as each model trained alone on it (equal mean rewards every epoch) and ends with
+    weights equal within rounding; the members come back on the device."""
+    from optw.train import MetricsHistory, TrainConfig, train
+    from optw.train.pack import train_pack
+
+    configs = [TrainConfig(regions=[r], epochs=epochs, batch_size=8, val_every=0,
+                           val_tourists=4, checkpoint_every=0, seed=10 + i, device=str(device))
+               for i, r in enumerate(["c101", "pr01", "r102"])]
+    alone_hist = [MetricsHistory() for _ in configs]
+    pack_hist = [MetricsHistory() for _ in configs]
+    alone = [train(c, catalog, [h]) for c, h in zip(configs, alone_hist, strict=True)]
+    pack = train_pack(configs, catalog, [[h] for h in pack_hist])
+    out: dict[str, Any] = {"ok": True}
+    for c, a, p, ha, hp in zip(configs, alone, pack, alone_hist, pack_hist, strict=True):
+        same = all(abs(x["mean_reward"] - y["mean_reward"]) < 1e-3
+                   for x, y in zip(ha.epochs, hp.epochs, strict=True))
+        sa, sp = a.model.state_dict(), p.model.state_dict()
+        diff = max(float((sa[k] - sp[k]).abs().max()) for k in sa)
+        on_device = next(p.model.parameters()).device.type == device.type
+        ok = same and diff < 2 * c.lr and on_device
+        out[c.regions[0]] = {"same_rewards": same, "max_weight_diff": diff,
+                             "on_device": on_device, "ok": ok}
+        out["ok"] &= ok
+    return out
+
+
+def measure_packs(catalog, device: torch.device, epochs: int, pack_size: int) -> dict[str, Any]:
+    """Summed region-epochs/s of all 56 Solomon regions in packs of ``pack_size`` (paper
+    recipe, B = 32), and peak memory (``bench_packs.py``)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_packs import measure_packs as bench
+
+    regions = catalog.list_regions("solomon")
+    res = bench(catalog, regions, epochs, str(device), 2, pack_size, 32, sequential=False)
+    return {"regions": len(regions), "pack_size": pack_size, "epochs": epochs, **res["batched"]}
+
+
 def measure_training(catalog, device: torch.device, epochs: int) -> dict[str, Any]:
     """Epochs/s of t101 from scratch (B = 32, one tourist per step), after a short warm-up."""
     from optw.train import TrainConfig, train
@@ -164,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     checks = {"published": lambda: check_published(catalog, args.pretrained, device),
               "greedy": lambda: check_greedy(catalog, args.pretrained, device),
-              "learns": lambda: check_learns(catalog, device, 100 if args.quick else 300)}
+              "learns": lambda: check_learns(catalog, device, 100 if args.quick else 300),
+              "pack": lambda: check_pack(catalog, device)}
     figures = {
         "train_t101": lambda: {"device": measure_training(catalog, device, epochs),
                                "cpu": measure_training(catalog, torch.device("cpu"),
@@ -173,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
                                                         3 if args.quick else 10),
                                  "cpu": measure_beam(catalog, args.pretrained,
                                                      torch.device("cpu"), 2)},
+        "packs_solomon": lambda: {
+            f"pack_{size}": measure_packs(catalog, device, 5 if args.quick else 30, size)
+            for size in ((56,) if args.quick else (14, 56))},
     }
     failed = []
     for name, fn in {**checks, **figures}.items():

@@ -38,3 +38,10 @@ def test_training_learns_on_cuda(catalog):
     """A short REINFORCE run on CUDA raises pr01's greedy validation score by more than 10%."""
     res = gpu_check.check_learns(catalog, CUDA)
     assert res["ok"], res
+
+
+def test_pack_trains_on_cuda(catalog):
+    """A pack of three per-region models trained side by side on CUDA samples the routes each
+    model samples alone there, and ends with weights equal within rounding."""
+    res = gpu_check.check_pack(catalog, CUDA)
+    assert res["ok"], res

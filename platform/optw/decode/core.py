@@ -31,6 +31,7 @@ import torch
 from optw.env.instances import Instances
 from optw.env.state import State, graph_mask, node_features, reset, step
 from optw.model.network import Bucket, Layout, PointerNet
+from optw.model.stacked import Groups, StackedPointerNet
 
 
 def rows_of(count: torch.Tensor, parent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,6 +153,15 @@ def plan_buckets(counts: list[int]) -> list[tuple[int, int]]:
     return [(g, w) for w, g in buckets]
 
 
+def logit_table(logits: torch.Tensor, route: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """Packed row logits ``[N]`` -> ``[R, m]`` by route and row number (``-inf`` elsewhere)."""
+    r, m = count.shape[0], int(count.max())
+    rownum = torch.arange(route.shape[0], device=route.device) - (
+        torch.cumsum(count, 0) - count).index_select(0, route)
+    table = torch.full((r * m,), float("-inf"), device=logits.device)
+    return table.index_put((route * m + rownum,), logits).view(r, m)
+
+
 class Decoder:
     """Runs the model over routes of ``inst``. ``compact=False`` keeps every node as a row at
     every step (the authors' computation, for checks and comparisons)."""
@@ -218,8 +228,6 @@ class Decoder:
         """Encoder pass (+ LSTM step and pointer when ``fr`` is given) over the packed rows
         ``node``/``route`` (``count[R]`` per route); the recursion input is ``fr``'s previous
         pass (without ``fr``: the embeddings themselves)."""
-        dev = node.device
-        r, n_rows = count.shape[0], node.shape[0]
         layout = self._layout(state, node, route, count)
         node_x = with_padding(node)
         ids, cur, t = self.state_rows(state, layout.route)
@@ -230,15 +238,11 @@ class Decoder:
             return Pass(self.model.encode(x, x, layout), None, None, None)  # type: ignore
         enc = self.model.encode(x, fr.prev, layout, fr.src)
         h, c = self.model.lstm(fr.lstm_in, (fr.h, fr.c))
-        logits = self.model.pointer(enc, h, layout.route)[:n_rows]
+        logits = self.model.pointer(enc, h, layout.route)[:node.shape[0]]
         if not self.compact:
             adm = state.mask.view(-1).index_select(0, route * self.n + node)
             logits = logits.masked_fill(~adm, float("-inf"))
-        m = int(count.max())
-        rownum = torch.arange(n_rows, device=dev) - (torch.cumsum(count, 0) - count)[route]
-        table = torch.full((r * m,), float("-inf"), device=dev)
-        table = table.index_put((route * m + rownum,), logits).view(r, m)
-        return Pass(enc, h, c, table)
+        return Pass(enc, h, c, logit_table(logits, route, count))
 
     # --- the decoding sequence -----------------------------------------------------------------
     def start(self, ids: torch.Tensor) -> Frontier:
@@ -254,9 +258,12 @@ class Decoder:
         s1 = step(self.inst, s0, torch.zeros(r, dtype=torch.long, device=ids.device), check=False)
         keep = self._keep(s1, node, route)
         route = route[keep]
-        h, c = self.model.initial_state(r)
+        h, c = self._initial_state(s0)
         return Frontier(s1, node[keep], route, torch.bincount(route, minlength=r), e0,
                         keep.nonzero().squeeze(1), h, c, lstm_in)
+
+    def _initial_state(self, s0: State) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.initial_state(s0.n_routes)
 
     def evaluate(self, fr: Frontier) -> Pass:
         """One encoder pass, LSTM step and pointer over the frontier's rows."""
@@ -283,6 +290,73 @@ class Decoder:
         return fr.state.mask.sum(1) == 1
 
 
+class StackedDecoder(Decoder):
+    """:class:`Decoder` for a :class:`~optw.model.StackedPointerNet`: ``member[K]`` says which
+    member model each tourist of ``inst`` belongs to; every pass evaluates the routes of all
+    members at once (their rows in one padded table per block)."""
+
+    def __init__(self, model: StackedPointerNet, inst: Instances, member: torch.Tensor,
+                 compact: bool = True):
+        if member.shape != (inst.n_tourists,):
+            raise ValueError(f"member has shape {tuple(member.shape)}, expected one entry per "
+                             f"tourist ({inst.n_tourists})")
+        self.model = model  # type: ignore[assignment]
+        self.inst = inst
+        self.compact = compact
+        self.n = inst.n_nodes
+        self.end = inst.n_nodes - 1
+        self.graph = model.cfg.graph
+        self.member = member.to(device=inst.device, dtype=torch.long)
+        self.p = model.n_members
+        emb = model.embed_static(inst.static, Groups.of(self.member, self.p))
+        self.static_emb = emb.reshape(-1, emb.shape[-1])
+
+    def _initial_state(self, s0: State) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.initial_state(self.member.index_select(0, s0.ids))
+
+    def _pass(self, state: State, node: torch.Tensor, route: torch.Tensor, count: torch.Tensor,
+              fr: Frontier | None) -> Pass:
+        model: StackedPointerNet = self.model  # type: ignore[assignment]
+        layout = self._layout(state, node, route, count)
+        ids, cur, t = self.state_rows(state, route)
+        rows = Groups.of(self.member.index_select(0, ids), self.p)
+        static = self.static_emb.index_select(0, ids * self.n + node)
+        dyn = node_features(self.inst, ids, cur, t, node.unsqueeze(1)).squeeze(1)
+        x = model.embed(static, dyn, rows)
+        if fr is None:
+            return Pass(rows.gather(model.encode(x, x, layout, rows)), None, None, None)  # type: ignore
+        enc = model.encode(x, rows.scatter(fr.prev.index_select(0, fr.src)), layout, rows)
+        routes = Groups.of(self.member.index_select(0, state.ids), self.p)
+        h, c = model.lstm(fr.lstm_in, fr.h, fr.c, routes)
+        logits = model.pointer(enc, h, rows, route, routes)
+        if not self.compact:
+            adm = state.mask.view(-1).index_select(0, route * self.n + node)
+            logits = logits.masked_fill(~adm, float("-inf"))
+        return Pass(rows.gather(enc), h, c, logit_table(logits, route, count))
+
+
+def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+def _sample_members(probs: torch.Tensor, owner: torch.Tensor, fr: Frontier,
+                    member: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """One draw per live route from ``probs`` (rows in member order), each member from its own
+    generator and over its own table width: exactly the draws the member's model makes alone."""
+    state_member = member.index_select(0, fr.state.ids)
+    live_member = state_member.index_select(0, owner)
+    slot = torch.empty(owner.shape[0], dtype=torch.long, device=probs.device)
+    counts = torch.bincount(live_member, minlength=len(generators)).tolist()
+    widths = torch.zeros(len(generators), dtype=fr.count.dtype, device=fr.count.device)
+    widths = widths.scatter_reduce(0, state_member, fr.count, "amax").tolist()
+    start = 0
+    for p, c in enumerate(counts):
+        if c:
+            slot[start:start + c] = _sample(probs[start:start + c, :widths[p]], generators[p])
+            start += c
+    return slot
+
+
 @dataclass
 class Rollout:
     """Routes built by :func:`rollout`.
@@ -305,9 +379,10 @@ def rollout(
     instances: Instances,
     ids: torch.Tensor | None = None,
     greedy: bool = False,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
     compact: bool = True,
     share_prefixes: bool = True,
+    member: torch.Tensor | None = None,
 ) -> Rollout:
     """Build one route per entry of ``ids`` (the tourist index of each route; default one per
     tourist), sampling from the policy (or greedily), keeping the autograd graph when grad
@@ -321,12 +396,27 @@ def rollout(
     Routes of the same tourist with the same prefix are in the same state, so each distinct
     prefix is evaluated once and shared (``share_prefixes``; exact): all routes of a tourist
     share their first passes, and samples of a trained policy share long prefixes.
+
+    A pack (``model`` a :class:`~optw.model.StackedPointerNet`): ``member[K]`` gives each
+    tourist's member model, tourists must be grouped by member in ascending order, and
+    ``generator`` is a list with each member's generator: every member samples exactly what
+    its own model would alone with that generator.
     """
     dev = instances.device
     if ids is None:
         ids = torch.arange(instances.n_tourists, device=dev)
     ids = ids.to(device=dev, dtype=torch.long)
-    dec = Decoder(model, instances, compact)
+    if isinstance(model, StackedPointerNet):
+        if member is None or not isinstance(generator, (list, tuple)) and not greedy:
+            raise ValueError("a pack's rollout needs member (per tourist) and a list of "
+                             "generators (one per member)")
+        dec: Decoder = StackedDecoder(model, instances, member, compact)
+        if not bool((member[1:] >= member[:-1]).all()):
+            raise ValueError("a pack's tourists must be grouped by member in ascending order")
+        if ids is not None and not bool((ids[1:] >= ids[:-1]).all()):
+            raise ValueError("a pack's routes must be in tourist order")
+    else:
+        dec = Decoder(model, instances, compact)
     n, end = dec.n, dec.end
     r = ids.shape[0]
     routes = torch.full((r, n + 1), -1, dtype=torch.long, device=dev)
@@ -358,7 +448,10 @@ def rollout(
         else:
             with torch.no_grad():
                 probs = logp.exp().index_select(0, owner)
-                slot = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+                if isinstance(dec, StackedDecoder):
+                    slot = _sample_members(probs, owner, fr, dec.member, list(generator))
+                else:
+                    slot = _sample(probs, generator)
         entropy = -(logp.exp() * logp.masked_fill(p.logits == float("-inf"), 0.0)).sum(1)
         steps_idx.append(live)
         steps_lp.append(logp[owner, slot])

@@ -8,7 +8,14 @@ Typical use::
     state = step(inst, state, action)                # action[R] node indices
 """
 
-from optw.env.instances import N_DYNAMIC, N_STATIC, NEVER, Instances, make_instances
+from optw.env.instances import (
+    N_DYNAMIC,
+    N_STATIC,
+    NEVER,
+    Instances,
+    make_instances,
+    stack_instances,
+)
 from optw.env.state import (
     GRAPHS,
     State,
@@ -26,5 +33,5 @@ from optw.env.validate import InvalidRoute, RouteCheck, check_route
 __all__ = [
     "GRAPHS", "NEVER", "N_DYNAMIC", "N_STATIC", "Instances", "InvalidRoute", "RouteCheck",
     "State", "check_route", "dynamic_features", "feasible", "graph_mask", "lookahead",
-    "make_instances", "node_features", "reset", "reward", "step",
+    "make_instances", "node_features", "reset", "reward", "stack_instances", "step",
 ]

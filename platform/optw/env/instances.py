@@ -188,3 +188,56 @@ def make_instances(
         t_max=t_max,
         s_max=s_max,
     )
+
+
+def _pad_nodes(t: torch.Tensor, n: int, dims: tuple[int, ...], fill: int | float = 0,
+               ) -> torch.Tensor:
+    """``t`` with its node dimensions ``dims`` grown to ``n``: padding nodes go just before the
+    end node (which stays last), filled with ``fill``."""
+    m = t.shape[dims[0]]
+    if m == n:
+        return t
+    keep = torch.cat([torch.arange(m - 1), torch.full((n - m,), -1), torch.tensor([m - 1])])
+    real = keep >= 0
+    for d in dims:
+        shape = list(t.shape)
+        shape[d] = n
+        out = torch.full(shape, fill, dtype=t.dtype, device=t.device)
+        idx = real.nonzero().squeeze(1).to(t.device)
+        out.index_copy_(d, idx, t.index_select(d, keep[real].to(t.device)))
+        t = out
+    return t
+
+
+def stack_instances(parts: list[Instances]) -> Instances:
+    """One :class:`Instances` holding the tourists of ``parts`` (of one or several regions) in
+    order, padded to the largest node count.
+
+    Padding nodes sit just before each part's end node (the end stays the last node, so
+    ``done`` and the decoding sequence are unchanged). They can never be visited (``latest`` is
+    :data:`NEVER`, score 0), so the mask keeps them out of every route, and the decoder, which
+    feeds the network admissible nodes only, never computes with them: a padded tourist gets
+    the same rollouts as alone, with the end node renumbered to ``n - 1``. For training (mixed
+    regions in one step, packs of per-region models); ``t_max``/``s_max`` are the first part's
+    (the static features are already scaled per region).
+    """
+    if not parts:
+        raise ValueError("no instances to stack")
+    if len(parts) == 1:
+        return parts[0]
+    n = max(p.n_nodes for p in parts)
+    padded = []
+    for p in parts:
+        node_fill = torch.tensor([0, 0, 0, NEVER], dtype=p.node_u.dtype, device=p.device)
+        node_u = _pad_nodes(p.node_u, n, (1,))
+        if p.n_nodes < n:
+            node_u[:, p.n_nodes - 1:n - 1] = node_fill
+        padded.append(dict(
+            tourist_id=p.tourist_id, coords=_pad_nodes(p.coords, n, (1,)),
+            dist_u=_pad_nodes(p.dist_u, n, (1, 2)), node_u=node_u,
+            t_start_u=p.t_start_u, t_end_u=p.t_end_u, scores=_pad_nodes(p.scores, n, (1,)),
+            static=_pad_nodes(p.static, n, (1,))))
+    ids = list(dict.fromkeys(p.region_id for p in parts))
+    return Instances(region_id="+".join(ids),
+                     **{k: torch.cat([d[k] for d in padded]) for k in padded[0]},
+                     t_max=parts[0].t_max, s_max=parts[0].s_max)

@@ -72,6 +72,17 @@ def _fast_rows(x: torch.Tensor) -> bool:
             and x.device.type == "cpu")
 
 
+def fast_rows(x: torch.Tensor) -> bool:
+    """Does :func:`raw_linear` take the oneDNN path for ``x`` (2-D float32 CPU, enough rows)?"""
+    return _fast_rows(x)
+
+
+def raw_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """``x·wᵀ + b`` through oneDNN, without autograd (for callers with their own backward;
+    only where :func:`fast_rows` holds)."""
+    return _mm(x.contiguous(), w, b, "none", None)
+
+
 class _OneDNNLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, act, other):  # noqa: D102

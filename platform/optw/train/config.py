@@ -38,6 +38,9 @@ class TrainConfig:
     epochs: int = 500_000
     batch_size: int = 32  # B sampled routes per tourist
     tourists_per_epoch: int = 1  # K tourists × B routes per step (per-tourist mean baseline)
+    #: several regions (a global model): false draws one region per step (the paper); true
+    #: draws a region for each of the K tourists, in one batch padded to the largest region
+    mix_regions: bool = False
     lr: float = 1e-4
     lr_decay: float = 0.96
     lr_decay_every: int = 5_000
@@ -81,6 +84,7 @@ class TrainConfig:
         need(number(self.lr_decay) and 0 < self.lr_decay <= 1, "lr_decay", "must be in (0, 1]")
         need(number(self.beta) and self.beta >= 0, "beta", "must be a finite number >= 0")
         need(type(self.finetune) is bool, "finetune", "must be true or false")
+        need(type(self.mix_regions) is bool, "mix_regions", "must be true or false")
         need(self.score_kind in (None, "uniform", "correlated"), "score_kind",
              "must be uniform, correlated or unset")
         need(isinstance(self.device, str) and (self.device in ("auto", "cpu", "cuda") or (

@@ -1,8 +1,9 @@
 """REINFORCE training of the pointer network, top to bottom (the paper's Algorithm 1).
 
-Each epoch draws a region (uniformly from the list: one region, or a "global" model's many),
-samples K generated tourists of it and B routes per tourist, uses each tourist's mean reward as
-the baseline, adds an entropy bonus β, clips the gradient norm and takes one Adam step.
+Each epoch draws a region (uniformly from the list: one region, or a "global" model's many;
+with ``mix_regions`` a region per tourist, in one padded batch), samples K generated tourists
+and B routes per tourist, uses each tourist's mean reward as the baseline, adds an entropy bonus
+β, clips the gradient norm and takes one Adam step.
 Logging, checkpointing and early stopping are callbacks (:mod:`optw.train.callbacks`).
 """
 
@@ -19,7 +20,7 @@ import torch
 
 from optw.catalog import Catalog, Region, Tourists, sample_tourists
 from optw.decode import rollout, solve
-from optw.env import make_instances
+from optw.env import make_instances, stack_instances
 from optw.model import ModelConfig, PointerNet, checkpoint_dict, load_model, read_checkpoint
 from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import TrainConfig
@@ -182,10 +183,18 @@ def train(
     ids = torch.arange(K, device=device).repeat_interleave(B)  # route r -> tourist r // B
     t_run, rate, t_last = time.perf_counter(), None, time.perf_counter()
     for epoch in range(start_epoch, config.epochs):
-        # 1. a region and K tourists for it
-        region = regions[int(np_rng.integers(len(regions)))] if len(regions) > 1 else regions[0]
-        tourists = sample_tourists(region, K, np_rng, config.score_kind)
-        instances = make_instances(region, tourists, device)
+        # 1. a region and K tourists for it (or, mixing regions, a region per tourist)
+        if config.mix_regions and len(regions) > 1:
+            picks = np.bincount(np_rng.integers(len(regions), size=K), minlength=len(regions))
+            instances = stack_instances([
+                make_instances(regions[i], sample_tourists(regions[i], int(k), np_rng,
+                                                           config.score_kind), device)
+                for i, k in enumerate(picks) if k])
+        else:
+            region = (regions[int(np_rng.integers(len(regions)))] if len(regions) > 1
+                      else regions[0])
+            tourists = sample_tourists(region, K, np_rng, config.score_kind)
+            instances = make_instances(region, tourists, device)
 
         # 2. B sampled routes per tourist
         out = rollout(model, instances, ids, greedy=False, generator=gen)

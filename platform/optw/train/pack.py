@@ -1,0 +1,322 @@
+"""A pack: several per-region models trained side by side in one batched step.
+
+Each member is what :func:`optw.train.train` would train for its config alone: its own region,
+weights, Adam state, learning-rate schedule, gradient clip, RNG streams (numpy for tourists,
+torch for sampling), validations, callbacks and checkpoints. What the pack shares is the work:
+every epoch, the tourists of all members go through ONE rollout of a
+:class:`~optw.model.StackedPointerNet` (weights stacked per member, each member's rows through
+its own slice), and one backward and one optimiser step update every member's slice from its
+own loss only. A member samples exactly what it would alone (its own generator over its own
+table widths), so the pack trains the same models as training each region alone with the same
+seeds, within floating-point rounding (``tests/test_pack.py``).
+
+A member's snapshot (``ctx.snapshot()``) is an ordinary training checkpoint: it resumes in a
+pack or alone (``train(resume=...)``). Members may have different epoch budgets: a finished
+member leaves the batch, and its slice is no longer stepped.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from optw.catalog import Catalog, Region, Tourists, sample_tourists
+from optw.decode import rollout
+from optw.env import make_instances, stack_instances
+from optw.model import ModelConfig, PointerNet, checkpoint_dict, load_model, read_checkpoint
+from optw.model.stacked import StackedPointerNet
+from optw.train.callbacks import Callback, TrainContext
+from optw.train.config import TrainConfig
+from optw.train.loop import TrainResult, check_resume, resolve_device, validate
+
+#: Adam's defaults, as :func:`optw.train.train` uses them.
+BETAS, EPS = (0.9, 0.999), 1e-8
+
+
+class StackedAdam:
+    """Adam (PyTorch's update, step for step) over stacked parameters ``[P, ...]``, with one
+    step count and learning rate per member; only the members given as active are stepped."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], n_members: int):
+        self.params = list(params)
+        self.exp_avg = [torch.zeros_like(p) for p in self.params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        self.steps = [0] * n_members
+
+    def step(self, lrs: Sequence[float], active: Sequence[int]) -> None:
+        idx = torch.tensor(list(active), device=self.params[0].device)
+        for p in active:
+            self.steps[p] += 1
+        b1, b2 = BETAS
+        bc1 = [1 - b1 ** self.steps[p] for p in active]
+        bc2 = [(1 - b2 ** self.steps[p]) ** 0.5 for p in active]
+        dev = self.params[0].device
+        step_size = torch.tensor([-lrs[p] / c for p, c in zip(active, bc1, strict=True)],
+                                 device=dev)
+        bc2_sqrt = torch.tensor(bc2, device=dev)
+        with torch.no_grad():
+            for param, m, v in zip(self.params, self.exp_avg, self.exp_avg_sq, strict=True):
+                shape = (-1,) + (1,) * (param.dim() - 1)
+                g = param.grad.index_select(0, idx)
+                m_a = m.index_select(0, idx).lerp_(g, 1 - b1)
+                v_a = v.index_select(0, idx).mul_(b2).addcmul_(g, g, value=1 - b2)
+                denom = (v_a.sqrt() / bc2_sqrt.view(shape)).add_(EPS)
+                param.index_add_(0, idx, m_a / denom * step_size.view(shape))
+                m.index_copy_(0, idx, m_a)
+                v.index_copy_(0, idx, v_a)
+
+    def member_state(self, p: int, model: PointerNet, lr: float) -> dict[str, Any]:
+        """Member ``p``'s state in ``torch.optim.Adam``'s format (for ``model``, its network)."""
+        groups = torch.optim.Adam(model.parameters(), lr=lr).state_dict()["param_groups"]
+        state = {} if self.steps[p] == 0 else {
+            i: {"step": torch.tensor(float(self.steps[p])), "exp_avg": m[p].detach().clone(),
+                "exp_avg_sq": v[p].detach().clone()}
+            for i, (m, v) in enumerate(zip(self.exp_avg, self.exp_avg_sq, strict=True))}
+        return {"state": state, "param_groups": groups}
+
+    def load_member(self, p: int, state: dict[str, Any]) -> None:
+        """Set member ``p`` from a ``torch.optim.Adam`` state dict of its network."""
+        entries = state.get("state", {})
+        if not entries:
+            self.steps[p] = 0
+            return
+        for i, (m, v) in enumerate(zip(self.exp_avg, self.exp_avg_sq, strict=True)):
+            m[p] = entries[i]["exp_avg"].to(m.device)
+            v[p] = entries[i]["exp_avg_sq"].to(v.device)
+        self.steps[p] = int(float(entries[0]["step"]))
+
+
+def clip_members(params: Sequence[torch.nn.Parameter], max_norms: Sequence[float],
+                 ) -> torch.Tensor:
+    """Each member's gradient norm over all its slices, clipped to its ``max_norm`` as
+    ``torch.nn.utils.clip_grad_norm_`` does for one model; returns the norms before clipping."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(len(max_norms))
+    norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads]).norm(dim=0)
+    limit = torch.tensor(list(max_norms), device=norms.device, dtype=norms.dtype)
+    coef = (limit / (norms + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(coef.view((-1,) + (1,) * (g.dim() - 1)))
+    return norms
+
+
+@dataclass
+class _Member:
+    """One member's own training state."""
+
+    index: int
+    config: TrainConfig
+    region: Region
+    callbacks: list[Callback]
+    ctx: TrainContext
+    np_rng: np.random.Generator
+    gen: torch.Generator
+    validation: dict[str, Tourists]
+    benchmark: dict[str, Tourists]
+    done: bool = False
+    result: TrainResult | None = None
+
+
+def _start_model(config: TrainConfig, init: str | Path | None,
+                 state: dict[str, Any] | None) -> PointerNet:
+    if state is not None:
+        model = PointerNet(ModelConfig.from_dict(state["config"]))
+        model.load_state_dict(state["state_dict"])
+        return model
+    if init is not None:
+        return load_model(init)
+    torch.manual_seed(config.seed)  # the same initial weights as train() with this seed
+    return PointerNet(ModelConfig.from_dict(config.model))
+
+
+def train_pack(
+    configs: Sequence[TrainConfig],
+    catalog: Catalog,
+    callbacks: Sequence[Sequence[Callback]] | None = None,
+    inits: Sequence[str | Path | None] | None = None,
+    resumes: Sequence[str | Path | dict | None] | None = None,
+) -> list[TrainResult]:
+    """Train one model per config (each of one region) side by side; see the module docstring.
+
+    ``callbacks[i]``, ``inits[i]`` and ``resumes[i]`` are member i's, as for
+    :func:`optw.train.train`. All members share the model settings and the device.
+    """
+    n = len(configs)
+    if n == 0:
+        raise ValueError("a pack needs at least one config")
+    callbacks = [list(c) for c in (callbacks or [()] * n)]
+    inits = list(inits or [None] * n)
+    resumes = list(resumes or [None] * n)
+    if not len(callbacks) == len(inits) == len(resumes) == n:
+        raise ValueError("callbacks, inits and resumes need one entry per config")
+    for i, c in enumerate(configs):
+        if len(c.regions) != 1:
+            raise ValueError(f"pack member {i}: a pack trains per-region models, but its config "
+                             f"has regions {c.regions}")
+    devices = {c.device for c in configs}
+    if len(devices) > 1:
+        raise ValueError(f"pack members ask for different devices {sorted(devices)}")
+    device = resolve_device(configs[0].device)
+    if configs[0].threads:
+        torch.set_num_threads(configs[0].threads)
+
+    members: list[_Member] = []
+    models: list[PointerNet] = []
+    states: list[dict[str, Any] | None] = []
+    for i, config in enumerate(configs):
+        region = catalog.region(config.regions[0])
+        state = resumes[i]
+        if state is not None and not isinstance(state, dict):
+            source = str(state)
+            state = read_checkpoint(state)
+            check_resume(state, config, source)
+        elif state is not None:
+            check_resume(state, config, f"pack member {i}'s checkpoint")
+        random.seed(config.seed)
+        np_rng = np.random.default_rng(config.seed)
+        gen = torch.Generator(device=device)
+        gen.manual_seed(config.seed)
+        models.append(_start_model(config, inits[i], state))
+        ctx = TrainContext(region_ids=[region.id], config=config, total_epochs=config.epochs)
+        if state is not None:
+            t = state["train"]
+            np_rng.bit_generator.state = t["rng"]["numpy"]
+            gen.set_state(t["rng"]["torch"])
+            ctx.epoch = int(t["epoch"])
+            ctx.best_validation = t.get("best_validation")
+            ctx.last_validation = t.get("last_validation", {})
+        members.append(_Member(
+            i, config, region, callbacks[i], ctx, np_rng, gen,
+            {region.id: catalog.validation(region.id)[: config.val_tourists]},
+            {region.id: catalog.benchmark(region.id)}))
+        states.append(state)
+
+    stacked = StackedPointerNet(models).to(device).train()
+    optimizer = StackedAdam(stacked.weights, n)
+    for i, state in enumerate(states):
+        if state is not None:
+            optimizer.load_member(i, state["train"]["optimizer"])
+            if "python" in state["train"]["rng"]:
+                random.setstate(state["train"]["rng"]["python"])
+
+    def snapshot_of(mb: _Member):
+        def snapshot() -> dict:
+            model = stacked.member(mb.index)
+            lr = mb.config.learning_rate(max(mb.ctx.epoch - 1, 0))
+            return checkpoint_dict(model, train={
+                "config": mb.config.to_dict(), "epoch": mb.ctx.epoch,
+                "optimizer": optimizer.member_state(mb.index, model, lr),
+                "rng": {"numpy": mb.np_rng.bit_generator.state, "torch": mb.gen.get_state(),
+                        "python": random.getstate()},
+                "best_validation": mb.ctx.best_validation,
+                "last_validation": mb.ctx.last_validation, "regions": mb.ctx.region_ids})
+        return snapshot
+
+    t_run = time.perf_counter()
+
+    def finish(mb: _Member) -> None:
+        mb.done = True
+        for cb in mb.callbacks:
+            cb.on_train_end(mb.ctx)
+        model = stacked.member(mb.index).eval()
+        mb.result = TrainResult(model=model, epochs=mb.ctx.epoch,
+                                last_validation=mb.ctx.last_validation,
+                                best_validation=mb.ctx.best_validation,
+                                seconds=time.perf_counter() - t_run,
+                                checkpoint=mb.ctx.last_checkpoint)
+
+    for mb in members:
+        mb.ctx.snapshot = snapshot_of(mb)
+        for cb in mb.callbacks:
+            cb.on_train_start(mb.ctx)
+    for mb in members:
+        if mb.ctx.epoch >= mb.config.epochs:
+            finish(mb)
+
+    rate, t_last = None, time.perf_counter()
+    while True:
+        active = [mb for mb in members if not mb.done]
+        if not active:
+            break
+        # 1. each member's K tourists (its own generator), one padded batch in member order
+        parts, ids, member = [], [], []
+        offset = 0
+        for mb in active:
+            c = mb.config
+            tourists = sample_tourists(mb.region, c.tourists_per_epoch, mb.np_rng, c.score_kind)
+            parts.append(make_instances(mb.region, tourists, device))
+            ids.append(torch.arange(offset, offset + c.tourists_per_epoch, device=device)
+                       .repeat_interleave(c.batch_size))
+            member += [mb.index] * c.tourists_per_epoch
+            offset += c.tourists_per_epoch
+        instances = stack_instances(parts)
+
+        # 2. every member's B routes per tourist in one rollout
+        out = rollout(stacked, instances, torch.cat(ids), greedy=False,
+                      generator=[mb.gen for mb in members],
+                      member=torch.tensor(member, device=device))
+
+        # 3. each member's REINFORCE loss; their sum has each member's gradient in its slice
+        losses, rewards, entropies, start, stepped = [], [], [], 0, []
+        for mb, part in zip(active, ids, strict=True):
+            c, sl = mb.config, slice(start, start + part.shape[0])
+            start += part.shape[0]
+            # a member whose every route was forced (start -> end) has nothing to learn this
+            # epoch: alone, its parameters get no gradient and Adam leaves them (and its
+            # moments and step count) untouched, so the pack does not step it either
+            if bool((out.lengths[sl] > 2).any()):
+                stepped.append(mb.index)
+            reward = out.reward[sl].view(c.tourists_per_epoch, c.batch_size)
+            advantage = (reward - reward.mean(dim=1, keepdim=True)).view(-1)
+            policy_loss = -(advantage.detach() * out.log_prob[sl]).mean()
+            entropy = out.entropy[sl].mean()
+            losses.append(policy_loss - c.beta * entropy)
+            rewards.append(reward)
+            entropies.append(entropy)
+        for w in stacked.weights:
+            w.grad = None
+        lrs = [mb.config.learning_rate(mb.ctx.epoch) for mb in members]
+        total = torch.stack(losses).sum()
+        if total.requires_grad:
+            total.backward()
+        norms = clip_members(stacked.weights, [mb.config.max_grad_norm for mb in members])
+        if stepped:
+            optimizer.step(lrs, stepped)
+
+        # 4. each member reports, validates and hands over to its callbacks
+        now = time.perf_counter()
+        inst_rate = 1.0 / max(now - t_last, 1e-9)
+        rate = inst_rate if rate is None else 0.9 * rate + 0.1 * inst_rate
+        for mb in active:
+            mb.ctx.epoch += 1
+        validated = False
+        for mb, reward, loss, entropy in zip(active, rewards, losses, entropies, strict=True):
+            ctx, c = mb.ctx, mb.config
+            metrics = {"mean_reward": float(reward.mean()), "loss": float(loss.detach()),
+                       "entropy": float(entropy.detach()), "grad_norm": float(norms[mb.index]),
+                       "lr": lrs[mb.index], "epochs_per_s": rate}
+            for cb in mb.callbacks:
+                cb.on_epoch_end(ctx, metrics)
+            last = ctx.epoch == c.epochs
+            if (c.val_every and ctx.epoch % c.val_every == 0) or last:
+                val = validate(stacked.member(mb.index), [mb.region], mb.validation,
+                               mb.benchmark)
+                validated = True
+                ctx.last_validation = val
+                if ctx.best_validation is None or val["val_score"] > ctx.best_validation:
+                    ctx.best_validation = val["val_score"]
+                for cb in mb.callbacks:
+                    cb.on_validation(ctx, val)
+            if ctx.stop or last:
+                finish(mb)
+        t_last = time.perf_counter() if validated else now
+
+    return [mb.result for mb in members]  # type: ignore[misc]
