@@ -6,8 +6,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: browser run test test-slow test-all lint catalog install clean-catalog mlflow-server \
-	device-prep
+.PHONY: browser run test test-slow test-all test-cluster lint catalog install clean-catalog \
+	mlflow-server device-prep
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ test-slow: catalog
 
 test-all: catalog
 	$(BIN)/python -m pytest -m "slow or not slow"
+
+# The cluster path alone (also part of `make test`): a real two-node Ray cluster on this machine
+# (needs root for `unshare -m`), S3 on loopback, an MLflow server; see docs/cluster.md.
+test-cluster: $(STAMP)
+	$(BIN)/python -m pytest tests/test_two_node.py tests/test_storage.py tests/test_cluster.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check platform tests jobs benchmarks

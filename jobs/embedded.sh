@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The embedded default: a local Ray head (dashboard on 127.0.0.1:8265, usage stats off), the
 # main job submitted to it with `ray job submit` (logs followed), then where to look.
-# PROFILE=smoke|paper|FILE picks the profile, extra arguments go to jobs/train_all.py,
-# KEEP_RAY=1 leaves the Ray head running afterwards.
+# PROFILE=smoke|quick|paper|FILE picks the profile (default smoke), extra arguments go to
+# jobs/train_all.py, KEEP_RAY=1 leaves the Ray head running afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The job's `python` is the one on the PATH of the process that starts the head.

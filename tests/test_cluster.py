@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -74,22 +75,56 @@ def test_setup_installs_cuda_torch_then_the_project(raw):
     assert "/whl/cu" in cmds[torch_i]
 
 
+def _exports(command: str) -> dict[str, str]:
+    """``NAME=value`` pairs of the ``export`` that starts a start command."""
+    head = command.split(";", 1)[0]
+    assert head.startswith("export "), command
+    return dict(re.findall(r"(\w+)=((?:\$\([^)]*\)|[^\s;])+)", head))
+
+
 def test_file_mounts_ship_project_and_built_catalog(raw):
     """The project and the built (git-ignored) catalog are mounted (paths relative to the root);
-    local environments and run outputs are not uploaded; nodes point OPTW_CATALOG at the
-    catalog mount and MLFLOW_TRACKING_URI at the head's server."""
+    local environments and run outputs are not uploaded; the head publishes the mounted catalog
+    at the OPTW_CATALOG every node reads."""
     mounts = raw["file_mounts"]
     sources = {Path(src) for src in mounts.values()}
     assert Path(".") in sources and Path("region_catalog") in sources
     assert (PROJECT_ROOT / "region_catalog").resolve() == default_catalog_dir().resolve() \
         or "OPTW_CATALOG" in os.environ  # the mount is the catalog the project builds
     catalog_target = next(t for t, s in mounts.items() if Path(s) == Path("region_catalog"))
-    for cmds in (raw["head_start_ray_commands"], raw["worker_start_ray_commands"]):
-        start = next(c for c in cmds if "ray start" in c)
-        assert "OPTW_CATALOG=" in start and "MLFLOW_TRACKING_URI=" in start
-        assert catalog_target.replace("~", "$HOME") in start
-    for excluded in (".venv", "mlflow.db", "mlartifacts"):
+    catalog = _exports(next(c for c in raw["head_start_ray_commands"] if "ray start" in c))[
+        "OPTW_CATALOG"]
+    upload = " ".join(raw["head_setup_commands"])
+    assert "optw.distributed.storage upload-catalog" in upload
+    assert f"{catalog_target} {catalog}" in upload
+    for excluded in (".venv", "mlflow.db", "mlartifacts", "runs"):
         assert excluded in raw["rsync_exclude"]
+
+
+def test_every_node_gets_the_same_shared_storage_and_tracking_server(raw):
+    """Head and workers start Ray with the same OPTW_STORAGE and OPTW_CATALOG, both S3 URIs
+    (never a node's own disk), MLFLOW_TRACKING_URI pointing at the head's server on port 5000,
+    which serves (proxies) artifacts; workers get the instance profile that lets them reach S3.
+    The job's own cluster checks accept these settings."""
+    from optw.distributed import storage
+    from optw.tracking.uri import check_cluster_tracking
+
+    head = _exports(next(c for c in raw["head_start_ray_commands"] if "ray start" in c))
+    worker = _exports(next(c for c in raw["worker_start_ray_commands"] if "ray start" in c))
+    for key in ("OPTW_STORAGE", "OPTW_CATALOG"):
+        assert head[key] == worker[key] and head[key].startswith("s3://")
+        assert storage.is_uri(head[key])
+    assert head["OPTW_CATALOG"].startswith(head["OPTW_STORAGE"] + "/")
+    assert head["MLFLOW_TRACKING_URI"].startswith("http://")
+    assert worker["MLFLOW_TRACKING_URI"] == "http://$RAY_HEAD_IP:5000"
+    check_cluster_tracking(worker["MLFLOW_TRACKING_URI"], 2)
+    server = next(c for c in raw["head_start_ray_commands"] if "optw.tracking.server" in c)
+    assert "--port 5000" in server and "--no-serve-artifacts" not in server
+    bucket = head["OPTW_STORAGE"].split("/")[2]
+    assert bucket in " ".join(raw["head_setup_commands"])
+    for name, node in raw["available_node_types"].items():
+        if name != raw["head_node_type"]:
+            assert node["node_config"]["IamInstanceProfile"]["Arn"].startswith("arn:aws:iam::")
 
 
 def test_no_credentials_in_config():

@@ -20,14 +20,15 @@ TINY = ["r199", "pr99"]
 
 
 def tiny_profile(name: str, mode: str = "scratch", regions=TINY, pack: int = 1,
-                 **train) -> JobProfile:
+                 pack_mode: str = "sequential", **train) -> JobProfile:
     data = {
         "job": {"name": name, "mode": mode, "regions": list(regions)},
         "train": {"epochs": 4, "batch_size": 4, "val_every": 0, "val_tourists": 4,
                   "checkpoint_every": 2, "threads": 1, **train},
         "finetune": {"epochs": 2},
         "evaluate": {"beams": 2, "validation_tourists": 4, "beam_sweep": [1, 2]},
-        "resources": {"cpus_per_region": 1, "max_failures": 2, "regions_per_worker": pack},
+        "resources": {"cpus_per_region": 1, "max_failures": 2, "regions_per_worker": pack,
+                      "pack_mode": pack_mode},
     }
     return JobProfile.from_dict(data, source=f"test-{name}")
 
@@ -82,8 +83,13 @@ def _run(profile, tiny_catalog, store, tmp_path, **kw):
 
 
 def test_shipped_profiles_and_bad_profiles(tmp_path):
-    """smoke and paper load; unknown keys and bad values are named before anything runs."""
-    smoke, paper = load_profile("smoke"), load_profile("paper")
+    """smoke, quick and paper load; unknown keys and bad values are named before anything
+    runs."""
+    smoke, paper, quick = load_profile("smoke"), load_profile("paper"), load_profile("quick")
+    assert quick.job.mode == "global-ft" and quick.train.recipe == "fast"
+    assert quick.train.mix_regions and quick.train.max_minutes
+    assert quick.finetune_config(["c101"]).recipe == "fast"
+    assert paper.train.recipe == "paper" and paper.resources.pack_mode == "sequential"
     assert paper.train.epochs == 500_000 and paper.finetune_config(["c101"]).epochs == 50_000
     assert paper.finetune_config(["c101"]).learning_rate(10**6) == 1e-5
     assert paper.evaluate.beams == 128 and smoke.job.groups == ["solomon", "cordeau", "gavalas"]
@@ -100,6 +106,9 @@ def test_shipped_profiles_and_bad_profiles(tmp_path):
         load_profile(bad)
     bad.write_text("[finetune]\nlr = -1\n")
     with pytest.raises(ConfigError, match="lr"):
+        load_profile(bad)
+    bad.write_text("[resources]\npack_mode = 'diagonal'\n")
+    with pytest.raises(ConfigError, match="pack_mode.*batched"):
         load_profile(bad)
     with pytest.raises(ConfigError, match="neither"):
         load_profile("no-such-profile")
@@ -219,6 +228,16 @@ def test_region_workers_ask_for_their_gpu_share():
     assert not cpu.use_gpu and cpu.resources_per_worker == {"CPU": 0.5}
 
 
+def test_packs_keep_every_worker_slot_busy():
+    """A stage's units go into packs of at most regions_per_worker, smaller when there are
+    fewer units than that per worker slot (3 global models on 2 slots: 2 + 1)."""
+    from optw.distributed.job import packs
+
+    assert [len(p) for p in packs(list(range(3)), 14, capacity=2)] == [2, 1]
+    assert [len(p) for p in packs(list(range(109)), 14, capacity=4)] == [14] * 7 + [11]
+    assert [len(p) for p in packs(list(range(5)), 1, capacity=8)] == [1] * 5
+
+
 def test_plan_per_mode(catalog):
     """scratch: one model per region; global-ft: a global model per group then fine-tunes;
     transfer: global models without the subset of 28, fine-tuned on the left-out regions."""
@@ -276,13 +295,15 @@ def test_job_end_to_end_and_idempotent_rerun(ray_cluster, tiny_catalog, store, t
         assert len(client.search_model_versions(f"name = 'optw-{rid}'")) == 1
 
 
-@pytest.mark.parametrize("pack", [1, 2])
+@pytest.mark.parametrize("pack,pack_mode", [(1, "sequential"), (2, "sequential"),
+                                            (2, "batched")])
 def test_killed_worker_resumes_from_checkpoint(ray_cluster, tiny_catalog, store, tmp_path,
-                                               pack):
+                                               pack, pack_mode):
     """SIGKILL of one region's Ray Train worker after its first checkpoint: Ray Train restarts
     it from that checkpoint, the job completes every region, one registry version each. With
-    a pack of both regions in one worker (pr99 second), the restarted worker keeps r199's
-    finished model instead of training it again."""
+    a pack of both regions in one worker trained one after another (pr99 second), the
+    restarted worker keeps r199's finished model instead of training it again; trained side
+    by side, both members resume from the pack's one checkpoint."""
     from optw.tracking import get_client
 
     marker = tmp_path / "paused.pid"
@@ -300,8 +321,8 @@ def test_killed_worker_resumes_from_checkpoint(ray_cluster, tiny_catalog, store,
 
     t = threading.Thread(target=killer, daemon=True)
     t.start()
-    job = f"kill-{pack}"
-    profile = tiny_profile(job, epochs=6, checkpoint_every=2, pack=pack)
+    job = f"kill-{pack}-{pack_mode}"
+    profile = tiny_profile(job, epochs=6, checkpoint_every=2, pack=pack, pack_mode=pack_mode)
     summary = _run(profile, tiny_catalog, store, tmp_path, force=True,  # same config each
                    callbacks={"pr99": [PauseAfterCheckpoint(str(marker))]})
     t.join(5)
@@ -318,8 +339,10 @@ def test_killed_worker_resumes_from_checkpoint(ray_cluster, tiny_catalog, store,
             assert sorted(steps) == sorted(set(steps)), steps
     import torch
 
-    ckpt = torch.load(Path(tmp_path / "out" / "models" / "scratch-pr99.pt"), weights_only=True)
-    assert ckpt["train"]["epoch"] == 6
+    for rid in TINY:
+        ckpt = torch.load(Path(tmp_path / "out" / "models" / f"scratch-{rid}.pt"),
+                          weights_only=True)
+        assert ckpt["train"]["epoch"] == 6
 
 
 def test_tune_sweep_few_trials(ray_cluster, tiny_catalog, store, tmp_path):

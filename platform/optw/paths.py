@@ -12,11 +12,17 @@ writes; code never builds these paths itself. Layout under the project folder::
       ray_train/               Ray Train storage of the jobs
       ray_tune/                Ray Tune storage of the sweeps
       train/<regions>/         `optw train` runs
+      .cache/                  node-local copies of catalogs given by URI ($OPTW_CACHE)
+
+On a Ray cluster of several nodes the job's ``<job>/`` and ``ray_train/`` must be reachable
+from every node: ``$OPTW_STORAGE`` puts both under a shared folder or a URI such as
+``s3://bucket/optw`` (see :mod:`optw.distributed.storage` and docs/cluster.md).
 """
 
 from __future__ import annotations
 
 import os
+import urllib.parse
 from pathlib import Path
 
 #: The project folder (``platform/optw/paths.py`` -> three levels up).
@@ -60,9 +66,42 @@ def report_dir(job: str) -> Path:
     return job_dir(job) / "report"
 
 
-def train_storage() -> Path:
-    """Ray Train storage of the platform jobs (single node; see docs for clusters)."""
-    return runs_dir() / "ray_train"
+def join_location(base: str, *parts: str) -> str:
+    """``base`` (a path or a URI, whose query is kept) with ``parts`` appended to its path."""
+    parts = tuple(p.strip("/") for p in parts if p and p.strip("/"))
+    if "://" not in base or base.startswith("file://"):
+        return os.path.join(base, *parts)
+    split = urllib.parse.urlsplit(base)
+    path = "/".join([split.path.rstrip("/"), *parts])
+    return urllib.parse.urlunsplit(split._replace(path=path))
+
+
+def storage_root() -> str:
+    """Where the jobs keep Ray Train's checkpoints and their outputs: ``$OPTW_STORAGE`` (a
+    folder, shared on a cluster, or a URI such as ``s3://bucket/optw``), else ``runs/``."""
+    return os.environ.get("OPTW_STORAGE") or str(runs_dir())
+
+
+def train_storage() -> str:
+    """Ray Train storage of the platform jobs: ``<storage root>/ray_train``."""
+    return join_location(storage_root(), "ray_train")
+
+
+def job_output(job: str) -> str:
+    """A platform job's outputs (results, models, report): ``<storage root>/<job>``."""
+    return join_location(storage_root(), job)
+
+
+def catalog_location() -> str:
+    """The catalog the job reads: ``$OPTW_CATALOG`` as given (a folder or a URI), else
+    ``region_catalog/``."""
+    return os.environ.get("OPTW_CATALOG") or str(PROJECT_ROOT / "region_catalog")
+
+
+def cache_dir() -> Path:
+    """Node-local copies of what lives elsewhere (catalogs given by URI): ``$OPTW_CACHE``,
+    else ``runs/.cache``."""
+    return _env("OPTW_CACHE", runs_dir() / ".cache")
 
 
 def tune_storage() -> Path:

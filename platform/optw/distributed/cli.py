@@ -18,7 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Train, fine-tune, evaluate and register OPTW models for many regions on "
         "Ray + MLflow.")
     r.add_argument("--profile", default="smoke",
-                   help="smoke | paper | a TOML/YAML profile file (default: smoke)")
+                   help="smoke | quick | paper | a TOML/YAML profile file (default: smoke, "
+                        "the pipeline in minutes; quick: trained models for every region on a "
+                        "laptop; paper: the paper's budgets)")
     r.add_argument("--groups", default=None,
                    help="comma-separated groups (solomon,cordeau,gavalas); default: profile")
     r.add_argument("--regions", default=None, help="comma-separated region ids (overrides groups)")
@@ -26,11 +28,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--name", default=None, help="job (= MLflow experiment) name")
     r.add_argument("--force", action="store_true",
                    help="retrain regions that already have a champion from this config")
-    r.add_argument("--catalog", type=Path, default=None, help="catalog folder")
-    r.add_argument("--tracking-uri", default=None, help="MLflow store (default: local sqlite)")
+    r.add_argument("--catalog", default=None,
+                   help="catalog folder or URI (default $OPTW_CATALOG or region_catalog/)")
+    r.add_argument("--tracking-uri", default=None,
+                   help="MLflow store (default: local sqlite; on a cluster: the server's URL)")
     r.add_argument("--storage", default=None,
-                   help="Ray Train storage folder (default runs/ray_train; shared on a cluster)")
-    r.add_argument("--out", type=Path, default=None, help="results folder (default runs/NAME)")
+                   help="Ray Train storage: a folder or a URI such as s3://bucket/prefix "
+                   "(default $OPTW_STORAGE/ray_train or runs/ray_train; see docs/cluster.md)")
+    r.add_argument("--out", default=None,
+                   help="models, results and report: a folder or a URI (default "
+                   "$OPTW_STORAGE/NAME or runs/NAME)")
+    r.add_argument("--worker-resources", default=None, metavar="NAME=AMOUNT,...",
+                   help="custom Ray resources each region worker asks for (e.g. trainer=1)")
     r.add_argument("--address", default=None, help="Ray address (default: auto/local)")
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=_run_job)
@@ -66,6 +75,22 @@ def comma_list(text: str | None, option: str) -> list[str] | None:
     return items
 
 
+def resource_amounts(text: str | None) -> dict[str, float]:
+    """``"trainer=1, big_disk=0.5"`` -> ``{"trainer": 1.0, "big_disk": 0.5}`` (checked)."""
+    out: dict[str, float] = {}
+    for item in comma_list(text, "--worker-resources") or []:
+        name, sep, amount = item.partition("=")
+        try:
+            value = float(amount)
+        except ValueError:
+            value = float("nan")
+        if not sep or not name.strip() or not (value > 0 and value != float("inf")):
+            raise ValueError(f"--worker-resources: {item!r}; expected NAME=AMOUNT with an "
+                             "amount > 0, e.g. trainer=1")
+        out[name.strip()] = value
+    return out
+
+
 def profile_from_args(args: argparse.Namespace):
     """The profile named by ``--profile`` with the command line's job overrides."""
     from optw.distributed.profile import JobProfile, load_profile
@@ -91,7 +116,8 @@ def format_summary(summary) -> str:
     table = summary.tables.get("summary") if summary.tables else None
     if table is not None and len(table):
         cols = [c for c in ("group", "kind", "method", "regions", "model", "ils", "gap_ils",
-                            "best_known", "gap_best", "time") if c in table.columns]
+                            "gap_ils_median", "best_known", "gap_best", "time")
+                if c in table.columns]
         rows = table[cols].to_dict("records")
         for r in rows:
             for k, v in r.items():
@@ -123,7 +149,8 @@ def _run_job(args: argparse.Namespace) -> int:
     profile = profile_from_args(args)
     summary = run_job(profile, catalog_dir=args.catalog, tracking_uri=args.tracking_uri,
                       storage=args.storage, out_dir=args.out, force=args.force,
-                      progress=not args.quiet, ray_address=args.address)
+                      progress=not args.quiet, ray_address=args.address,
+                      worker_resources=resource_amounts(args.worker_resources))
     print(format_summary(summary))
     return 0
 

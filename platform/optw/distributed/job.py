@@ -1,12 +1,19 @@
 """The platform job: ILS baseline, one Ray Train run per model, evaluation, MLflow, registry.
 
 ``jobs/train_all.py`` is a thin wrapper around :func:`run_job`. Everything that can be wrong
-with the input (profile, regions, groups, tracking store) fails before any training starts.
+with the input (profile, regions, groups, tracking store, and on a cluster of several nodes
+every location some node cannot reach) fails before any training starts.
+
+Where things go (:mod:`optw.distributed.storage`): Ray Train's checkpoints under ``storage``,
+the final models, results and report under ``out``; each a local folder (the single-node
+default, under ``runs/``), a folder every node mounts, or a URI such as ``s3://bucket/optw``
+(``$OPTW_STORAGE`` moves both). The catalog is a folder or a URI, mirrored on each node that
+reads it.
 """
 
 from __future__ import annotations
 
-import os
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -15,6 +22,7 @@ from typing import Any
 
 from optw import paths
 from optw.catalog import CATALOG_VERSION, open_catalog
+from optw.distributed import storage as st
 from optw.distributed.plan import Unit, plan, select_regions
 from optw.distributed.profile import JobProfile
 
@@ -26,14 +34,16 @@ class JobContext:
     job: Any  # optw.tracking.JobRun of the parent run
     job_name: str
     tracking_uri: str
-    catalog_dir: str
-    storage: str
-    models_dir: str
+    catalog_dir: str  # a folder (the same on every node) or a URI
+    storage: str  # Ray Train storage: a folder or a URI
+    models_dir: str  # a folder or a URI
     profile: JobProfile
     config_hash: str
     use_gpu: bool
     #: extra training callbacks per unit key (picklable; e.g. a test's fault injection)
     callbacks: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    #: custom Ray resources each region worker asks for besides its CPUs (and GPU share)
+    worker_resources: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -44,11 +54,11 @@ class JobSummary:
     regions: list[str]
     trained: list[str]
     skipped: list[str]
-    results_path: Path | None
+    results_path: Path | str | None  # a local path, or the URI in remote storage
     tables: dict[str, Any]
     seconds: float
     registered: dict[str, int] = field(default_factory=dict)
-    report: Path | None = None
+    report: Path | str | None = None
     #: where the time went (seconds): ils, report and the job's wall clock; and, summed over
     #: models (they run side by side), startup, training, evaluation, logging
     timings: dict[str, float] = field(default_factory=dict)
@@ -60,16 +70,17 @@ class JobSummary:
 def run_pack(units: list[Unit], ctx: JobContext, inits: dict[str, str | None],
              ) -> dict[str, dict[str, Any]]:
     """Train a pack of models (one Ray Train worker trains them one after another), then
-    evaluate, log and register each; one MLflow child run per model."""
+    evaluate, log and register each; one MLflow child run per model. Runs on any node: the
+    catalog, models and storage are reached through their locations."""
     import hashlib
 
     import ray
 
     from optw.distributed.ray_train import WorkerSpec, fit_pack
-    from optw.evaluate.protocol import evaluate_model
     from optw.tracking import end_run
 
     profile, mode = ctx.profile, ctx.profile.job.mode
+    catalog = st.local_catalog(ctx.catalog_dir)  # a URI: this node's mirror
     specs, configs = [], {}
     for unit in units:
         config = (profile.finetune_config(unit.train_regions) if unit.finetune
@@ -79,17 +90,20 @@ def run_pack(units: list[Unit], ctx: JobContext, inits: dict[str, str | None],
             "init_from": unit.init_from or "", "catalog_version": CATALOG_VERSION,
             "pack": [u.key for u in units]}, tags={"mode": mode, "profile": profile.profile})
         configs[unit.key] = config
-        specs.append(WorkerSpec.build(config, unit.key, unit.stage, catalog=ctx.catalog_dir,
-                                      tracking_uri=ctx.tracking_uri, run_id=run_id,
-                                      init=inits.get(unit.key),
-                                      callbacks=ctx.callbacks.get(unit.key, ())))
+        spec = WorkerSpec.build(config, unit.key, unit.stage, catalog=catalog,
+                                tracking_uri=ctx.tracking_uri, run_id=run_id,
+                                init=inits.get(unit.key), callbacks=ctx.callbacks.get(unit.key, ()))
+        # a catalog URI: the worker mirrors it on its own node
+        specs.append(spec.replace(catalog=ctx.catalog_dir) if st.is_uri(ctx.catalog_dir)
+                     else spec)
     keys = "+".join(u.key for u in units)
     tag = units[0].key if len(units) == 1 else (
         f"{units[0].key}-pack{len(units)}-{hashlib.sha1(keys.encode()).hexdigest()[:8]}")
     name = f"{ctx.job_name}-{ctx.config_hash}-{units[0].stage}-{tag}"
-    outs = {u.key: str(Path(ctx.models_dir) / f"{u.stage}-{u.key}.pt") for u in units}
+    outs = {u.key: st.join(ctx.models_dir, f"{u.stage}-{u.key}.pt") for u in units}
     try:
-        fitted = fit_pack(specs, ctx.storage, name, profile.resources, ctx.use_gpu, outs)
+        fitted = fit_pack(specs, ctx.storage, name, profile.resources, ctx.use_gpu, outs,
+                          worker_resources=ctx.worker_resources)
     except BaseException:
         for spec in specs:
             end_run(spec.run_id, "FAILED", ctx.tracking_uri)
@@ -97,7 +111,7 @@ def run_pack(units: list[Unit], ctx: JobContext, inits: dict[str, str | None],
     share = {"startup_seconds": fitted.startup_seconds / len(units),
              "train_seconds": fitted.train_seconds / len(units)}
     # every member's evaluation is a Ray task of its own: they run side by side
-    evaluate = ray.remote(num_cpus=1, max_retries=1)(evaluate_model)
+    evaluate = ray.remote(num_cpus=1, max_retries=1)(evaluate_anywhere)
     t_eval = time.perf_counter()
     refs = {u.key: evaluate.remote(fitted.models[u.key], u.eval_regions, u.method,
                                    profile.evaluate, ctx.catalog_dir)
@@ -109,15 +123,33 @@ def run_pack(units: list[Unit], ctx: JobContext, inits: dict[str, str | None],
             end_run(spec.run_id, "FAILED", ctx.tracking_uri)
         raise
     share["eval_seconds"] = (time.perf_counter() - t_eval) / len(units)
-    return {u.key: {**_finish_unit(u, spec.run_id, fitted.models[u.key], configs[u.key], ctx,
-                                   evals.get(u.key, ([], []))), **share}
-            for u, spec in zip(units, specs, strict=True)}
+    regions = open_catalog(catalog)
+    done: dict[str, dict[str, Any]] = {}
+    for u, spec in zip(units, specs, strict=True):
+        region = regions.region(u.key) if u.key in regions.regions_table.index else None
+        with st.local_file(fitted.models[u.key]) as local:  # remote storage: a download
+            done[u.key] = {**_finish_unit(u, spec.run_id, fitted.models[u.key], local,
+                                          configs[u.key], ctx, evals.get(u.key, ([], [])),
+                                          region), **share}
+    return done
 
 
-def _finish_unit(unit: Unit, run_id: str, checkpoint: str, config: Any, ctx: JobContext,
-                 evaluation: tuple[list, list]) -> dict[str, Any]:
-    """Log one trained model's evaluation rows and beam sweep, and register the model; ends
-    its MLflow run."""
+def evaluate_anywhere(model: str, regions: list[str], method: str, settings: Any,
+                      catalog: str) -> tuple[list, list]:
+    """:func:`optw.evaluate.protocol.evaluate_model` on whichever node Ray picks: a model or
+    catalog given by URI is fetched to this node first."""
+    from optw.evaluate.protocol import evaluate_model
+
+    with st.local_file(model) as path:
+        return evaluate_model(str(path), regions, method, settings, st.local_catalog(catalog))
+
+
+def _finish_unit(unit: Unit, run_id: str, checkpoint: str, local: Path, config: Any,
+                 ctx: JobContext, evaluation: tuple[list, list],
+                 region: Any = None) -> dict[str, Any]:
+    """Log one trained model's evaluation rows and beam sweep, and register the model (with
+    ``region``'s data bundled, from the job's catalog); ends its MLflow run. ``checkpoint``
+    is the model's location, ``local`` a local copy of it."""
     from optw.evaluate.protocol import validation_score
     from optw.tracking import (
         end_run,
@@ -132,7 +164,7 @@ def _finish_unit(unit: Unit, run_id: str, checkpoint: str, config: Any, ctx: Job
     rows, sweep = evaluation
     t0 = time.perf_counter()
     try:
-        log_file(run_id, checkpoint, "checkpoints", uri=ctx.tracking_uri)
+        log_file(run_id, local, "checkpoints", uri=ctx.tracking_uri)
         if rows:
             import pandas as pd
 
@@ -143,11 +175,11 @@ def _finish_unit(unit: Unit, run_id: str, checkpoint: str, config: Any, ctx: Job
         version = None
         val_score = validation_score(rows, unit.key, unit.method)
         if unit.register:
-            version = register_version(unit.key, checkpoint, run_id, tags={
+            version = register_version(unit.key, local, run_id, tags={
                 "mode": profile.job.mode, "profile": profile.profile, "epochs": config.epochs,
                 "val_score": val_score, "config_hash": ctx.config_hash,
                 "catalog_version": CATALOG_VERSION, "job": ctx.job_name,
-            }, uri=ctx.tracking_uri)
+            }, uri=ctx.tracking_uri, region_data=region)
         set_tags(run_id, {"val_score": val_score, "version": version or ""}, ctx.tracking_uri)
         end_run(run_id, "FINISHED", ctx.tracking_uri)
     except BaseException:
@@ -186,6 +218,12 @@ def _skip_done(stages: list[list[Unit]], config_hash: str,
     return left, skipped
 
 
+#: The settings that choose each location, as errors name them.
+STORAGE_SETTING = "--storage (or OPTW_STORAGE)"
+OUT_SETTING = "--out (or OPTW_STORAGE)"
+CATALOG_SETTING = "--catalog (or OPTW_CATALOG)"
+
+
 def run_job(
     profile: JobProfile,
     *,
@@ -197,10 +235,16 @@ def run_job(
     progress: bool = True,
     ray_address: str | None = None,
     callbacks: dict[str, Sequence[Any]] | None = None,
+    worker_resources: dict[str, float] | None = None,
 ) -> JobSummary:
     """Run the job described by ``profile`` on the current (or a new local) Ray cluster.
 
-    ``callbacks``: extra training callbacks for the models of some unit keys (regions)."""
+    ``catalog_dir``, ``storage`` (Ray Train's) and ``out_dir`` (models, results, report) are
+    folders or URIs (defaults: ``$OPTW_CATALOG`` or ``region_catalog/``; ``$OPTW_STORAGE`` or
+    ``runs/``, with ``ray_train/`` and ``<job>/`` under it; with ``out_dir`` alone, Ray Train
+    keeps its checkpoints in ``<out_dir>/ray_train``). ``callbacks``: extra training callbacks
+    for the models of some unit keys (regions). ``worker_resources``: custom Ray resources
+    every region worker asks for (e.g. ``{"trainer": 1}``)."""
     import pandas as pd
     import ray
 
@@ -210,36 +254,45 @@ def run_job(
 
     t0 = time.perf_counter()
     # -- everything that can be wrong fails here, before any training
-    catalog = open_catalog(catalog_dir)
+    catalog_loc = st.normalize(catalog_dir or paths.catalog_location())
+    catalog = open_catalog(st.local_catalog(catalog_loc))  # a URI: mirrored on this node
     selected = select_regions(catalog, profile.job.groups, profile.job.regions)
     stages = plan(profile.job.mode, catalog, selected)
     uri = check_tracking_uri(tracking_uri)
     name = profile.job.name
-    out = Path(out_dir) if out_dir else paths.job_dir(name)
+    out = st.normalize(out_dir) if out_dir else paths.job_output(name)
     # with --out everything the job writes goes there, Ray Train's checkpoints included
-    storage = Path(storage) if storage else (out / "ray_train" if out_dir
-                                             else paths.train_storage())
-    for option, folder in (("--out", out), ("--storage", storage)):
-        if folder.exists() and not folder.is_dir():
-            raise NotADirectoryError(f"{option}: {folder} is a file, not a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    storage.mkdir(parents=True, exist_ok=True)
+    storage = st.normalize(storage) if storage else (st.join(out, "ray_train") if out_dir
+                                                     else paths.train_storage())
+    st.prepare_folders([(OUT_SETTING, out), (STORAGE_SETTING, storage)])
 
     if not ray.is_initialized():
         configure_ray_env()
         ray.init(address=ray_address, configure_logging=True, logging_level="WARNING",
                  log_to_driver=True)
+    # -- on a cluster of several nodes every node must reach all of it (else: refused here)
+    nodes = st.check_cluster(
+        [st.Setting(STORAGE_SETTING, storage), st.Setting(OUT_SETTING, out),
+         st.Setting(CATALOG_SETTING, catalog_loc)], uri,
+        stage_catalogs={catalog_loc: str(catalog.path)} if st.is_uri(catalog_loc) else None)
+    if nodes > 1:
+        from optw.tracking import check_artifact_location, experiment_id
+
+        experiment_id(name, uri)  # the server decides where a new experiment's artifacts go
+        check_artifact_location(uri, name, nodes)
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     capacity = _capacity(profile, use_gpu)
+    where = f"{nodes} nodes, " if nodes > 1 else ""
     _say(progress, f"job {name}: mode {profile.job.mode}, {len(selected)} regions, "
          f"{sum(len(s) for s in stages)} models, {capacity} at a time "
-         f"({'GPU' if use_gpu else 'CPU'}); tracking {uri}")
+         f"({where}{'GPU' if use_gpu else 'CPU'}); tracking {uri}; storage {st.shown(storage)}")
 
     # -- ILS baseline for the tourists evaluated (incremental: stored results are reused)
     eval_regions = sorted({r for s in stages for u in s for r in u.eval_regions})
     if eval_regions:
         t_ils = time.perf_counter()
         run_ils_baseline(catalog.path, regions=eval_regions, tourists="all", progress=progress)
+        st.push_baselines(catalog.path, catalog_loc)  # a catalog URI gets the new results
         timings = {"ils": time.perf_counter() - t_ils}
     else:
         timings = {"ils": 0.0}
@@ -257,9 +310,9 @@ def run_job(
     job = start_job_run(name, profile.to_dict(), tags={
         "mode": profile.job.mode, "profile": profile.profile, "config_hash": config_hash,
         "catalog_version": CATALOG_VERSION, "regions": len(selected)}, uri=uri)
-    ctx = JobContext(job, name, uri, str(catalog.path), str(storage),
-                     str(out / "models"), profile, config_hash,
-                     use_gpu, {k: tuple(v) for k, v in (callbacks or {}).items()})
+    ctx = JobContext(job, name, uri, catalog_loc, storage, st.join(out, "models"), profile,
+                     config_hash, use_gpu, {k: tuple(v) for k, v in (callbacks or {}).items()},
+                     {k: float(v) for k, v in (worker_resources or {}).items()})
     remote = ray.remote(num_cpus=0, max_retries=0)(run_pack)
     results: dict[str, dict[str, Any]] = {}
     trained: list[str] = []
@@ -271,10 +324,10 @@ def run_job(
         results_path, tables = None, {}
         if rows:
             df = pd.DataFrame(rows)
-            results_path = out / "results.parquet"
-            tmp = results_path.with_name(f".{results_path.name}.tmp")
-            df.to_parquet(tmp)
-            os.replace(tmp, results_path)  # never a half-written results file
+            results_path = st.join(out, "results.parquet")
+            with tempfile.TemporaryDirectory(prefix="optw-results-") as tmp:
+                df.to_parquet(Path(tmp) / "results.parquet")
+                st.put_file(Path(tmp) / "results.parquet", results_path)  # never half-written
             tables = _tables(df, catalog, load_ils_results(catalog.path))
             sweep = [row for r in results.values() for row in r.get("sweep", [])]
             if sweep:
@@ -286,18 +339,27 @@ def run_job(
         raise
     # after finish(), so the report shows the run's final status and end time
     t_report = time.perf_counter()
-    report = _report(job.run_id, out / "report", uri, progress)
+    report = _report(job.run_id, out, uri, progress)
     timings["report"] = time.perf_counter() - t_report
     for part, key in (("startup", "startup_seconds"), ("training", "train_seconds"),
                       ("evaluation", "eval_seconds"), ("logging", "log_seconds")):
         timings[part] = sum(r.get(key, 0.0) for r in results.values())
     timings["wall"] = time.perf_counter() - t0
     registered = {r["key"]: r["version"] for r in results.values() if r.get("version")}
-    return JobSummary(name, job.run_id, uri, selected, trained, skipped, results_path, tables,
-                      time.perf_counter() - t0, registered, report, timings)
+    return JobSummary(name, job.run_id, uri, selected, trained, skipped,
+                      _shown(results_path), tables, time.perf_counter() - t0, registered,
+                      report, timings)
 
 
-def _nothing_to_do(name: str, uri: str, out: Path, selected: list[str], skipped: list[str],
+def _shown(location: str | None) -> Path | str | None:
+    """A location as the summary shows it: a local ``Path``, or the URI (credentials in its
+    query, if any, as ``***``)."""
+    if location is None:
+        return None
+    return st.local_path(location) or st.shown(location)
+
+
+def _nothing_to_do(name: str, uri: str, out: str, selected: list[str], skipped: list[str],
                    seconds: float) -> JobSummary:
     """Every region is current: no new parent run, and the earlier results, report and
     parent run stay what the summary points at."""
@@ -307,14 +369,17 @@ def _nothing_to_do(name: str, uri: str, out: Path, selected: list[str], skipped:
         parent = find_parent_run(name, uri)
     except (KeyError, LookupError):
         parent = ""
-    report, results_path = out / "report" / "index.html", out / "results.parquet"
+    report, results_path = st.join(out, "report", "index.html"), st.join(out, "results.parquet")
     return JobSummary(name, parent, uri, selected, [], skipped,
-                      results_path if results_path.exists() else None, {}, seconds, {},
-                      report if report.exists() else None)
+                      _shown(results_path) if st.exists(results_path) else None, {}, seconds,
+                      {}, _shown(report) if st.exists(report) else None)
 
 
-def packs(units: list[Unit], size: int) -> list[list[Unit]]:
-    """A stage's units in packs of at most ``size`` (in order; one Ray Train worker each)."""
+def packs(units: list[Unit], size: int, capacity: int = 1) -> list[list[Unit]]:
+    """A stage's units in packs of at most ``size`` (in order; one Ray Train worker each),
+    smaller when that keeps all ``capacity`` worker slots busy (3 global models on 2 slots:
+    packs of 2 and 1, not one pack of 3)."""
+    size = max(1, min(size, -(-len(units) // max(capacity, 1))))
     return [units[i:i + size] for i in range(0, len(units), size)]
 
 
@@ -329,7 +394,7 @@ def _run_stage(remote, units: list[Unit], ctx: JobContext, done: dict[str, dict[
         from tqdm import tqdm
 
         bar = tqdm(total=len(units), desc=f"stage {units[0].stage}", unit="model")
-    pending = packs(units, ctx.profile.resources.regions_per_worker)
+    pending = packs(units, ctx.profile.resources.regions_per_worker, capacity)
     in_flight: dict[Any, list[Unit]] = {}
     results: dict[str, dict[str, Any]] = {}
     errors: list[str] = []
@@ -369,12 +434,19 @@ def _tables(df, catalog, ils) -> dict[str, Any]:
     return evaluate(clean, ils, best)
 
 
-def _report(run_id: str, out: Path, uri: str, progress: bool) -> Path | None:
-    """The HTML report of the job, logged to the parent run (a failure here only warns)."""
+def _report(run_id: str, out: str, uri: str, progress: bool) -> Path | str | None:
+    """The HTML report of the job in ``<out>/report``, logged to the parent run (a failure
+    here only warns); remote storage gets a copy of the folder written here."""
     from optw.report import write_and_log_report
 
     try:
-        return write_and_log_report(run_id, out, uri)
+        local = st.local_path(out)
+        if local is not None:
+            return write_and_log_report(run_id, local / "report", uri)
+        with tempfile.TemporaryDirectory(prefix="optw-report-") as tmp:
+            index = write_and_log_report(run_id, Path(tmp) / "report", uri)
+            st.upload_dir(index.parent, st.join(out, "report"))
+            return st.join(out, "report", index.name)
     except Exception as exc:  # noqa: BLE001 - the models and tables are already safe
         _say(progress, f"warning: the HTML report could not be written: {exc}")
         return None

@@ -27,6 +27,7 @@ from optw.train.config import (
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 MODES = ("scratch", "global-ft", "transfer")
+PACK_MODES = ("sequential", "batched")
 
 
 @dataclass
@@ -60,8 +61,15 @@ class ResourcesSection:
     #: a cluster (each region its own actor, restarted alone); more for short budgets, where
     #: starting a worker costs more than training a region
     regions_per_worker: int = 1
+    #: how a worker trains its pack: "sequential" (one region after another) or "batched"
+    #: (side by side in one batched step, weights stacked per region; same models, within
+    #: rounding); packs that cannot batch (global models, mixed model shapes) go one by one
+    pack_mode: str = "sequential"
 
     def __post_init__(self) -> None:
+        if self.pack_mode not in PACK_MODES:
+            raise ConfigError(f"resources.pack_mode = {self.pack_mode!r}: expected one of "
+                              f"{list(PACK_MODES)}")
         if not (number(self.cpus_per_region) and self.cpus_per_region > 0):
             raise ConfigError(f"resources.cpus_per_region = {self.cpus_per_region!r}: must be "
                               "a finite number > 0")
@@ -122,8 +130,7 @@ class JobProfile:
     def config_hash(self) -> str:
         """Hash of everything that changes a trained/evaluated model (not names, resources)."""
         d = self.to_dict()
-        d["train"] = {k: v for k, v in d["train"].items()
-                      if k not in ("device", "threads", "regions")}
+        d["train"] = self.train.hash_dict(("device", "threads", "regions"))
         relevant = {k: d[k] for k in ("train", "finetune", "evaluate")}
         relevant["mode"] = d["job"]["mode"]
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]

@@ -88,14 +88,22 @@ class RayReport(Callback):
 
         metrics = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         metrics.update(self.extra, epoch=ctx.epoch)
+        key = self.tags["region"]
+        if final:  # this member is done: its final snapshot joins the pack's finished models
+            self.pack.finish(key, ctx.snapshot())
+            # members still running side by side carry it in their next checkpoint
+            checkpoint = not self.pack.running
+        elif checkpoint:  # members running side by side: one checkpoint holds them all
+            checkpoint = self.pack.leader() == key
         if not checkpoint:
             ray.train.report(metrics)
             return
-        if final:  # this member is done: its final snapshot joins the pack's finished models
-            self.pack.finish(self.tags["region"], ctx.snapshot())
         with tempfile.TemporaryDirectory(prefix="optw-ckpt-") as tmp:
-            self.pack.write(Path(tmp), None if final else ctx.snapshot(), self.tags["region"])
+            self.pack.write(Path(tmp))
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+
+    def on_train_start(self, ctx: TrainContext) -> None:
+        self.pack.start(self.tags["region"], ctx)
 
     def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
         for key in ("epochs_per_s", "mean_reward"):
@@ -120,41 +128,54 @@ class RayReport(Callback):
 
 class PackCheckpoint:
     """The files of a pack's Ray Train checkpoint: the final model of every finished member
-    (``<key>.pt``), the running member's training snapshot (``last.pt``) and ``pack.json``
-    (which members are done, which one runs). A restarted worker skips the finished members
-    and resumes the running one exactly; a one-region pack is the plain case."""
+    (``<key>.pt``), a training snapshot of every running member (``last-<key>.pt``; one at a
+    time when members train one after another, all of them when they train side by side) and
+    ``pack.json`` (which members are done, which run). A restarted worker skips the finished
+    members and resumes the running ones exactly; a one-region pack is the plain case."""
 
     def __init__(self, staging: Path):
         self.staging = Path(staging)  # finished members' files, in the worker
         self.staging.mkdir(parents=True, exist_ok=True)
         self.done: list[str] = []
+        self.running: dict[str, TrainContext] = {}  # in start order
 
-    def restore(self, folder: Path) -> tuple[str | None, dict | None]:
+    def restore(self, folder: Path) -> dict[str, dict]:
         """Read a checkpoint folder: the finished members' files are kept; returns the running
-        member's key and training snapshot (None, None when there is none)."""
+        members' training snapshots by key."""
         from optw.model import read_checkpoint
 
         state = json.loads((folder / PACK_FILE).read_text())
         for key in state["done"]:
             shutil.copyfile(folder / f"{key}.pt", self.staging / f"{key}.pt")
         self.done = list(state["done"])
-        current = state.get("current")
-        if current is None or not (folder / CHECKPOINT_FILE).exists():
-            return None, None
-        return current, read_checkpoint(folder / CHECKPOINT_FILE)
+        if state.get("current"):  # written by a one-at-a-time pack before side-by-side packs
+            running = {state["current"]: folder / CHECKPOINT_FILE}
+        else:
+            running = {key: folder / f"last-{key}.pt" for key in state.get("running", [])}
+        return {key: read_checkpoint(path) for key, path in running.items() if path.exists()}
+
+    def start(self, key: str, ctx: TrainContext) -> None:
+        self.running[key] = ctx
+
+    def leader(self) -> str | None:
+        """The running member whose reports carry the pack's checkpoints."""
+        return next(iter(self.running), None)
 
     def finish(self, key: str, snapshot: dict) -> None:
         write_checkpoint(snapshot, self.staging / f"{key}.pt")
+        self.running.pop(key, None)
         if key not in self.done:
             self.done.append(key)
 
-    def write(self, folder: Path, snapshot: dict | None, current: str | None) -> None:
+    def write(self, folder: Path) -> None:
+        """The finished members' models and every running member's snapshot into ``folder``."""
         for key in self.done:
             shutil.copyfile(self.staging / f"{key}.pt", folder / f"{key}.pt")
-        if snapshot is not None:
-            write_checkpoint(snapshot, folder / CHECKPOINT_FILE)
-        running = current if snapshot is not None else None
-        (folder / PACK_FILE).write_text(json.dumps({"done": self.done, "current": running}))
+        for key, ctx in self.running.items():
+            assert ctx.snapshot is not None, "the training loop sets ctx.snapshot"
+            write_checkpoint(ctx.snapshot(), folder / f"last-{key}.pt")
+        (folder / PACK_FILE).write_text(json.dumps({"done": self.done,
+                                                    "running": list(self.running)}))
 
 
 @dataclass(frozen=True)
@@ -189,10 +210,25 @@ class WorkerSpec:
         return dataclasses.replace(self, **changes)
 
 
-def train_worker(loop_config: dict[str, tuple[WorkerSpec, ...]]) -> None:
-    """The Ray Train worker function: trains the pack's regions one after another in this one
-    process (one TorchTrainer worker), each with its own config, RNG streams, checkpoints and
-    MLflow run; a restarted worker skips finished members and resumes the running one."""
+def batchable(specs: Sequence[WorkerSpec]) -> bool:
+    """Can these members train side by side in one batched step (per-region models of one
+    model shape, on one device with one thread setting)?"""
+    from optw.model import ModelConfig
+
+    def shape(c: TrainConfig) -> tuple:
+        return (json.dumps(ModelConfig.from_dict(c.model).to_dict(), sort_keys=True),
+                c.device, c.threads)
+
+    return (len(specs) > 1 and all(len(s.config.regions) == 1 for s in specs)
+            and len({shape(s.config) for s in specs}) == 1)
+
+
+def train_worker(loop_config: dict[str, Any]) -> None:
+    """The Ray Train worker function: trains the pack's regions in this one process (one
+    TorchTrainer worker), side by side in one batched step (``batched`` and
+    :func:`batchable`; :func:`optw.train.pack.train_pack`) or one after another, each with its
+    own config, RNG streams, checkpoints and MLflow run; a restarted worker skips finished
+    members and resumes the running ones."""
     import time
 
     import ray.train
@@ -201,52 +237,72 @@ def train_worker(loop_config: dict[str, tuple[WorkerSpec, ...]]) -> None:
     from optw.catalog import open_catalog
     from optw.tracking import MlflowCallback
     from optw.train import train
+    from optw.train.pack import train_pack
 
     started = time.time()
     specs = loop_config["specs"]
     pack = PackCheckpoint(Path(tempfile.mkdtemp(prefix="optw-pack-")))
-    running, resume = None, None
+    resume: dict[str, dict] = {}
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:  # a restarted worker, or a re-run of a crashed job
         with checkpoint.as_directory() as folder:
-            running, resume = pack.restore(Path(folder))
-    for member, spec in enumerate(specs):
-        if spec.key in pack.done:
-            continue
-        config = spec.config
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        callbacks: list[Callback] = [
-            RayReport(every=spec.report_every, checkpoint_every=config.checkpoint_every,
+            resume = pack.restore(Path(folder))
+
+    def callbacks(member: int, spec: WorkerSpec) -> list[Callback]:
+        return [
+            RayReport(every=spec.report_every, checkpoint_every=spec.config.checkpoint_every,
                       tags={"region": spec.key, "stage": spec.stage}, ils_means=spec.ils_means,
                       pack=pack, extra={"member": member, "worker_started_at": started}),
             MlflowCallback(spec.run_id, uri=spec.tracking_uri, log_every=spec.log_every,
                            log_checkpoint=False),
             *spec.callbacks,
         ]
-        train(config, open_catalog(spec.catalog), callbacks, init=spec.init,
-              resume=resume if running == spec.key else None)
+
+    todo = [(m, s) for m, s in enumerate(specs) if s.key not in pack.done]
+    if loop_config.get("batched") and batchable([s for _, s in todo]):
+        train_pack([s.config for _, s in todo], open_catalog(todo[0][1].catalog),
+                   [callbacks(m, s) for m, s in todo], [s.init for _, s in todo],
+                   [resume.get(s.key) for _, s in todo])
+        return
+    for member, spec in todo:
+        if spec.config.threads:
+            torch.set_num_threads(spec.config.threads)
+        train(spec.config, open_catalog(spec.catalog), callbacks(member, spec), init=spec.init,
+              resume=resume.get(spec.key))
 
 
 def make_trainer(specs: WorkerSpec | Sequence[WorkerSpec], storage: str, name: str,
                  resources: ResourcesSection, use_gpu: bool, max_failures: int | None = None,
-                 callbacks: list | None = None):
+                 callbacks: list | None = None,
+                 worker_resources: Mapping[str, float] | None = None):
     """A TorchTrainer with one worker running :func:`train_worker` on a pack of specs (or
-    one spec)."""
+    one spec).
+
+    ``storage`` is a folder (shared on a cluster) or a URI such as ``s3://bucket/prefix``
+    (see :mod:`optw.distributed.storage`); specs that name their catalog or start model by URI
+    get them on the worker's node first. ``worker_resources`` adds custom Ray resources to the
+    worker's request (e.g. ``{"trainer": 1}`` for the nodes that have it)."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
+
+    from optw.distributed.storage import needs_localizing, ray_storage, train_worker_anywhere
 
     specs = (specs,) if isinstance(specs, WorkerSpec) else tuple(specs)
     per_worker = {"CPU": resources.cpus_per_region}
     if use_gpu:
         per_worker["GPU"] = resources.gpu_fraction
+    per_worker.update({k: float(v) for k, v in (worker_resources or {}).items()})
     failures = resources.max_failures if max_failures is None else max_failures
+    storage_path, storage_fs = ray_storage(storage)
+    worker = train_worker_anywhere if any(needs_localizing(s) for s in specs) else train_worker
+    batched = getattr(resources, "pack_mode", "sequential") == "batched"
     return TorchTrainer(
-        train_worker,
-        train_loop_config={"specs": specs},
+        worker,
+        train_loop_config={"specs": specs, "batched": batched},
         scaling_config=ScalingConfig(num_workers=1, use_gpu=use_gpu,
                                      resources_per_worker=per_worker),
-        run_config=RunConfig(name=name, storage_path=storage, callbacks=callbacks,
+        run_config=RunConfig(name=name, storage_path=storage_path,
+                             storage_filesystem=storage_fs, callbacks=callbacks,
                              failure_config=FailureConfig(max_failures=failures,
                                                           controller_failure_limit=2)),
     )
@@ -262,30 +318,30 @@ class PackResult:
 
 
 def fit_pack(specs: Sequence[WorkerSpec], storage: str, name: str, resources: ResourcesSection,
-             use_gpu: bool, outs: Mapping[str, str]) -> PackResult:
+             use_gpu: bool, outs: Mapping[str, str],
+             worker_resources: Mapping[str, float] | None = None) -> PackResult:
     """Run one TorchTrainer over a pack to completion and copy each member's final model to
-    ``outs[key]`` (atomically).
+    ``outs[key]`` (a local path or a URI, written whole).
 
     Re-running with the same ``name`` and ``storage`` resumes from the last checkpoint that
     run reported (Ray Train restores by run name), so a crashed job continues.
     """
     import time
 
+    from optw.distributed.storage import put_file
+
     t0 = time.time()
-    result = make_trainer(specs, storage, name, resources, use_gpu).fit()
+    result = make_trainer(specs, storage, name, resources, use_gpu,
+                          worker_resources=worker_resources).fit()
     t1 = time.time()
     if result.checkpoint is None:
         raise RuntimeError(f"{name}: training finished without a checkpoint")
-    with result.checkpoint.as_directory() as folder:
+    with result.checkpoint.as_directory() as folder:  # a download, for remote storage
         for spec in specs:
             src = Path(folder) / f"{spec.key}.pt"
             if not src.exists():
                 raise RuntimeError(f"{name}: no final model of {spec.key} in the checkpoint")
-            out_path = Path(outs[spec.key])
-            out_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out_path.with_name(f".{out_path.name}.tmp")
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, out_path)
+            put_file(src, outs[spec.key])
     started = float((result.metrics or {}).get("worker_started_at", t0))
     started = min(max(started, t0), t1)
     return PackResult({s.key: str(outs[s.key]) for s in specs}, started - t0, t1 - started)

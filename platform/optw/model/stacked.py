@@ -79,7 +79,8 @@ class _GroupedLinear(torch.autograd.Function):
         for p, c in enumerate(counts):
             if c:
                 y[p, :c] = _mm(x[p, :c], w[p], None if b is None else b[p])
-            y[p, c:].zero_()
+            if c < x.shape[1]:
+                y[p, c:].zero_()
         ctx.counts = counts
         ctx.has_bias = b is not None
         ctx.save_for_backward(x, w)
@@ -93,7 +94,7 @@ class _GroupedLinear(torch.autograd.Function):
         gw = torch.empty_like(w) if need_w else None
         gb = g.new_zeros(w.shape[0], w.shape[1]) if need_b and ctx.has_bias else None
         for p, c in enumerate(ctx.counts):
-            if gx is not None:
+            if gx is not None and c < x.shape[1]:
                 gx[p, c:].zero_()
             if not c:
                 if gw is not None:

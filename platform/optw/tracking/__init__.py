@@ -45,6 +45,8 @@ from optw.tracking.runs import (
 from optw.tracking.uri import (
     TrackingUnavailableError,
     artifact_root,
+    check_artifact_location,
+    check_cluster_tracking,
     check_tracking_uri,
     default_tracking_uri,
     get_client,
@@ -63,7 +65,8 @@ def __getattr__(name: str):
 
 __all__ = [
     "CHAMPION", "JobRun", "MlflowCallback", "RegionSolver", "TrackingUnavailableError",
-    "VersionInfo", "artifact_root", "champion", "check_tracking_uri", "config_dict",
+    "VersionInfo", "artifact_root", "champion", "check_artifact_location",
+    "check_cluster_tracking", "check_tracking_uri", "config_dict",
     "config_hash", "default_tracking_uri", "end_run", "evaluation_metrics", "experiment_id",
     "find_champion_with", "find_child_run", "flatten_config", "get_client", "git_commit",
     "load_solver", "local_server", "log_evaluation", "log_file", "log_json", "log_params",

@@ -100,6 +100,38 @@ def check_tracking_uri(uri: str | None = None, timeout: float = 3.0) -> str:
     return uri
 
 
+def check_cluster_tracking(uri: str, nodes: int) -> str:
+    """On a Ray cluster of ``nodes`` nodes the store must be reachable from all of them: an
+    MLflow server (``http(s)://``) or a database server. A sqlite file or a file store is on
+    one node's disk: refused with ``TrackingUnavailableError`` naming the setting."""
+    scheme = urllib.parse.urlparse(uri).scheme
+    kind = {"sqlite": "a sqlite file", "file": "a file store", "": "a file store"}.get(scheme)
+    if kind is not None:
+        raise TrackingUnavailableError(
+            f"tracking store {uri}: {kind} on this node's disk, which the other nodes of the "
+            f"{nodes}-node Ray cluster cannot reach; set {ENV_URI} (or --tracking-uri) to an "
+            "MLflow server with proxied artifacts, e.g. http://<head>:5000 from "
+            "`python -m optw.tracking.server --host 0.0.0.0` (see docs/cluster.md)")
+    return uri
+
+
+def check_artifact_location(uri: str, experiment: str, nodes: int) -> None:
+    """On a cluster the artifacts of ``experiment`` must not go to a path on one machine's
+    disk: a server without ``--serve-artifacts`` gives new experiments its local folder, and
+    an experiment made earlier against the sqlite file keeps its ``file://`` location.
+    Proxied (``mlflow-artifacts:``) and object-store locations pass."""
+    exp = get_client(uri).get_experiment_by_name(experiment)
+    if exp is None:
+        return
+    location = exp.artifact_location or ""
+    if urllib.parse.urlparse(location).scheme in ("", "file"):
+        raise TrackingUnavailableError(
+            f"experiment {experiment!r} at {uri} keeps its artifacts at {location}, a folder "
+            f"that Ray workers on the other nodes of the {nodes}-node cluster write to their "
+            "own disks; serve artifacts through the server (`python -m optw.tracking.server` "
+            "does) and choose a new job name (--name)")
+
+
 def _check_http(uri: str, timeout: float) -> None:
     base = uri.rstrip("/")
     hint = (f"start it (`make mlflow-server`, see docs/tracking.md) or unset {ENV_URI} to use "

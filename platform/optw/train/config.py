@@ -45,6 +45,12 @@ class TrainConfig:
     lr_decay: float = 0.96
     lr_decay_every: int = 5_000
     lr_min: float = 1e-5
+    lr_schedule: str = "step"  # step: lr·decay^(epoch // every) (the paper); cosine: to lr_min
+    warmup_epochs: int = 0  # linear warm-up of the lr over the first epochs (0: none)
+    recipe: str = "paper"  # the preset the other values started from (RECIPES), logged
+    #: stop after this many minutes of training (validation excluded) even if epochs remain;
+    #: None: the epoch budget alone (reproducible). For time-boxed runs such as `make run`.
+    max_minutes: float | None = None
     finetune: bool = False  # fixed lr = finetune_lr, no decay
     finetune_lr: float = 1e-5
     beta: float = 0.01  # entropy bonus
@@ -85,6 +91,13 @@ class TrainConfig:
         need(number(self.beta) and self.beta >= 0, "beta", "must be a finite number >= 0")
         need(type(self.finetune) is bool, "finetune", "must be true or false")
         need(type(self.mix_regions) is bool, "mix_regions", "must be true or false")
+        need(self.lr_schedule in LR_SCHEDULES, "lr_schedule",
+             f"must be one of {list(LR_SCHEDULES)}")
+        need(integer(self.warmup_epochs) and self.warmup_epochs >= 0, "warmup_epochs",
+             "must be an integer >= 0")
+        need(self.recipe in RECIPES, "recipe", f"must be one of {sorted(RECIPES)}")
+        need(self.max_minutes is None or (number(self.max_minutes) and self.max_minutes > 0),
+             "max_minutes", "must be a finite number > 0 or unset")
         need(self.score_kind in (None, "uniform", "correlated"), "score_kind",
              "must be uniform, correlated or unset")
         need(isinstance(self.device, str) and (self.device in ("auto", "cpu", "cuda") or (
@@ -106,7 +119,12 @@ class TrainConfig:
     # -- construction
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> TrainConfig:
-        return from_table(cls, data, source)
+        """Build from a table; ``recipe = "fast"`` fills every key the table leaves out from
+        that recipe's preset (:data:`RECIPES`)."""
+        recipe = data.get("recipe", "paper")
+        if recipe not in RECIPES:
+            raise ConfigError(f"{source}: recipe = {recipe!r}: must be one of {sorted(RECIPES)}")
+        return from_table(cls, {**RECIPES[recipe], **data}, source)
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> TrainConfig:
@@ -122,16 +140,48 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def hash_dict(self, exclude: tuple[str, ...] = ("device", "threads")) -> dict[str, Any]:
+        """The settings that change the result; settings added since the first release are
+        left out while at their defaults, so earlier configs keep their hashes."""
+        return {k: v for k, v in self.to_dict().items() if k not in exclude
+                and not (k in ADDED_DEFAULTS and v == ADDED_DEFAULTS[k])}
+
     def config_hash(self, exclude: tuple[str, ...] = ("device", "threads")) -> str:
         """Stable short hash of the settings that change the result."""
-        d = {k: v for k, v in self.to_dict().items() if k not in exclude}
+        d = self.hash_dict(exclude)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def learning_rate(self, epoch: int) -> float:
-        """The schedule: fixed for fine-tuning, else lr·decay^(epoch // every), floored."""
+        """The schedule: fixed for fine-tuning; else ``step`` (lr·decay^(epoch // every)) or
+        ``cosine`` (lr to lr_min over ``epochs``), floored at lr_min, after a linear warm-up
+        over ``warmup_epochs``."""
         if self.finetune:
             return self.finetune_lr
-        return max(self.lr_min, self.lr * self.lr_decay ** (epoch // self.lr_decay_every))
+        if self.lr_schedule == "cosine":
+            frac = min(epoch / max(self.epochs, 1), 1.0)
+            lr = self.lr_min + 0.5 * (self.lr - self.lr_min) * (1 + math.cos(math.pi * frac))
+        else:
+            lr = max(self.lr_min, self.lr * self.lr_decay ** (epoch // self.lr_decay_every))
+        if epoch < self.warmup_epochs:
+            lr *= (epoch + 1) / self.warmup_epochs
+        return lr
+
+
+LR_SCHEDULES = ("step", "cosine")
+
+#: Named presets of training settings (``[train] recipe = "..."``; keys given beside it win).
+#: ``paper`` is the paper's and the published weights' (the defaults above). ``fast`` learns
+#: sooner in wall-clock time on the same hardware; docs/recipes.md says how it departs from the
+#: paper and what each departure bought (measured with benchmarks/bench_learning.py).
+RECIPES: dict[str, dict[str, Any]] = {
+    "paper": {},
+    "fast": {"tourists_per_epoch": 8, "batch_size": 32, "lr": 1e-3, "lr_min": 1e-5,
+             "lr_schedule": "cosine", "warmup_epochs": 20},
+}
+
+#: Settings added after the first release, with the defaults that keep the paper's behaviour.
+ADDED_DEFAULTS: dict[str, Any] = {"mix_regions": False, "lr_schedule": "step",
+                                  "warmup_epochs": 0, "recipe": "paper", "max_minutes": None}
 
 
 def from_table(cls, data: dict[str, Any], where: str):

@@ -71,7 +71,8 @@ def validate(
 
 
 #: Settings a resumed run may change: they do not change what the next epochs compute.
-RESUMABLE_CHANGES = ("epochs", "val_every", "checkpoint_every", "device", "threads")
+RESUMABLE_CHANGES = ("epochs", "val_every", "checkpoint_every", "device", "threads",
+                     "max_minutes")
 
 
 def check_resume(state: dict[str, Any], config: TrainConfig, source: str = "checkpoint",
@@ -84,6 +85,10 @@ def check_resume(state: dict[str, Any], config: TrainConfig, source: str = "chec
         raise ValueError(f"{source} is a model file, not a training checkpoint (use init=)")
     t = state["train"]
     before = dict(t.get("config", {}))
+    if before:  # settings added since the checkpoint was written had their defaults then
+        from optw.train.config import ADDED_DEFAULTS
+
+        before = {**ADDED_DEFAULTS, **before}
     if list(t.get("regions", before.get("regions", []))) != list(config.regions):
         raise ValueError(f"{source} was trained on regions {t.get('regions')}, not "
                          f"{config.regions}; resume with the same regions or start afresh")
@@ -182,6 +187,7 @@ def train(
     B, K = config.batch_size, config.tourists_per_epoch
     ids = torch.arange(K, device=device).repeat_interleave(B)  # route r -> tourist r // B
     t_run, rate, t_last = time.perf_counter(), None, time.perf_counter()
+    train_s, limit_s = 0.0, (config.max_minutes or 0.0) * 60
     for epoch in range(start_epoch, config.epochs):
         # 1. a region and K tourists for it (or, mixing regions, a region per tourist)
         if config.mix_regions and len(regions) > 1:
@@ -219,13 +225,15 @@ def train(
         now = time.perf_counter()
         inst_rate = 1.0 / max(now - t_last, 1e-9)
         rate = inst_rate if rate is None else 0.9 * rate + 0.1 * inst_rate
+        train_s += now - t_last
         t_last = now
         metrics = {"mean_reward": float(reward.mean()), "loss": float(loss.detach()),
                    "entropy": float(entropy.detach()), "grad_norm": float(grad_norm), "lr": lr,
                    "epochs_per_s": rate}
         for cb in callbacks:
             cb.on_epoch_end(ctx, metrics)
-        last = ctx.epoch == config.epochs
+        out_of_time = bool(limit_s) and train_s >= limit_s
+        last = ctx.epoch == config.epochs or out_of_time
         if (config.val_every and ctx.epoch % config.val_every == 0) or last:
             val = validate(model, regions, validation, benchmark)
             ctx.last_validation = val
@@ -234,7 +242,7 @@ def train(
             for cb in callbacks:
                 cb.on_validation(ctx, val)
             t_last = time.perf_counter()  # validation time is not training speed
-        if ctx.stop:
+        if ctx.stop or out_of_time:
             break
 
     for cb in callbacks:

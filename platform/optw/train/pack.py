@@ -241,7 +241,7 @@ def train_pack(
         if mb.ctx.epoch >= mb.config.epochs:
             finish(mb)
 
-    rate, t_last = None, time.perf_counter()
+    rate, t_last, train_s = None, time.perf_counter(), 0.0
     while True:
         active = [mb for mb in members if not mb.done]
         if not active:
@@ -293,6 +293,7 @@ def train_pack(
 
         # 4. each member reports, validates and hands over to its callbacks
         now = time.perf_counter()
+        train_s += now - t_last  # the pack's training time is each member's
         inst_rate = 1.0 / max(now - t_last, 1e-9)
         rate = inst_rate if rate is None else 0.9 * rate + 0.1 * inst_rate
         for mb in active:
@@ -305,7 +306,7 @@ def train_pack(
                        "lr": lrs[mb.index], "epochs_per_s": rate}
             for cb in mb.callbacks:
                 cb.on_epoch_end(ctx, metrics)
-            last = ctx.epoch == c.epochs
+            last = ctx.epoch == c.epochs or bool(c.max_minutes and train_s >= 60 * c.max_minutes)
             if (c.val_every and ctx.epoch % c.val_every == 0) or last:
                 val = validate(stacked.member(mb.index), [mb.region], mb.validation,
                                mb.benchmark)

@@ -1,0 +1,83 @@
+"""Training recipes (TrainConfig ``recipe``): the fast recipe's preset, its schedule, that it
+learns sooner than the paper recipe, and that adding it changed nothing for the paper's."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from optw.train import ConfigError, TrainConfig, train
+from optw.train.config import ADDED_DEFAULTS, RECIPES
+from optw.train.loop import check_resume
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_recipe_preset_fills_what_the_table_leaves_out():
+    """``recipe = "fast"`` fills every key the table does not give from the preset; keys given
+    beside it win; the paper recipe is the defaults; an unknown recipe names the choices."""
+    fast = TrainConfig.from_dict({"recipe": "fast", "regions": ["pr01"]})
+    for key, value in RECIPES["fast"].items():
+        assert getattr(fast, key) == value
+    assert TrainConfig.from_dict({"recipe": "fast", "lr": 5e-4}).lr == 5e-4
+    assert TrainConfig.from_dict({"recipe": "paper"}) == TrainConfig()
+    with pytest.raises(ConfigError, match="recipe = 'turbo'.*fast"):
+        TrainConfig.from_dict({"recipe": "turbo"})
+    with pytest.raises(ConfigError, match="lr_schedule"):
+        TrainConfig(lr_schedule="linear")
+    with pytest.raises(ConfigError, match="max_minutes"):
+        TrainConfig(max_minutes=0)
+
+
+def test_schedules_warmup_cosine_and_the_papers_step():
+    """The paper's step decay is unchanged; cosine goes from lr to lr_min over the epochs; a
+    warm-up ramps the first epochs linearly."""
+    paper = TrainConfig()
+    assert paper.learning_rate(0) == 1e-4
+    assert paper.learning_rate(5_000) == pytest.approx(0.96e-4)
+    cos = TrainConfig(lr=1e-3, lr_min=1e-5, lr_schedule="cosine", epochs=100, warmup_epochs=10)
+    assert cos.learning_rate(0) == pytest.approx(1e-4)  # 1/10 of the way up
+    assert cos.learning_rate(9) == pytest.approx(
+        1e-5 + 0.5 * (1e-3 - 1e-5) * (1 + math.cos(math.pi * 0.09)))
+    assert cos.learning_rate(50) == pytest.approx(1e-5 + 0.5 * (1e-3 - 1e-5))
+    assert cos.learning_rate(100) == pytest.approx(1e-5)
+
+
+def test_configs_and_checkpoints_from_before_the_new_settings_are_unchanged():
+    """Settings added for the fast recipe leave earlier configs' hashes alone and let
+    checkpoints written before them resume (their defaults are what those runs used)."""
+    config = TrainConfig(regions=["pr01"], epochs=10)
+    old = {k: v for k, v in config.to_dict().items() if k not in ADDED_DEFAULTS}
+    assert set(config.hash_dict()) == set(old) - {"device", "threads"}
+    state = {"config": {}, "train": {"config": old, "epoch": 2, "regions": ["pr01"]}}
+    from optw.model import ModelConfig
+
+    state["config"] = ModelConfig().to_dict()
+    assert check_resume(state, config) == {}
+
+
+def test_time_limit_ends_a_run_with_a_final_validation(tiny_catalog):
+    """``max_minutes`` ends training once that much training time has passed (the final
+    validation still runs), whatever epochs remain."""
+    config = TrainConfig(regions=["r199"], epochs=100_000, batch_size=4, val_every=0,
+                         val_tourists=2, checkpoint_every=0, max_minutes=0.02, seed=1)
+    result = train(config, tiny_catalog)
+    assert 1 <= result.epochs < 100_000
+    assert "val_score" in result.last_validation
+
+
+@pytest.mark.slow
+def test_learning_harness_short_mode(tmp_path):
+    """`benchmarks/bench_learning.py --short` trains pr01 with both recipes, evaluates them
+    along the way and writes the curve (CSV, PNG) and the summary."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_learning.py"),
+                          "--short", "--out", str(tmp_path)], capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for name in ("learning_curves.csv", "learning_curves.png", "learning_summary.json"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert "time" in out.stdout or "parity" in out.stdout
