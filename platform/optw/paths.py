@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 
 #: The project folder (``platform/optw/paths.py`` -> three levels up).
@@ -124,14 +125,19 @@ def mlflow_artifacts() -> Path:
     return PROJECT_ROOT / "mlartifacts"
 
 
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``: a
-    reader never sees a half-written file."""
+def replace_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
+    """``write(tmp)`` a temporary file beside ``path``, then rename it over ``path``: a reader
+    never sees a half-written file (the temporary file is removed if writing fails)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(text)
+        write(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (:func:`replace_atomic`)."""
+    return replace_atomic(path, lambda tmp: tmp.write_text(text))

@@ -173,8 +173,11 @@ class Decoder:
         self.n = inst.n_nodes
         self.end = inst.n_nodes - 1
         self.graph = model.cfg.graph
-        emb = model.embed_static(inst.static)  # [K, n, d/2], shared by all routes
+        emb = self._embed_static()  # [K, n, d/2], shared by all routes
         self.static_emb = emb.reshape(-1, emb.shape[-1])
+
+    def _embed_static(self) -> torch.Tensor:
+        return self.model.embed_static(self.inst.static)
 
     def _keep(self, state: State, node: torch.Tensor, route: torch.Tensor) -> torch.Tensor:
         """Rows that stay: admissible in ``state`` (every row without compaction)."""
@@ -300,16 +303,12 @@ class StackedDecoder(Decoder):
         if member.shape != (inst.n_tourists,):
             raise ValueError(f"member has shape {tuple(member.shape)}, expected one entry per "
                              f"tourist ({inst.n_tourists})")
-        self.model = model  # type: ignore[assignment]
-        self.inst = inst
-        self.compact = compact
-        self.n = inst.n_nodes
-        self.end = inst.n_nodes - 1
-        self.graph = model.cfg.graph
         self.member = member.to(device=inst.device, dtype=torch.long)
         self.p = model.n_members
-        emb = model.embed_static(inst.static, Groups.of(self.member, self.p))
-        self.static_emb = emb.reshape(-1, emb.shape[-1])
+        super().__init__(model, inst, compact)  # type: ignore[arg-type]
+
+    def _embed_static(self) -> torch.Tensor:
+        return self.model.embed_static(self.inst.static, Groups.of(self.member, self.p))
 
     def _initial_state(self, s0: State) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model.initial_state(self.member.index_select(0, s0.ids))

@@ -211,14 +211,8 @@ def write_bytes(location: str | Path, data: bytes) -> None:
     see half of it); an object is written in one request."""
     location = normalize(location)
     if not is_uri(location):
-        target = Path(location)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        try:
-            tmp.write_bytes(data)
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
+        Path(location).parent.mkdir(parents=True, exist_ok=True)
+        paths.replace_atomic(location, lambda tmp: tmp.write_bytes(data))
         return
     fs, path = filesystem(location)
     with fs.open_output_stream(path) as f:
@@ -236,14 +230,8 @@ def put_file(src: str | Path, location: str | Path) -> str:
     """Copy a local file to ``location`` whole (see :func:`write_bytes`); returns the location."""
     location = normalize(location)
     if not is_uri(location):
-        target = Path(location)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        try:
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
+        Path(location).parent.mkdir(parents=True, exist_ok=True)
+        paths.replace_atomic(location, lambda tmp: shutil.copyfile(src, tmp))
         return location
     fs, path = filesystem(location)
     with open(src, "rb") as fin, fs.open_output_stream(path) as fout:
@@ -255,15 +243,13 @@ def get_file(location: str | Path, dst: str | Path) -> Path:
     """Copy the file at ``location`` to the local file ``dst`` (through a rename)."""
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
     fs, path = filesystem(location)
-    try:
+
+    def copy(tmp: Path) -> None:
         with fs.open_input_stream(path) as fin, open(tmp, "wb") as fout:
             shutil.copyfileobj(fin, fout, 8 * 1024 * 1024)
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return dst
+
+    return paths.replace_atomic(dst, copy)
 
 
 def upload_dir(src: str | Path, location: str | Path) -> str:

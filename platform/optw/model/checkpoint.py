@@ -24,6 +24,7 @@ import torch
 
 from optw.model.config import ModelConfig
 from optw.model.network import PointerNet, heads_to_linear
+from optw.paths import replace_atomic
 
 FORMAT = "optw-model"
 FORMAT_VERSION = 1
@@ -74,13 +75,7 @@ def write_checkpoint(obj: Mapping[str, Any], path: str | Path) -> Path:
         torch.load(buf, map_location="cpu", weights_only=True)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(buf.getvalue())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return replace_atomic(path, lambda tmp: tmp.write_bytes(buf.getvalue()))
 
 
 def _numpy_scalar_globals() -> list:

@@ -94,6 +94,25 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
 
+def bucket_attention(q_all: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor,
+                     layout: Layout, n_heads: int) -> torch.Tensor:
+    """Multi-head attention on the padded tables ``q_all, k_all, v_all [T, d]`` of
+    ``layout``, bucket by bucket: the heads' outputs concatenated, [T, d] (a view of the
+    kernel's output when there is one bucket)."""
+    d = q_all.shape[1]
+    dk = d // n_heads
+    outs = []
+    for b in layout.buckets:
+        r, m = b.n_routes, b.width
+        rows = slice(b.start, b.stop)
+        q = q_all[rows].view(r, m, n_heads, dk).transpose(1, 2)
+        v = v_all[rows].view(r, m, n_heads, dk).transpose(1, 2)
+        k = k_all[rows].view(r, m, n_heads, dk).transpose(1, 2)
+        o = attention(q, k, v, b.bias, 1.0 / math.sqrt(dk))
+        outs.append(o.transpose(1, 2).reshape(r * m, d))
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
 class EncoderLayer(nn.Module):
     """Graph-masked multi-head attention (keys given) + feed-forward, post-norm residuals."""
 
@@ -112,22 +131,11 @@ class EncoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, keys: torch.Tensor, layout: Layout) -> torch.Tensor:
         """``x`` packed rows [N, d]; ``keys`` projected and gathered to the padded table [T, d]."""
         d = x.shape[1]
-        h = self.n_heads
-        dk = d // h
         qv = linear(x, self.qv.weight)
         # separate contiguous gathers: the attention kernel then keeps them without copies
         q_all = qv[:, :d].index_select(0, layout.gather)
         v_all = qv[:, d:].index_select(0, layout.gather)
-        outs = []
-        for b in layout.buckets:
-            r, m = b.n_routes, b.width
-            rows = slice(b.start, b.stop)
-            q = q_all[rows].view(r, m, h, dk).transpose(1, 2)
-            v = v_all[rows].view(r, m, h, dk).transpose(1, 2)
-            k = keys[rows].view(r, m, h, dk).transpose(1, 2)
-            o = attention(q, k, v, b.bias, 1.0 / math.sqrt(dk))
-            outs.append(o.transpose(1, 2).reshape(r * m, d))
-        o = outs[0] if len(outs) == 1 else torch.cat(outs)  # [T, d], a view of the kernel's output
+        o = bucket_attention(q_all, keys, v_all, layout, self.n_heads)  # [T, d]
         # projecting in the padded layout keeps only the kernel's output for the backward
         z = linear(o, self.out.weight, self.out.bias).index_select(0, layout.back) + x
         y = layer_norm(z, self.norm1.weight, self.norm1.bias, self.norm1.eps)

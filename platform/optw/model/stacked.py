@@ -15,7 +15,6 @@ checkpoints, model files).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +23,7 @@ from torch import nn
 
 from optw.model import fastops
 from optw.model.config import ModelConfig
-from optw.model.network import Layout, PointerNet, attention
+from optw.model.network import Layout, PointerNet, bucket_attention
 
 
 @dataclass
@@ -187,8 +186,6 @@ class StackedPointerNet(nn.Module):
         """One set-encoder pass: ``x`` and the recursion input ``rec`` are padded tables
         [P, M, d] of the rows of ``layout`` (``rows``); returns the same layout."""
         p, width, d = x.shape
-        h = self.cfg.n_heads
-        dk = d // h
         n_rows = rows.pos.shape[0]
         table = rows.pos.index_select(0, layout.gather)  # padded slot of each attention entry
         back = torch.zeros(p * width, dtype=torch.long, device=x.device).index_copy(
@@ -207,16 +204,7 @@ class StackedPointerNet(nn.Module):
             qv = self._linear(x, pre + "qv.weight", None, rows).view(p * width, 2 * d)
             q_all = qv[:, :d].index_select(0, table)
             v_all = qv[:, d:].index_select(0, table)
-            outs = []
-            for b in layout.buckets:
-                r, m = b.n_routes, b.width
-                sl = slice(b.start, b.stop)
-                q = q_all[sl].view(r, m, h, dk).transpose(1, 2)
-                k = k_all[sl].view(r, m, h, dk).transpose(1, 2)
-                v = v_all[sl].view(r, m, h, dk).transpose(1, 2)
-                outs.append(attention(q, k, v, b.bias, 1.0 / math.sqrt(dk))
-                            .transpose(1, 2).reshape(r * m, d))
-            o = outs[0] if len(outs) == 1 else torch.cat(outs)
+            o = bucket_attention(q_all, k_all, v_all, layout, self.cfg.n_heads)
             z = self._linear(o.index_select(0, back).view(p, width, d), pre + "out.weight",
                              pre + "out.bias", rows) + x
             y = _layer_norm(z, self.w(pre + "norm1.weight"), self.w(pre + "norm1.bias"),

@@ -112,9 +112,44 @@ def check_resume(state: dict[str, Any], config: TrainConfig, source: str = "chec
     return diff if before else {}
 
 
-def _rng_state(np_rng: np.random.Generator, gen: torch.Generator) -> dict[str, Any]:
-    return {"numpy": np_rng.bit_generator.state, "torch": gen.get_state(),
-            "python": random.getstate()}
+def start_model(config: TrainConfig, init: str | Path | None = None,
+                state: dict[str, Any] | None = None) -> PointerNet:
+    """The network a run starts from: a training checkpoint's (``state``, resuming), a model
+    file's (``init``, fine-tuning), or fresh weights of ``config.model`` drawn under
+    ``torch.manual_seed(config.seed)``."""
+    if state is not None:
+        model = PointerNet(ModelConfig.from_dict(state["config"]))
+        model.load_state_dict(state["state_dict"])
+        return model
+    if init is not None:
+        return load_model(init)
+    torch.manual_seed(config.seed)
+    return PointerNet(ModelConfig.from_dict(config.model))
+
+
+def restore_run(state: dict[str, Any], ctx: TrainContext, np_rng: np.random.Generator,
+                gen: torch.Generator) -> None:
+    """Put a checkpoint's epoch, RNG states and validation scores back (not the optimiser)."""
+    t = state["train"]
+    ctx.epoch = int(t["epoch"])
+    np_rng.bit_generator.state = t["rng"]["numpy"]
+    gen.set_state(t["rng"]["torch"])
+    random.setstate(t["rng"]["python"])
+    ctx.best_validation = t.get("best_validation")
+    ctx.last_validation = t.get("last_validation", {})
+
+
+def training_snapshot(model: PointerNet, config: TrainConfig, ctx: TrainContext,
+                      optimizer: dict[str, Any], np_rng: np.random.Generator,
+                      gen: torch.Generator) -> dict:
+    """The checkpoint dict of a run in progress (it resumes exactly; see :func:`train`)."""
+    return checkpoint_dict(model, train={
+        "config": config.to_dict(), "epoch": ctx.epoch, "optimizer": optimizer,
+        "rng": {"numpy": np_rng.bit_generator.state, "torch": gen.get_state(),
+                "python": random.getstate()},
+        "best_validation": ctx.best_validation, "last_validation": ctx.last_validation,
+        "regions": ctx.region_ids,
+    })
 
 
 def train(
@@ -148,37 +183,21 @@ def train(
         state = resume if isinstance(resume, dict) else read_checkpoint(resume)
         check_resume(state, config, "the checkpoint" if isinstance(resume, dict) else
                      str(resume))
-        model = PointerNet(ModelConfig.from_dict(state["config"]))
-        model.load_state_dict(state["state_dict"])
-    elif init is not None:
-        model = load_model(init)
-    else:
-        model = PointerNet(ModelConfig.from_dict(config.model))
+    model = start_model(config, init, state)
     model.to(device).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate(0))
-    start_epoch = 0
     ctx = TrainContext(region_ids=[r.id for r in regions], config=config,
                        total_epochs=config.epochs)
     if state is not None:
-        t = state["train"]
-        optimizer.load_state_dict(t["optimizer"])
-        start_epoch = int(t["epoch"])
-        np_rng.bit_generator.state = t["rng"]["numpy"]
-        gen.set_state(t["rng"]["torch"])
-        random.setstate(t["rng"]["python"])
-        ctx.best_validation = t.get("best_validation")
-        ctx.last_validation = t.get("last_validation", {})
-    ctx.epoch = start_epoch
+        optimizer.load_state_dict(state["train"]["optimizer"])
+        restore_run(state, ctx, np_rng, gen)
+    start_epoch = ctx.epoch
 
     validation = {r.id: catalog.validation(r.id)[: config.val_tourists] for r in regions}
     benchmark = {r.id: catalog.benchmark(r.id) for r in regions}
 
     def snapshot() -> dict:
-        return checkpoint_dict(model, train={
-            "config": config.to_dict(), "epoch": ctx.epoch, "optimizer": optimizer.state_dict(),
-            "rng": _rng_state(np_rng, gen), "best_validation": ctx.best_validation,
-            "last_validation": ctx.last_validation, "regions": ctx.region_ids,
-        })
+        return training_snapshot(model, config, ctx, optimizer.state_dict(), np_rng, gen)
 
     ctx.snapshot = snapshot
     for cb in callbacks:

@@ -30,11 +30,19 @@ import torch
 from optw.catalog import Catalog, Region, Tourists, sample_tourists
 from optw.decode import rollout
 from optw.env import make_instances, stack_instances
-from optw.model import ModelConfig, PointerNet, checkpoint_dict, load_model, read_checkpoint
+from optw.model import PointerNet, read_checkpoint
 from optw.model.stacked import StackedPointerNet
 from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import TrainConfig
-from optw.train.loop import TrainResult, check_resume, resolve_device, validate
+from optw.train.loop import (
+    TrainResult,
+    check_resume,
+    resolve_device,
+    restore_run,
+    start_model,
+    training_snapshot,
+    validate,
+)
 
 #: Adam's defaults, as :func:`optw.train.train` uses them.
 BETAS, EPS = (0.9, 0.999), 1e-8
@@ -125,18 +133,6 @@ class _Member:
     result: TrainResult | None = None
 
 
-def _start_model(config: TrainConfig, init: str | Path | None,
-                 state: dict[str, Any] | None) -> PointerNet:
-    if state is not None:
-        model = PointerNet(ModelConfig.from_dict(state["config"]))
-        model.load_state_dict(state["state_dict"])
-        return model
-    if init is not None:
-        return load_model(init)
-    torch.manual_seed(config.seed)  # the same initial weights as train() with this seed
-    return PointerNet(ModelConfig.from_dict(config.model))
-
-
 def train_pack(
     configs: Sequence[TrainConfig],
     catalog: Catalog,
@@ -184,15 +180,10 @@ def train_pack(
         np_rng = np.random.default_rng(config.seed)
         gen = torch.Generator(device=device)
         gen.manual_seed(config.seed)
-        models.append(_start_model(config, inits[i], state))
+        models.append(start_model(config, inits[i], state))
         ctx = TrainContext(region_ids=[region.id], config=config, total_epochs=config.epochs)
         if state is not None:
-            t = state["train"]
-            np_rng.bit_generator.state = t["rng"]["numpy"]
-            gen.set_state(t["rng"]["torch"])
-            ctx.epoch = int(t["epoch"])
-            ctx.best_validation = t.get("best_validation")
-            ctx.last_validation = t.get("last_validation", {})
+            restore_run(state, ctx, np_rng, gen)
         members.append(_Member(
             i, config, region, callbacks[i], ctx, np_rng, gen,
             {region.id: catalog.validation(region.id)[: config.val_tourists]},
@@ -204,20 +195,14 @@ def train_pack(
     for i, state in enumerate(states):
         if state is not None:
             optimizer.load_member(i, state["train"]["optimizer"])
-            if "python" in state["train"]["rng"]:
-                random.setstate(state["train"]["rng"]["python"])
 
     def snapshot_of(mb: _Member):
         def snapshot() -> dict:
             model = stacked.member(mb.index)
             lr = mb.config.learning_rate(max(mb.ctx.epoch - 1, 0))
-            return checkpoint_dict(model, train={
-                "config": mb.config.to_dict(), "epoch": mb.ctx.epoch,
-                "optimizer": optimizer.member_state(mb.index, model, lr),
-                "rng": {"numpy": mb.np_rng.bit_generator.state, "torch": mb.gen.get_state(),
-                        "python": random.getstate()},
-                "best_validation": mb.ctx.best_validation,
-                "last_validation": mb.ctx.last_validation, "regions": mb.ctx.region_ids})
+            return training_snapshot(model, mb.config, mb.ctx,
+                                     optimizer.member_state(mb.index, model, lr),
+                                     mb.np_rng, mb.gen)
         return snapshot
 
     t_run = time.perf_counter()
