@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: browser run test test-slow test-all test-cluster lint catalog install clean-catalog \
-	mlflow-server device-prep
+	mlflow-server device-prep prometheus
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ catalog: $(STAMP)
 	$(BIN)/optw catalog build --if-missing
 
 run: catalog
-	PROFILE=$(or $(PROFILE),smoke) bash jobs/embedded.sh $(ARGS)
+	PROFILE=$(or $(PROFILE),quick) bash jobs/embedded.sh $(ARGS)
 
 # Headless Chromium (Debian's package) for the report's browser test; without root or apt the
 # test is skipped instead.
@@ -29,7 +29,18 @@ browser:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "chromium could not be installed: the report's browser test will be skipped"
 
-test: catalog browser
+# Debian's Prometheus for the dashboard's panel test (tests/test_dashboards.py), which starts its
+# own; the package's service is stopped and disabled, never left running. Without root or apt the
+# test is skipped instead.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    prometheus >/dev/null && \
+	  { systemctl disable --now prometheus >/dev/null 2>&1 || \
+	    service prometheus stop >/dev/null 2>&1 || true; }; } || \
+	  echo "prometheus could not be installed: the dashboard's Prometheus test will be skipped"
+
+test: catalog browser prometheus
 	$(BIN)/python -m pytest
 
 test-slow: catalog

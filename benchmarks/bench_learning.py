@@ -50,8 +50,8 @@ class Curve:
         self._next = every_s
 
     def on_train_start(self, ctx) -> None:
-        self._t = time.perf_counter()
         self._evaluate(ctx)
+        self._t = time.perf_counter()  # after the first evaluation: it is not training time
 
     def _evaluate(self, ctx) -> None:
         from optw.decode import solve

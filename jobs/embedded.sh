@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The embedded default: a local Ray head (dashboard on 127.0.0.1:8265, usage stats off), the
 # main job submitted to it with `ray job submit` (logs followed), then where to look.
-# PROFILE=smoke|quick|paper|FILE picks the profile (default smoke), extra arguments go to
-# jobs/train_all.py, KEEP_RAY=1 leaves the Ray head running afterwards.
+# PROFILE=quick|smoke|paper|FILE picks the profile (default quick), extra arguments go to
+# jobs/train_all.py, KEEP_RAY=1 leaves the Ray head running afterwards. The terminal gets the
+# job's own lines; Ray's logs stay in /tmp/ray/session_latest/logs (OPTW_RAY_TRAIN_LOG_LEVEL=INFO
+# brings Ray Train's report lines back to the job's output).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The job's `python` is the one on the PATH of the process that starts the head.
@@ -31,8 +33,59 @@ stop_ray() {
 }
 trap stop_ray EXIT
 start=$(date +%s)
-ray job submit --address "$address" --working-dir . -- \
-  python jobs/train_all.py --profile "${PROFILE:-smoke}" "$@"
+# Quiet output: Ray's own messages stay in its log folder, the terminal gets the job's progress
+# lines, warnings, errors and summary. The submission's messages go to optw-submit-<id>.log
+# there, the job's whole output (Ray's lines included) to job-driver-<id>.log.
+logs="${RAY_TMPDIR:-/tmp}/ray/session_latest/logs"
+id="optw-$(date +%Y%m%d-%H%M%S)-$$"
+if ! ray job submit --no-wait --submission-id "$id" --address "$address" --working-dir . \
+    --log-style record --log-color false -- \
+    python jobs/train_all.py --profile "${PROFILE:-quick}" "$@" >"$logs/optw-submit-$id.log" 2>&1
+then
+  cat "$logs/optw-submit-$id.log" >&2
+  echo "the job could not be submitted (above; also in $logs/optw-submit-$id.log)" >&2
+  exit 1
+fi
+# the submission's warnings still show (not the notes on what the upload leaves out)
+grep -E '[[:space:]](WARNING|ERROR)[[:space:]]' "$logs/optw-submit-$id.log" \
+  | grep -v 'is now ignored by default when packaging' >&2 || true
+echo "job $id submitted; Ray's logs: $logs (this job's output: job-driver-$id.log)"
+# Follow the job's output as `ray job submit` does, without the job manager's own lines; the
+# exit status says whether the job succeeded.
+python - "$address" "$id" <<'EOF'
+import asyncio
+import logging
+import re
+import sys
+
+from ray.job_submission import JobStatus, JobSubmissionClient
+
+for name in [n for n in logging.root.manager.loggerDict if n.split(".")[0] == "ray"]:
+    logging.getLogger(name).setLevel(logging.WARNING)  # e.g. the SDK's "WebSocket closed"
+
+address, job = sys.argv[1:3]
+ray_lines = re.compile(r"\d{4}-\d\d-\d\d [\d:,]+\s+(INFO|DEBUG) \w+\.py:\d+ -- "
+                       r"|Running entrypoint for job ")
+client = JobSubmissionClient(address)
+
+
+async def follow() -> None:
+    async for chunk in client.tail_job_logs(job):
+        lines = re.split(r"(?<=\n)", chunk)
+        sys.stdout.write("".join(line for line in lines if not ray_lines.match(line)))
+        sys.stdout.flush()
+
+
+try:
+    asyncio.run(follow())
+except KeyboardInterrupt:
+    sys.exit(130)
+info = client.get_job_info(job)
+if info.status != JobStatus.SUCCEEDED:
+    # the message's first line (the rest repeats the job's last output lines)
+    why = (info.message or "").strip().splitlines()[:1]
+    sys.exit(f"job {job} {info.status.value}: {''.join(why).rstrip(':')}")
+EOF
 echo
 echo "done in $(( $(date +%s) - start )) s."
 echo "  Ray dashboard:  $address (jobs, actors, metrics; while the head runs: KEEP_RAY=1)"

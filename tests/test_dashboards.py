@@ -140,12 +140,13 @@ def _free_port() -> int:
 
 
 def test_panel_queries_in_a_real_prometheus(dashboard, ray_metrics, tmp_path):
-    """With a real Prometheus (Debian's `prometheus`, skipped when absent) scraping the Ray
-    node, every panel's PromQL (variables set to "All") is valid and returns the series of
-    model (r199, scratch)."""
+    """With a real Prometheus (Debian's `prometheus`, which `make test` installs; skipped
+    when absent) scraping the Ray node, every panel's PromQL (variables set to "All") is valid
+    and returns the series of model (r199, scratch)."""
     binary = shutil.which("prometheus")
     if binary is None:
-        pytest.skip("prometheus not installed (apt-get install -y prometheus)")
+        pytest.skip("prometheus not installed (`make prometheus`, as root: apt-get install -y "
+                    "--no-install-recommends prometheus)")
     target = ray_metrics.split("//", 1)[1].split("/", 1)[0]
     (tmp_path / "prometheus.yml").write_text(
         "global:\n  scrape_interval: 2s\nscrape_configs:\n- job_name: ray\n"

@@ -89,6 +89,10 @@ def test_shipped_profiles_and_bad_profiles(tmp_path):
     assert quick.job.mode == "global-ft" and quick.train.recipe == "fast"
     assert quick.train.mix_regions and quick.train.max_minutes
     assert quick.finetune_config(["c101"]).recipe == "fast"
+    # [global.<group>] overrides [train] for that group's global model only
+    assert quick.global_config("solomon", ["c101"]).epochs < quick.train.epochs
+    assert quick.global_config("cordeau", ["pr01"]).epochs == quick.train.epochs
+    assert smoke.global_overrides == {}  # without [global.*] a profile hashes as before
     assert paper.train.recipe == "paper" and paper.resources.pack_mode == "sequential"
     assert paper.train.epochs == 500_000 and paper.finetune_config(["c101"]).epochs == 50_000
     assert paper.finetune_config(["c101"]).learning_rate(10**6) == 1e-5
@@ -106,6 +110,9 @@ def test_shipped_profiles_and_bad_profiles(tmp_path):
         load_profile(bad)
     bad.write_text("[finetune]\nlr = -1\n")
     with pytest.raises(ConfigError, match="lr"):
+        load_profile(bad)
+    bad.write_text("[global.cordeau]\nepochs = -3\n")
+    with pytest.raises(ConfigError, match=r"\[global\.cordeau\].*epochs"):
         load_profile(bad)
     bad.write_text("[resources]\npack_mode = 'diagonal'\n")
     with pytest.raises(ConfigError, match="pack_mode.*batched"):
@@ -442,3 +449,43 @@ def test_transfer_mode_on_real_regions(ray_cluster, real_catalog, tmp_path):
     df = _check_real_job(summary, store, tmp_path, "ft_tl")
     assert {"tl", "tl_greedy"} <= set(df["method"])
     assert {"tl", "ft_tl"} <= set(summary.tables["summary"]["method"])
+
+
+# ----------------------------------------------------------------------------- custom regions
+
+
+def test_plan_transfer_to_and_custom_groups(catalog, tmp_path):
+    """transfer-to: one global model of the source groups (without the targets), evaluated as
+    it is on the targets (tl), then fine-tuned on each target (ft_tl, registered); custom
+    groups in profiles; its config hash depends on the source groups, other modes' do not."""
+    from optw.distributed.plan import UnknownGroupError, select_regions, source_key
+
+    (g,), f = plan("transfer-to", catalog, ["c101", "pr01"], ["solomon"])
+    assert g.key == "source-solomon" and g.method == "tl" and g.eval_regions == ["c101", "pr01"]
+    assert "c101" not in g.train_regions and len(g.train_regions) == 55
+    assert [(u.key, u.init_from, u.method, u.register) for u in f] == [
+        ("c101", "source-solomon", "ft_tl", True), ("pr01", "source-solomon", "ft_tl", True)]
+    (g,), _ = plan("transfer-to", catalog, ["c101"])
+    assert g.key == "source-all" and len(g.train_regions) == 108
+    assert source_key(["cordeau", "solomon"]) == "source-solomon-cordeau"
+    with pytest.raises(UnknownGroupError, match="custom"):
+        select_regions(catalog, ["custom"], [])
+    base = {"job": {"regions": ["c101"], "mode": "transfer-to"}}
+    one = JobProfile.from_dict({"job": {**base["job"], "from_groups": ["solomon"]}})
+    both = JobProfile.from_dict({"job": {**base["job"], "from_groups": ["solomon", "cordeau"]}})
+    assert one.config_hash() != both.config_hash()
+    assert JobProfile.from_dict({"job": {"groups": ["custom"]}}).job.groups == ["custom"]
+    for job, word in (({"mode": "scratch", "from_groups": ["solomon"]}, "only mode"),
+                      ({"mode": "transfer-to", "from_groups": ["custom"]}, "from_groups"),
+                      ({"groups": ["custom", "nope"]}, "nope")):
+        with pytest.raises(ConfigError, match=word):
+            JobProfile.from_dict({"job": job})
+
+
+def test_score_kind_accepts_the_custom_score_model():
+    """score_kind may name the custom regions' score model (around_default) too."""
+    from optw.train import TrainConfig
+
+    assert TrainConfig(score_kind="around_default").score_kind == "around_default"
+    with pytest.raises(ConfigError, match="around_default"):
+        TrainConfig(score_kind="gaussian")

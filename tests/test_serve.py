@@ -135,6 +135,16 @@ def _check_answer(svc: Service, body: dict[str, Any], ans: dict[str, Any]) -> No
     assert ans["route"][0]["x"] == ans["route"][-1]["x"] == start[0]
     assert ans["route"][-1]["arrival"] <= ans["t_end"] + 1e-9
     assert sum(s["score"] for s in ans["route"]) == pytest.approx(ans["score"])
+    # names, clock times and travel legs (benchmark regions have no names: "POI <node>")
+    assert ans["coords"] == "xy" and ans["t_start_clock"] == format_time(ans["t_start"])
+    for s in ans["route"]:
+        assert s["name"] == (f"POI {s['node']}" if s["kind"] == "visit" else s["kind"])
+        assert all(s[f"{k}_clock"] == format_time(s[k]) for k in ("arrival", "start", "leave"))
+    assert len(ans["legs"]) == len(nodes) - 1
+    for leg, a, b in zip(ans["legs"], ans["route"], ans["route"][1:], strict=False):
+        assert (leg["from_node"], leg["to_node"], leg["depart"], leg["arrive"]) == (
+            a["node"], b["node"], a["leave"], b["arrival"])
+        assert leg["travel"] == pytest.approx(dist[a["node"], b["node"]], abs=1e-6)
 
 
 # ----------------------------------------------------------------------------- no server
@@ -552,12 +562,34 @@ def test_regions_and_healthz(service):
     status, regions = _get(f"{service.url}/regions")
     assert status == 200
     assert {r["region"]: r["points"] for r in regions} == {"r199": 10, "pr99": 14, "t199": 12}
+    assert {r["coords"] for r in regions} == {"xy"}
     status, one = _get(f"{service.url}/regions/t199")
     assert status == 200 and len(one["points"]) == 12 and set(one["preferences"]) == set(
         PREFERENCES)
+    assert one["coords"] == "xy" and one["points"][0]["name"] == "POI 1"
+    assert one["points"][0]["opening_clock"] == format_time(one["points"][0]["opening"])
     assert _get(f"{service.url}/regions/nope")[0] == 404
     status, health = _get(f"{service.url}/healthz")
     assert status == 200 and health["status"] == "ok" and health["regions"] == 3
+
+
+def test_planner_page_and_its_script_are_served(service):
+    """GET / is the planner page (HTML that loads its script from /static/, nothing from
+    elsewhere); the script is served as JavaScript; an unknown static file is the planner's
+    JSON 404 naming the path."""
+    import re
+
+    with urllib.request.urlopen(f"{service.url}/", timeout=30) as resp:
+        assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/html")
+        html = resp.read().decode()
+    assert "<svg" in html and 'src="static/planner.js"' in html
+    assert not re.search(r"(src|href)=\"(https?:)?//", html)  # no external resources
+    with urllib.request.urlopen(f"{service.url}/static/planner.js", timeout=30) as resp:
+        assert resp.headers["Content-Type"].startswith("text/javascript")
+        assert "window.planner" in resp.read().decode()
+    for path in ("/static/nope.js", "/static/..%2Fapp.py", "/static/"):
+        status, body = _get(f"{service.url}{path}")
+        assert status == 404 and body["field"] == "path", (path, body)
 
 
 @pytest.mark.parametrize("method", ["greedy", "beam", "active-search"])

@@ -11,10 +11,12 @@ Typical use::
                                             # generator: optw.catalog.paper_sets)
     new = sample_tourists(region, 1000, rng=0)
     dist = region.distances(new.start_xy)   # [1000, n, n] rounded travel times
+    add_region("mycity", "pois.csv")        # a custom region (docs/custom-regions.md)
     batch = read_tourists([{"start": [1, 2], "t_start": 0, "t_end": 600, "scores": [...]}],
                           region)                # validated JSON tourists (TouristError)
 """
 
+from optw.catalog.custom import CustomRegionError, build_custom_region
 from optw.catalog.generator import (
     SCORE_KINDS,
     VALIDATION_SEED,
@@ -27,6 +29,7 @@ from optw.catalog.generator import (
 )
 from optw.catalog.parse import SourceError, discover, parse_file
 from optw.catalog.region import (
+    CUSTOM_GROUP,
     DEFAULT_SCORE_KIND,
     GROUPS,
     PAPER_SUBSET,
@@ -45,11 +48,13 @@ from optw.catalog.store import (
     TOURIST_SETS,
     Catalog,
     CatalogError,
+    add_region,
     build_catalog,
     default_catalog_dir,
     default_source,
     open_catalog,
     read_regions,
+    remove_region,
 )
 from optw.catalog.tourist_json import (
     TOURIST_FIELDS,
@@ -62,12 +67,13 @@ from optw.catalog.tourist_json import (
 )
 
 __all__ = [
-    "CATALOG_VERSION", "DEFAULT_SCORE_KIND", "GROUPS", "PAPER_SUBSET", "PROJECT_ROOT",
-    "SCORE_KINDS", "TIME_UNITS_PER_MINUTE", "TOURIST_FIELDS", "TOURIST_KINDS", "TOURIST_SETS",
-    "VALIDATION_SEED", "VALIDATION_SIZE", "Catalog", "CatalogError", "Region", "SourceError",
-    "TouristBatch", "TouristError", "TouristInput", "Tourists", "benchmark_tourist",
-    "build_catalog", "default_catalog_dir", "default_source", "discover", "distance_matrix",
-    "open_catalog", "parse_file", "read_regions", "read_tourist", "read_tourists", "region_rng",
+    "CATALOG_VERSION", "CUSTOM_GROUP", "CustomRegionError", "DEFAULT_SCORE_KIND", "GROUPS",
+    "PAPER_SUBSET", "PROJECT_ROOT", "SCORE_KINDS", "TIME_UNITS_PER_MINUTE", "TOURIST_FIELDS",
+    "TOURIST_KINDS", "TOURIST_SETS", "VALIDATION_SEED", "VALIDATION_SIZE", "Catalog",
+    "CatalogError", "Region", "SourceError", "TouristBatch", "TouristError", "TouristInput",
+    "Tourists", "add_region", "benchmark_tourist", "build_catalog", "build_custom_region",
+    "default_catalog_dir", "default_source", "discover", "distance_matrix", "open_catalog",
+    "parse_file", "read_regions", "read_tourist", "read_tourists", "region_rng", "remove_region",
     "round_down", "sample_scores", "sample_times", "sample_tourists", "to_time_units",
     "tourist_batch", "validation_tourists",
 ]

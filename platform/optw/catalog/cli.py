@@ -1,4 +1,4 @@
-"""``optw catalog build|list|show``."""
+"""``optw catalog build|list|show|add|remove``."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls = csub.add_parser("list", help="print the regions")
     ls.add_argument("--catalog", type=Path, default=None)
     ls.add_argument("--group", action="append", default=None,
-                    help="solomon, cordeau or gavalas (repeatable)")
+                    help="solomon, cordeau, gavalas or a custom group (repeatable)")
     ls.add_argument("--subset", action="store_true", help="only the paper's subset of 28")
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
     ls.set_defaults(func=_list)
@@ -40,6 +40,66 @@ def register(sub: argparse._SubParsersAction) -> None:
     sh.add_argument("--catalog", type=Path, default=None)
     sh.add_argument("--json", action="store_true")
     sh.set_defaults(func=_show)
+
+    ad = csub.add_parser("add", help="add your own region (points CSV or GeoJSON)",
+                         description="Add a custom region from a points file; see "
+                         "docs/custom-regions.md for the columns.")
+    ad.add_argument("region", help="region id: a-z first, then a-z, 0-9, '_' or '-'")
+    ad.add_argument("--points", type=Path, required=True,
+                    help="CSV or GeoJSON: first row = start place and day, then one row per POI")
+    ad.add_argument("--travel-times", type=Path, default=None,
+                    help="travel-time matrix CSV in minutes (labels: place names or node "
+                    "indices); default: derived from the coordinates")
+    ad.add_argument("--speed-kmh", type=float, default=None,
+                    help="travel speed for lat/lon points (default 4.5, walking)")
+    ad.add_argument("--group", default="custom", help="group name (default: custom)")
+    ad.add_argument("--replace", action="store_true", help="replace an existing custom region")
+    ad.add_argument("--catalog", type=Path, default=None)
+    ad.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ad.set_defaults(func=_add)
+
+    rm = csub.add_parser("remove", help="remove a custom region")
+    rm.add_argument("region")
+    rm.add_argument("--catalog", type=Path, default=None)
+    rm.set_defaults(func=_remove)
+
+
+def _add(args) -> int:
+    from optw.catalog.store import add_region, open_catalog
+
+    region = add_region(args.region, args.points, args.travel_times, args.speed_kmh,
+                        args.group, args.catalog, args.replace)
+    cat = open_catalog(args.catalog)
+    summary = {"region": region.id, "group": region.group, "points": region.n_points,
+               "coords": region.coords, "metric": region.metric,
+               "travel_matrix": region.travel is not None, "speed_kmh": region.speed_kmh,
+               "start": region.start_name, "t_start": region.t_start, "t_end": region.t_end,
+               "t_max": region.t_max, "s_max": region.s_max,
+               "score_kind": region.default_score_kind,
+               "validation_tourists": len(cat.validation(region.id)), "catalog": str(cat.path)}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"added region {region.id} (group {region.group}): {region.n_points} points, "
+              f"{region.coords} coordinates, travel times "
+              f"{'from the matrix' if region.travel is not None else region.metric}"
+              f"{f' at {region.speed_kmh:g} km/h' if region.speed_kmh else ''}, day "
+              f"{_clock(region.t_start)}-{_clock(region.t_end)} from {region.start_name!r}, "
+              f"{summary['validation_tourists']} validation tourists; catalog {cat.path}")
+    return 0
+
+
+def _remove(args) -> int:
+    from optw.catalog.store import default_catalog_dir, remove_region
+
+    remove_region(args.region, args.catalog)
+    print(f"removed region {args.region} from {args.catalog or default_catalog_dir()}")
+    return 0
+
+
+def _clock(minutes: float) -> str:
+    m = int(round(minutes))
+    return f"{m // 60:02d}:{m % 60:02d}"
 
 
 def _build(args) -> int:
@@ -128,6 +188,9 @@ def _show(args) -> int:
     row = next(r for r in _rows(cat) if r["region"] == args.region)
     row.update(t_day=region.t_day, start=list(region.start_xy), decimals=region.decimals,
                source_file=region.source_file, source_sha256=region.source_hash)
+    if region.is_custom:
+        row.update(coords=region.coords, metric=region.metric, speed_kmh=region.speed_kmh,
+                   travel_matrix=region.travel is not None, start_name=region.start_name)
     def summary(batch) -> dict:
         return {
             "tourists": len(batch),

@@ -3,11 +3,13 @@
 For a region with benchmark tourist (T_start^b, T_end^b, S_max^b) and day length T_day:
 
 - start (= end) location uniform on [0,100]^2 (Solomon, Gavalas) or [-100,100]^2 (Cordeau);
+  custom regions: uniform on the box of their nodes (:attr:`Region.start_box`);
 - times on a 24-"hour" day (h = 24 / T_day):
   T_start ~ U(h·T_start^b − 4, min(15, h·T_end^b + 4)),
   T_end ~ U(max(12, T_start + 4), h·T_end^b + 4), both mapped back (÷ h) and rounded;
 - scores ``uniform``: U(1, 1.1·S_max^b); ``correlated``: N(S_max^b·d_i/d_max, 10²) clipped to
-  [1, 1.1·S_max^b]; start and end score 0.
+  [1, 1.1·S_max^b]; ``around_default`` (custom regions): N(S_i, (0.2·S_max^b)²) around each
+  point's default score S_i, clipped to [1, 1.1·S_max^b]; start and end score 0.
 
 Note that the paper's T_start range reaches 4 "hours" before the benchmark start, so regions
 whose benchmark starts at 0 (Solomon, Cordeau) get negative start times; this is kept as in the
@@ -20,13 +22,15 @@ import zlib
 
 import numpy as np
 
-from optw.catalog.region import START_BOX, Region, Tourists
+from optw.catalog.region import Region, Tourists
 
 #: Seed of the fixed validation sets; each region's stream is keyed by (seed, crc32(region id)).
 VALIDATION_SEED = 2925
 VALIDATION_SIZE = 64
-SCORE_KINDS = ("uniform", "correlated")
+SCORE_KINDS = ("uniform", "correlated", "around_default")
 CORRELATED_SCORE_STD = 10.0
+#: ``around_default`` scores: standard deviation as a fraction of S_max^b.
+AROUND_DEFAULT_STD = 0.2
 
 
 def region_rng(region_id: str, seed: int) -> np.random.Generator:
@@ -57,6 +61,9 @@ def sample_scores(
     n = region.n_points
     if kind == "uniform":
         pts = rng.uniform(1.0, hi, size=(k, n))
+    elif kind == "around_default":
+        std = AROUND_DEFAULT_STD * region.s_max_benchmark
+        pts = np.clip(rng.normal(region.score[1:-1], std, size=(k, n)), 1.0, hi)
     else:
         d = region.duration[1:-1]
         d_max = d.max()
@@ -80,8 +87,11 @@ def sample_tourists(
         raise ValueError(f"number of tourists must be >= 0, got {k}")
     if not isinstance(rng, np.random.Generator):
         rng = np.random.default_rng(rng)
-    lo, hi = START_BOX[region.group]
-    start_xy = rng.uniform(lo, hi, size=(k, 2))
+    (x_lo, x_hi), (y_lo, y_hi) = region.start_box
+    if (x_lo, x_hi) == (y_lo, y_hi):  # the benchmark groups' squares (their streams unchanged)
+        start_xy = rng.uniform(x_lo, x_hi, size=(k, 2))
+    else:
+        start_xy = rng.uniform([x_lo, y_lo], [x_hi, y_hi], size=(k, 2))
     t_start, t_end = sample_times(region, k, rng)
     scores = sample_scores(region, k, rng, score_kind)
     return Tourists(

@@ -245,7 +245,7 @@ def _regions(args: argparse.Namespace) -> list[Region]:
     unknown = sorted(set(wanted) - {r.id for r in regions})
     if unknown:
         raise ValueError(f"--regions: unknown region(s) {unknown}")
-    return [r for r in regions if (not groups or r.group in groups)
+    return [r for r in regions if r.group in GROUPS and (not groups or r.group in groups)
             and (not wanted or r.id in wanted)]
 
 

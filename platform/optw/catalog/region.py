@@ -10,6 +10,13 @@ Conventions (the paper's, and ``shared/spec/published-checkpoints.md``):
 - ``opening``/``closing`` are the earliest and the LATEST START of a visit.
 - A tourist changes the start (= end) location, the start and end times and the scores; the
   region's coordinates, durations and time windows stay fixed.
+
+Custom regions (``optw catalog add``, :mod:`optw.catalog.custom`; ``docs/custom-regions.md``)
+keep this shape: ``x``/``y`` are planar coordinates in minutes of travel, times are minutes
+since midnight. A lat/lon region also keeps ``lat``/``lon`` per node and its travel times are
+great-circle distance ÷ speed (``metric = "haversine"``); ``x``/``y`` are then an
+equirectangular projection around ``origin`` (:meth:`Region.to_xy`, :meth:`Region.to_latlon`).
+A region with a travel-time matrix (``travel``) takes point-to-point times from it.
 """
 
 from __future__ import annotations
@@ -19,7 +26,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+#: The benchmark groups. Custom regions (``optw catalog add``) carry any other safe group name,
+#: :data:`CUSTOM_GROUP` by default (see :func:`is_benchmark_group`).
 GROUPS = ("solomon", "cordeau", "gavalas")
+CUSTOM_GROUP = "custom"
 
 #: The paper's subset of 28 regions used for most of its analysis.
 PAPER_SUBSET = (
@@ -30,6 +40,8 @@ PAPER_SUBSET = (
 
 #: Default score distribution of generated tourists per group (the paper's choice).
 DEFAULT_SCORE_KIND = {"solomon": "uniform", "cordeau": "uniform", "gavalas": "correlated"}
+#: Default score kind of every custom group: scores around the region's default scores.
+CUSTOM_SCORE_KIND = "around_default"
 
 #: Generated start locations are uniform on this square (per group).
 START_BOX = {"solomon": (0.0, 100.0), "cordeau": (-100.0, 100.0), "gavalas": (0.0, 100.0)}
@@ -38,6 +50,30 @@ START_BOX = {"solomon": (0.0, 100.0), "cordeau": (-100.0, 100.0), "gavalas": (0.
 TIME_UNITS_PER_MINUTE = 100
 
 _EPS = 1e-7  # guards floor() against sqrt results a hair below an exact decimal
+
+#: Custom regions' times are minutes since midnight: their day is at least this long.
+MINUTES_PER_DAY = 1440.0
+#: Mean Earth radius (km) of great-circle distances.
+EARTH_RADIUS_KM = 6371.0088
+#: Coordinate systems and metrics of a region.
+COORDS = ("xy", "latlon")
+METRICS = ("euclidean", "haversine")
+#: A start closer than this (minutes, planar) to a node uses that node's matrix row.
+MATRIX_MATCH_TOL = 1e-6
+
+
+def is_benchmark_group(group: str) -> bool:
+    """Whether ``group`` is one of the benchmark groups (else a custom group)."""
+    return group in GROUPS
+
+
+def haversine_km(lat1, lon1, lat2, lon2) -> np.ndarray:
+    """Great-circle distance in km between points given in degrees (broadcasting)."""
+    p1, p2 = np.radians(lat1), np.radians(lat2)
+    dlat = p2 - p1
+    dlon = np.radians(np.asarray(lon2, dtype=np.float64) - np.asarray(lon1, dtype=np.float64))
+    h = np.sin(dlat / 2) ** 2 + np.cos(p1) * np.cos(p2) * np.sin(dlon / 2) ** 2
+    return 2.0 * EARTH_RADIUS_KM * np.arcsin(np.sqrt(np.clip(h, 0.0, 1.0)))
 
 
 def to_time_units(values: npt.ArrayLike) -> npt.NDArray[np.int64]:
@@ -64,6 +100,12 @@ class Region:
 
     Arrays are indexed by node (``n_nodes = n_points + 2``); the start and end nodes carry the
     benchmark tourist's location, opening ``t_start``, closing ``t_end``, duration 0, score 0.
+
+    Custom regions also set: ``names`` (one per node; ``"start"``, the POI names, ``"end"``),
+    ``start_name`` (the default start place's name), ``coords`` (``"xy"`` or ``"latlon"``),
+    ``lat``/``lon`` per node (None for xy), ``metric`` (``"euclidean"`` or ``"haversine"``),
+    ``speed_kmh`` and ``origin`` (lat, lon of the projection centre; latlon only), ``travel``
+    (``[n, n]`` minutes from a matrix, NaN where not given; None without a matrix).
     """
 
     id: str
@@ -79,7 +121,23 @@ class Region:
     decimals: int
     source_file: str = ""
     source_hash: str = ""
+    names: tuple[str, ...] | None = None
+    start_name: str | None = None
+    coords: str = "xy"
+    lat: np.ndarray | None = None
+    lon: np.ndarray | None = None
+    metric: str = "euclidean"
+    speed_kmh: float | None = None
+    origin: tuple[float, float] | None = None
+    travel: np.ndarray | None = field(default=None, repr=False)
     _dist_cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # JSON round trips (the MLflow model's bundled region.json) give lists: normalise
+        if self.names is not None and not isinstance(self.names, tuple):
+            object.__setattr__(self, "names", tuple(str(n) for n in self.names))
+        if self.origin is not None and not isinstance(self.origin, tuple):
+            object.__setattr__(self, "origin", tuple(float(v) for v in self.origin))
 
     @property
     def n_nodes(self) -> int:
@@ -95,8 +153,11 @@ class Region:
 
     @property
     def t_day(self) -> float:
-        """Day length: max(T_end, max closing) (the paper's T_day^b)."""
-        return float(max(self.t_end, self.closing.max()))
+        """Day length: max(T_end, max closing) (the paper's T_day^b); custom regions, whose
+        times are minutes since midnight, at least a whole day (:data:`MINUTES_PER_DAY`), so
+        the generator's 24-"hour" day is the clock's."""
+        day = float(max(self.t_end, self.closing.max()))
+        return max(day, MINUTES_PER_DAY) if self.is_custom else day
 
     @property
     def t_max(self) -> float:
@@ -119,7 +180,48 @@ class Region:
 
     @property
     def default_score_kind(self) -> str:
-        return DEFAULT_SCORE_KIND[self.group]
+        return DEFAULT_SCORE_KIND.get(self.group, CUSTOM_SCORE_KIND)
+
+    @property
+    def is_custom(self) -> bool:
+        """A region added with ``optw catalog add`` (not a benchmark group)."""
+        return not is_benchmark_group(self.group)
+
+    @property
+    def start_box(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """``(x_lo, x_hi), (y_lo, y_hi)`` of generated start locations: the group's square
+        (:data:`START_BOX`) for benchmark regions, the box of the nodes for custom ones."""
+        if self.group in START_BOX:
+            lo, hi = START_BOX[self.group]
+            return (lo, hi), (lo, hi)
+        return ((float(self.x.min()), float(self.x.max())),
+                (float(self.y.min()), float(self.y.max())))
+
+    # -- lat/lon <-> planar minutes (equirectangular around ``origin``)
+    def _minutes_per_radian(self) -> float:
+        if self.coords != "latlon" or self.origin is None or not self.speed_kmh:
+            raise ValueError(f"region {self.id} has planar x/y coordinates, not lat/lon")
+        return EARTH_RADIUS_KM * 60.0 / float(self.speed_kmh)
+
+    def to_xy(self, lat, lon):
+        """Planar ``(x, y)`` in minutes of travel (east, north of ``origin``) of ``lat``/``lon``
+        in degrees (floats or arrays); ValueError for xy regions."""
+        k = self._minutes_per_radian()
+        lat0, lon0 = self.origin
+        dlon = (np.asarray(lon, dtype=np.float64) - lon0 + 180.0) % 360.0 - 180.0
+        x = k * np.cos(np.radians(lat0)) * np.radians(dlon)
+        y = k * np.radians(np.asarray(lat, dtype=np.float64) - lat0)
+        return (float(x), float(y)) if np.ndim(x) == 0 else (x, y)
+
+    def to_latlon(self, x, y):
+        """``(lat, lon)`` in degrees of planar ``x``/``y`` (inverse of :meth:`to_xy`);
+        ValueError for xy regions."""
+        k = self._minutes_per_radian()
+        lat0, lon0 = self.origin
+        lat = lat0 + np.degrees(np.asarray(y, dtype=np.float64) / k)
+        lon = lon0 + np.degrees(np.asarray(x, dtype=np.float64) / (k * np.cos(np.radians(lat0))))
+        lon = (lon + 180.0) % 360.0 - 180.0
+        return (float(lat), float(lon)) if np.ndim(lat) == 0 else (lat, lon)
 
     def coordinates(self, start_xy: np.ndarray | None = None) -> np.ndarray:
         """Node coordinates ``[n, 2]``, or ``[K, n, 2]`` with start/end at ``start_xy[K, 2]``."""
@@ -139,7 +241,12 @@ class Region:
         block is computed once per region and cached. ``f32``: compute those rows in float32 as
         ``floor(k·sqrt(dx² + dy²)) / k`` (k = 10^decimals), as the paper's generator does for
         its own tourists (:attr:`Tourists.start_rows_f32`).
+
+        Custom regions with a great-circle metric or a travel matrix take
+        :meth:`_custom_distances` (``f32`` does not apply to them).
         """
+        if self.metric != "euclidean" or self.travel is not None:
+            return self._custom_distances(start_xy)
         if "base" not in self._dist_cache:
             self._dist_cache["base"] = distance_matrix(self.coordinates(), self.decimals)
         base = self._dist_cache["base"]
@@ -164,6 +271,61 @@ class Region:
         out[:, :, 0] = d
         out[:, :, -1] = d
         return out
+
+    def _raw_minutes(self, lat1, lon1, lat2, lon2, xy1, xy2) -> np.ndarray:
+        """Unrounded travel minutes by the region's metric (broadcasting)."""
+        if self.metric == "haversine":
+            return haversine_km(lat1, lon1, lat2, lon2) * 60.0 / float(self.speed_kmh)
+        return np.sqrt(((np.asarray(xy1) - np.asarray(xy2)) ** 2).sum(-1))
+
+    def _custom_distances(self, start_xy: np.ndarray | None) -> np.ndarray:
+        """Travel times of a custom region: the metric, the matrix where it has a value; a start
+        within :data:`MATRIX_MATCH_TOL` of a node takes that node's matrix row and column."""
+        if "block" not in self._dist_cache:
+            xy = self.coordinates()
+            lat = self.lat if self.lat is not None else np.zeros(self.n_nodes)
+            lon = self.lon if self.lon is not None else np.zeros(self.n_nodes)
+            block = round_down(self._raw_minutes(lat[:, None], lon[:, None], lat[None, :],
+                                                 lon[None, :], xy[:, None, :], xy[None, :, :]),
+                               self.decimals)
+            if self.travel is not None:
+                known = ~np.isnan(self.travel)
+                block = np.where(known, np.nan_to_num(self.travel), block)
+            np.fill_diagonal(block, 0.0)
+            self._dist_cache["block"] = block
+        block = self._dist_cache["block"]
+        single = start_xy is None
+        start = np.asarray(self.start_xy if single else start_xy, dtype=np.float64).reshape(-1, 2)
+        xy = self.coordinates()
+        near = np.sqrt(((start[:, None, :] - xy[None, :-1, :]) ** 2).sum(-1)) <= MATRIX_MATCH_TOL
+        if self.coords == "latlon":
+            slat, slon = self.to_latlon(start[:, 0], start[:, 1])
+            at = near.any(axis=1)  # a start on a node: that node's exact lat/lon
+            first = near.argmax(axis=1)[at]
+            slat[at], slon[at] = self.lat[first], self.lon[first]
+            d = self._raw_minutes(slat[:, None], slon[:, None], self.lat[None, :],
+                                  self.lon[None, :], None, None)
+        else:
+            d = self._raw_minutes(None, None, None, None, start[:, None, :], xy[None, :, :])
+        d_from = round_down(d, self.decimals)  # [K, n] start -> node
+        d_to = d_from.copy()  # node -> start (= end)
+        if self.travel is not None:
+            for k in np.flatnonzero(near.any(axis=1)):
+                for m in np.flatnonzero(near[k]):
+                    row, col = self.travel[m], self.travel[:, m]
+                    if np.isnan(np.delete(row, m)).all():
+                        continue  # no matrix row for this node: keep the metric
+                    d_from[k] = np.where(np.isnan(row), d_from[k], row)
+                    d_to[k] = np.where(np.isnan(col), d_to[k], col)
+                    break
+        d_from[:, [0, -1]] = 0.0
+        d_to[:, [0, -1]] = 0.0
+        out = np.broadcast_to(block, (start.shape[0], *block.shape)).copy()
+        out[:, 0, :] = d_from
+        out[:, -1, :] = d_from
+        out[:, :, 0] = d_to
+        out[:, :, -1] = d_to
+        return out[0] if single else out
 
     def tensors(self, device: str = "cpu", dtype=None) -> dict:
         """The region as torch tensors (node arrays and benchmark distance matrix)."""

@@ -5,12 +5,17 @@ Layout of a catalog folder (schema in ``region_catalog/README.md``)::
     regions.parquet   one row per region
     nodes.parquet     one row per (region, node)
     tourists.parquet  one row per (region, tourist): benchmark (id 0) + 64 validation (1..64)
+    travel_times.parquet  travel-time matrices of custom regions given one (one row per node)
+    custom/<region>/  the source files of each custom region (``optw catalog add``), so a
+                      rebuild re-adds it (:mod:`optw.catalog.custom`)
     paper_tourists.parquet  optional (``--paper-sets``): the paper's own 64 tourists per region
                       (ids 1000..1063, flagged exact or not; :mod:`optw.catalog.paper_sets`)
     manifest.json     catalog_version, build settings, row counts and file hashes
 
 A build writes into a temporary folder beside the target and only then moves the files in,
-manifest last, so a failed build leaves the previous catalog exactly as it was.
+manifest last, so a failed build leaves the previous catalog exactly as it was. Adding or
+removing a custom region (:func:`add_region`, :func:`remove_region`) works the same way and
+also drops the region's stored ILS results (``baselines/``), keeping the others current.
 """
 
 from __future__ import annotations
@@ -27,17 +32,39 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from optw import paths
+from optw.catalog.custom import (
+    CUSTOM_DECIMALS,
+    POINT_FILE_TYPES,
+    CustomRegionError,
+    build_custom_region,
+    check_region_id,
+)
 from optw.catalog.generator import VALIDATION_SEED, VALIDATION_SIZE, validation_tourists
 from optw.catalog.parse import discover, parse_file
-from optw.catalog.region import GROUPS, PAPER_SUBSET, Region, Tourists, benchmark_tourist
+from optw.catalog.region import (
+    CUSTOM_GROUP,
+    GROUPS,
+    PAPER_SUBSET,
+    Region,
+    Tourists,
+    benchmark_tourist,
+)
 from optw.paths import PROJECT_ROOT  # noqa: F401 - re-exported by optw.catalog
 
 #: Bump whenever the schema or the meaning of a column changes.
-CATALOG_VERSION = 1
-FILES = ("regions.parquet", "nodes.parquet", "tourists.parquet")
+CATALOG_VERSION = 2
+TRAVEL_FILE = "travel_times.parquet"
+FILES = ("regions.parquet", "nodes.parquet", "tourists.parquet", TRAVEL_FILE)
+#: Folder (in the catalog) of the custom regions' source files, one sub-folder per region.
+CUSTOM_DIR = "custom"
+CUSTOM_SPEC = "region.json"
+#: Schema-metadata key holding the hash of the catalog's tourist file in the ILS stores
+#: (``baselines/*.parquet``, written by :mod:`optw.baselines.store`).
+ILS_TOURISTS_META = b"optw.catalog_tourists_sha256"
 #: The paper's own tourists (``--paper-sets``; written by :mod:`optw.catalog.paper_sets`).
 PAPER_FILE = "paper_tourists.parquet"
 PAPER_KIND = "paper"
@@ -46,6 +73,32 @@ TOURIST_KINDS = ("benchmark", "validation", PAPER_KIND)
 #: Named sets of generated tourists a model is evaluated on (ours: the default).
 TOURIST_SETS = ("validation", PAPER_KIND)
 _NODE_ARRAYS = ("x", "y", "duration", "opening", "closing", "score")
+REGIONS_SCHEMA = pa.schema([
+    ("region", pa.string()), ("group", pa.string()), ("points", pa.int64()),
+    ("nodes", pa.int64()), ("t_start", pa.float64()), ("t_end", pa.float64()),
+    ("start_x", pa.float64()), ("start_y", pa.float64()), ("decimals", pa.int64()),
+    ("t_day", pa.float64()), ("t_max", pa.float64()), ("s_max_benchmark", pa.float64()),
+    ("s_max", pa.float64()), ("max_duration", pa.float64()), ("score_kind", pa.string()),
+    ("paper_subset", pa.bool_()), ("source_file", pa.string()), ("source_sha256", pa.string()),
+    ("coords", pa.string()), ("metric", pa.string()), ("speed_kmh", pa.float64()),
+    ("origin_lat", pa.float64()), ("origin_lon", pa.float64()), ("start_name", pa.string()),
+    ("travel_matrix", pa.bool_()),
+])
+NODES_SCHEMA = pa.schema([
+    ("region", pa.string()), ("index", pa.int32()),
+    *((k, pa.float64()) for k in _NODE_ARRAYS),
+    ("name", pa.string()), ("lat", pa.float64()), ("lon", pa.float64()),
+])
+#: What :func:`_tables` writes for tourists (list items named "item", as pyarrow infers them;
+#: Parquet reads them back as "element", so merged tables are cast back to this).
+TOURISTS_SCHEMA = pa.schema([
+    ("region", pa.string()), ("tourist", pa.int64()), ("kind", pa.string()),
+    *((k, pa.float64()) for k in ("start_x", "start_y", "t_start", "t_end")),
+    ("scores", pa.list_(pa.float64())),
+])
+TRAVEL_SCHEMA = pa.schema([
+    ("region", pa.string()), ("index", pa.int32()), ("minutes", pa.list_(pa.float64())),
+])
 
 
 class CatalogError(RuntimeError):
@@ -67,7 +120,9 @@ def default_catalog_dir() -> Path:
 
 def _tables(regions: list[Region], seed: int, n_val: int) -> dict[str, pa.Table]:
     reg_rows, node_cols, tour_rows = [], {k: [] for k in (
-        "region", "index", "x", "y", "duration", "opening", "closing", "score")}, []
+        "region", "index", "x", "y", "duration", "opening", "closing", "score",
+        "name", "lat", "lon")}, []
+    travel_rows = []
     for r in regions:
         reg_rows.append({
             "region": r.id, "group": r.group, "points": r.n_points, "nodes": r.n_nodes,
@@ -76,12 +131,22 @@ def _tables(regions: list[Region], seed: int, n_val: int) -> dict[str, pa.Table]
             "t_max": r.t_max, "s_max_benchmark": r.s_max_benchmark, "s_max": r.s_max,
             "max_duration": r.max_duration, "score_kind": r.default_score_kind,
             "paper_subset": r.id in PAPER_SUBSET, "source_file": r.source_file,
-            "source_sha256": r.source_hash,
+            "source_sha256": r.source_hash, "coords": r.coords, "metric": r.metric,
+            "speed_kmh": r.speed_kmh, "origin_lat": r.origin[0] if r.origin else None,
+            "origin_lon": r.origin[1] if r.origin else None, "start_name": r.start_name,
+            "travel_matrix": r.travel is not None,
         })
         node_cols["region"] += [r.id] * r.n_nodes
         node_cols["index"].append(np.arange(r.n_nodes, dtype=np.int32))
         for k in ("x", "y", "duration", "opening", "closing", "score"):
             node_cols[k].append(getattr(r, k))
+        node_cols["name"] += list(r.names) if r.names else [None] * r.n_nodes
+        for k in ("lat", "lon"):
+            v = getattr(r, k)
+            node_cols[k] += [None] * r.n_nodes if v is None else [float(a) for a in v]
+        if r.travel is not None:
+            travel_rows += [{"region": r.id, "index": i, "minutes": r.travel[i].tolist()}
+                            for i in range(r.n_nodes)]
         tourists = [benchmark_tourist(r), validation_tourists(r, n_val, seed)]
         for batch in tourists:
             for i in range(len(batch)):
@@ -92,13 +157,15 @@ def _tables(regions: list[Region], seed: int, n_val: int) -> dict[str, pa.Table]
                     "t_start": float(batch.t_start[i]), "t_end": float(batch.t_end[i]),
                     "scores": batch.scores[i].astype(np.float64),
                 })
-    nodes = {k: (v if k == "region" else np.concatenate(v)) for k, v in node_cols.items()}
+    nodes = {k: (v if k in ("region", "name", "lat", "lon") else np.concatenate(v))
+             for k, v in node_cols.items()}
     tour_cols = {k: [row[k] for row in tour_rows] for k in tour_rows[0]}
     tour_cols["scores"] = pa.array(tour_cols["scores"], type=pa.list_(pa.float64()))
     return {
-        "regions.parquet": pa.Table.from_pylist(reg_rows),
-        "nodes.parquet": pa.table(nodes),
+        "regions.parquet": pa.Table.from_pylist(reg_rows, schema=REGIONS_SCHEMA),
+        "nodes.parquet": pa.table(nodes, schema=NODES_SCHEMA),
         "tourists.parquet": pa.table(tour_cols),
+        TRAVEL_FILE: pa.Table.from_pylist(travel_rows, schema=TRAVEL_SCHEMA),
     }
 
 
@@ -145,12 +212,14 @@ def build_catalog(
 
         it = tqdm(files, desc="parsing regions", unit="region")
     regions = [parse_file(path, group) for group, path in it]
-    tables = _tables(regions, seed, validation_size)
+    custom, specs = _custom_regions(out)
+    tables = _tables(regions + custom, seed, validation_size)
     paper_info = None
     if paper_sets:
         from optw.catalog.paper_sets import build_paper_sets
 
         tables[PAPER_FILE], paper_info = build_paper_sets(regions, device)
+    regions = regions + custom
 
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
@@ -163,10 +232,11 @@ def build_catalog(
             "validation_seed": seed,
             "validation_size": validation_size,
             "regions": len(regions),
-            "groups": {g: sum(r.group == g for r in regions) for g in GROUPS},
+            "groups": _group_counts(r.group for r in regions),
             "files": {name: _sha256(tmp / name) for name in tables},
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "build_seconds": None,
+            "custom_regions": specs,
         }
         if paper_info is not None:
             manifest["paper_sets"] = paper_info
@@ -182,6 +252,211 @@ def build_catalog(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
+
+
+def _group_counts(groups: Iterable[str]) -> dict[str, int]:
+    """Regions per group: the benchmark groups (0 included), then custom groups by name."""
+    groups = list(groups)
+    custom = sorted({g for g in groups if g not in GROUPS})
+    return {g: groups.count(g) for g in (*GROUPS, *custom)}
+
+
+def _custom_regions(catalog_dir: Path) -> tuple[list[Region], dict[str, dict]]:
+    """The custom regions stored under ``<catalog>/custom/`` (sorted by id) and their specs."""
+    folder = catalog_dir / CUSTOM_DIR
+    regions, specs = [], {}
+    if not folder.is_dir():
+        return regions, specs
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        spec_path = sub / CUSTOM_SPEC
+        try:
+            spec = json.loads(spec_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CustomRegionError(spec_path, None, None, f"unreadable custom region spec "
+                                    f"({exc}); fix it or delete {sub}") from None
+        regions.append(_load_custom(catalog_dir, spec))
+        specs[spec["region"]] = spec
+    return regions, specs
+
+
+def _load_custom(catalog_dir: Path, spec: dict) -> Region:
+    rid = spec["region"]
+    sub = catalog_dir / CUSTOM_DIR / rid
+    travel = sub / spec["travel_times_file"] if spec.get("travel_times_file") else None
+    return build_custom_region(rid, sub / spec["points_file"], travel, spec.get("speed_kmh"),
+                               spec["group"], f"{CUSTOM_DIR}/{rid}/{spec['points_file']}")
+
+
+def _read_tables(path: Path) -> dict[str, pa.Table]:
+    return {name: pq.read_table(path / name) for name in FILES}
+
+
+def _merge(old: dict[str, pa.Table], drop: set[str], new: dict[str, pa.Table] | None,
+           benchmark_order: list[str]) -> dict[str, pa.Table]:
+    """``old`` without the regions in ``drop``, plus ``new``; rows ordered as a build orders
+    them (benchmark regions in catalog order, then custom regions by id)."""
+    schemas = {"regions.parquet": REGIONS_SCHEMA, "nodes.parquet": NODES_SCHEMA,
+               "tourists.parquet": TOURISTS_SCHEMA, TRAVEL_FILE: TRAVEL_SCHEMA}
+    out = {}
+    for name, table in old.items():
+        keep = pc.invert(pc.is_in(table["region"], value_set=pa.array(sorted(drop),
+                                                                       pa.string())))
+        parts = [table.filter(keep).cast(schemas[name])]
+        if new is not None:
+            parts.append(new[name].cast(schemas[name]))
+        merged = pa.concat_tables(parts)
+        ids = np.asarray(merged["region"].to_pylist(), dtype=object)
+        rank = {r: i for i, r in enumerate(benchmark_order)}
+        custom = sorted(set(ids) - set(rank))
+        rank.update({r: len(benchmark_order) + i for i, r in enumerate(custom)})
+        order = np.argsort(np.array([rank[r] for r in ids], dtype=np.int64), kind="stable")
+        out[name] = merged.take(pa.array(order)).combine_chunks()
+    return out
+
+
+def _restamp_baselines(path: Path, old_files: dict, new_files: dict, stale: set[str],
+                       tmp: Path) -> list[tuple[Path, Path]]:
+    """Stored ILS results re-stamped for the new catalog files, without the ``stale``
+    regions' rows: (temporary file, destination) pairs to move in. Stores stamped for no
+    current file are stale already and left as they are (rewritten on their next write)."""
+    folder = path / "baselines"
+    moves = []
+    if not folder.is_dir():
+        return moves
+    by_sha = {sha: name for name, sha in old_files.items()}
+    for f in sorted(folder.glob("*.parquet")):
+        table = pq.read_table(f)
+        meta = dict(table.schema.metadata or {})
+        sha = meta.get(ILS_TOURISTS_META, b"").decode()
+        if sha not in by_sha or "region" not in table.column_names:
+            continue
+        meta[ILS_TOURISTS_META] = new_files[by_sha[sha]].encode()
+        keep = pc.invert(pc.is_in(table["region"], value_set=pa.array(sorted(stale),
+                                                                       pa.string())))
+        dst = tmp / f"baselines-{f.name}"
+        pq.write_table(table.filter(keep).replace_schema_metadata(meta), dst,
+                       compression="zstd")
+        moves.append((dst, f))
+    return moves
+
+
+def _commit(path: Path, old_manifest: dict, tables: dict[str, pa.Table], stale: set[str],
+            add: dict[str, dict] | None = None) -> dict:
+    """Swap new catalog tables (and a custom region's staged sources, ``add``: spec +
+    ``{name: source path}``) in as a build does: everything written to a temporary folder
+    first, the manifest removed, files moved in, the manifest written last."""
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=path))
+    try:
+        for name, table in tables.items():
+            pq.write_table(table, tmp / name, compression="zstd")
+        files = {**old_manifest.get("files", {}),
+                 **{name: _sha256(tmp / name) for name in tables}}
+        ils_moves = _restamp_baselines(path, old_manifest.get("files", {}), files, stale, tmp)
+        specs = {k: v for k, v in old_manifest.get("custom_regions", {}).items()
+                 if k not in stale}
+        staged = {}
+        for rid, item in (add or {}).items():
+            dst = tmp / "new" / rid
+            dst.mkdir(parents=True)
+            for name, src in item["files"].items():
+                shutil.copyfile(src, dst / name)
+            (dst / CUSTOM_SPEC).write_text(json.dumps(item["spec"], indent=2) + "\n")
+            staged[rid] = dst
+            specs[rid] = item["spec"]
+        groups = tables["regions.parquet"]["group"].to_pylist()
+        manifest = {**old_manifest, "regions": len(groups), "groups": _group_counts(groups),
+                    "files": files, "custom_regions": dict(sorted(specs.items())),
+                    "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        try:  # another add/remove/build since we read it: its change would be lost
+            current = json.loads((path / "manifest.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            current = None
+        if current != old_manifest:
+            raise CatalogError(f"the catalog at {path} changed while this command ran (another "
+                               "add, remove or build); nothing was changed: run it again")
+        # -- swap: from here on a crash leaves no manifest (readers say "rebuild")
+        (path / "manifest.json").unlink(missing_ok=True)
+        for name in tables:
+            os.replace(tmp / name, path / name)
+        for src, dst in ils_moves:
+            os.replace(src, dst)
+        (tmp / "old").mkdir()
+        for rid in stale:
+            if (path / CUSTOM_DIR / rid).exists():
+                os.replace(path / CUSTOM_DIR / rid, tmp / "old" / rid)
+        for rid, src in staged.items():
+            (path / CUSTOM_DIR).mkdir(exist_ok=True)
+            os.replace(src, path / CUSTOM_DIR / rid)
+        os.replace(tmp / "manifest.json", path / "manifest.json")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def add_region(
+    region_id: str,
+    points: Path | str,
+    travel_times: Path | str | None = None,
+    speed_kmh: float | None = None,
+    group: str = CUSTOM_GROUP,
+    catalog: Path | str | None = None,
+    replace: bool = False,
+) -> Region:
+    """Add a custom region to the catalog at ``catalog`` (``optw catalog add``): read and
+    check it (:class:`~optw.catalog.custom.CustomRegionError`, the catalog untouched), store
+    its tables, its 64 validation tourists and a copy of its source files, atomically. An
+    existing custom region of that id needs ``replace``; its stored ILS results are dropped."""
+    cat = Catalog(catalog)
+    check_region_id(region_id, group)
+    if region_id in cat:
+        if not cat.is_custom(region_id):
+            raise CustomRegionError(None, None, "region", f"{region_id!r} is a benchmark "
+                                    "region; choose another id")
+        if not replace:
+            raise CustomRegionError(None, None, "region", f"region {region_id!r} is already in "
+                                    f"the catalog at {cat.path}; add --replace to replace it")
+    points = Path(points)
+    ext = points.suffix.lower()
+    points_name = f"points{'.geojson' if POINT_FILE_TYPES.get(ext) == 'geojson' else ext}"
+    region = build_custom_region(region_id, points, travel_times, speed_kmh, group,
+                                 f"{CUSTOM_DIR}/{region_id}/{points_name}")
+    files = {points_name: points}
+    spec = {"region": region_id, "group": group, "points_file": points_name,
+            "points_sha256": region.source_hash, "original_points_file": str(points.resolve()),
+            "travel_times_file": None, "travel_times_sha256": None,
+            "speed_kmh": region.speed_kmh, "coords": region.coords,
+            "decimals": CUSTOM_DECIMALS,
+            "added_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if travel_times is not None:
+        travel_times = Path(travel_times)
+        files["travel_times.csv"] = travel_times
+        spec.update(travel_times_file="travel_times.csv",
+                    travel_times_sha256=_sha256(travel_times),
+                    original_travel_times_file=str(travel_times.resolve()))
+    seed = int(cat.manifest["validation_seed"])
+    new = _tables([region], seed, int(cat.manifest["validation_size"]))
+    bench = [r for r in cat.list_regions() if not cat.is_custom(r)]
+    tables = _merge(_read_tables(cat.path), {region_id}, new, bench)
+    _commit(cat.path, cat.manifest, tables, {region_id},
+            {region_id: {"spec": spec, "files": files}})
+    return region
+
+
+def remove_region(region_id: str, catalog: Path | str | None = None) -> None:
+    """Remove a custom region (``optw catalog remove``), its source files and its stored ILS
+    results, atomically; benchmark regions are refused."""
+    cat = Catalog(catalog)
+    if region_id not in cat:
+        customs = [r for r in cat.list_regions() if cat.is_custom(r)]
+        raise CustomRegionError(None, None, "region", f"unknown region {region_id!r}; custom "
+                                f"regions of {cat.path}: {', '.join(customs) or 'none'}")
+    if not cat.is_custom(region_id):
+        raise CustomRegionError(None, None, "region", f"{region_id!r} is a benchmark region; "
+                                "only custom regions (optw catalog add) can be removed")
+    bench = [r for r in cat.list_regions() if not cat.is_custom(r)]
+    tables = _merge(_read_tables(cat.path), {region_id}, None, bench)
+    _commit(cat.path, cat.manifest, tables, {region_id})
 
 
 # ----------------------------------------------------------------------------- read
@@ -215,6 +490,7 @@ class Catalog:
         self._nodes = None
         self._tourists = None
         self._paper = None
+        self._travel = None
         self._cache: dict[str, Region] = {}
 
     # -- tables
@@ -222,6 +498,22 @@ class Catalog:
     def regions_table(self):
         """One row per region (pandas DataFrame, indexed by region id)."""
         return self._regions
+
+    def is_custom(self, region_id: str) -> bool:
+        """Whether the region was added with ``optw catalog add`` (a custom group)."""
+        self._check(region_id)
+        return str(self._regions.at[region_id, "group"]) not in GROUPS
+
+    @property
+    def groups(self) -> list[str]:
+        """The benchmark groups, then the custom groups present (by name)."""
+        return list(_group_counts(self._regions["group"].astype(str)))
+
+    def _travel_table(self):
+        if self._travel is None:
+            df = pq.read_table(self.path / TRAVEL_FILE).to_pandas()
+            self._travel = {rid: g for rid, g in df.groupby("region", sort=False)}
+        return self._travel
 
     @property
     def version(self) -> int:
@@ -267,9 +559,10 @@ class Catalog:
         df = self._regions
         if group is not None:
             groups = [group] if isinstance(group, str) else list(group)
-            unknown = sorted(set(groups) - set(GROUPS))
+            known = [*self.groups, *([CUSTOM_GROUP] if CUSTOM_GROUP not in self.groups else [])]
+            unknown = sorted(set(groups) - set(known))
             if unknown:
-                raise ValueError(f"unknown group(s) {unknown}; expected some of {list(GROUPS)}")
+                raise ValueError(f"unknown group(s) {unknown}; expected some of {known}")
             df = df[df["group"].isin(groups)]
         if subset:
             df = df[df["paper_subset"]]
@@ -295,8 +588,14 @@ class Catalog:
         self._check(region_id)
         if region_id not in self._cache:
             nodes = self._node_table()[region_id].sort_values("index")
-            self._cache[region_id] = _region(self._regions.loc[region_id],
-                                             {k: nodes[k].to_numpy() for k in _NODE_ARRAYS})
+            row = self._regions.loc[region_id]
+            travel = None
+            if bool(row["travel_matrix"]):
+                t = self._travel_table()[region_id].sort_values("index")
+                travel = np.stack(t["minutes"].to_numpy()).astype(np.float64)
+            self._cache[region_id] = _region(
+                row, {k: nodes[k].to_numpy() for k in (*_NODE_ARRAYS, "name", "lat", "lon")},
+                travel)
         return self._cache[region_id]
 
     def tourists(self, region_id: str, kind: str = "validation") -> Tourists:
@@ -309,6 +608,9 @@ class Catalog:
         if kind == PAPER_KIND:
             from optw.catalog.paper_sets import tourists_from_rows
 
+            if self.is_custom(region_id):
+                raise CatalogError(f"region {region_id} is a custom region: it has no paper "
+                                   "set (the paper's tourists exist for benchmark regions only)")
             df = self._paper_table()[region_id]
             return tourists_from_rows(region_id, {c: df[c].to_numpy() for c in df.columns})
         df = self._tourist_table()[region_id]
@@ -335,13 +637,25 @@ def open_catalog(path: Path | str | None = None) -> Catalog:
     return Catalog(path)
 
 
-def _region(row, nodes: dict[str, np.ndarray]) -> Region:
-    """A :class:`Region` from its ``regions.parquet`` row and node columns (in index order)."""
+def _region(row, nodes: dict[str, np.ndarray], travel: np.ndarray | None = None) -> Region:
+    """A :class:`Region` from its ``regions.parquet`` row, node columns (in index order) and
+    travel-time matrix (custom regions given one)."""
+    latlon = row["coords"] == "latlon"
+    names = nodes.get("name")
+    custom = str(row["group"]) not in GROUPS
     return Region(
         id=str(row["region"]), group=str(row["group"]), t_start=float(row["t_start"]),
         t_end=float(row["t_end"]), decimals=int(row["decimals"]),
         source_file=str(row["source_file"]), source_hash=str(row["source_sha256"]),
         **{k: np.asarray(nodes[k], dtype=np.float64) for k in _NODE_ARRAYS},
+        names=tuple(str(n) for n in names) if custom and names is not None else None,
+        start_name=str(row["start_name"]) if custom and row["start_name"] is not None else None,
+        coords=str(row["coords"]), metric=str(row["metric"]),
+        lat=np.asarray(nodes["lat"], dtype=np.float64) if latlon else None,
+        lon=np.asarray(nodes["lon"], dtype=np.float64) if latlon else None,
+        speed_kmh=float(row["speed_kmh"]) if latlon else None,
+        origin=(float(row["origin_lat"]), float(row["origin_lon"])) if latlon else None,
+        travel=travel,
     )
 
 
@@ -356,10 +670,16 @@ def read_regions(path: Path | str) -> list[Region]:
     nodes = pq.read_table(path / "nodes.parquet")
     ids = np.asarray(nodes.column("region").to_pylist(), dtype=object)
     index = nodes.column("index").to_numpy()
-    cols = {k: nodes.column(k).to_numpy() for k in _NODE_ARRAYS}
+    cols = {k: nodes.column(k).to_numpy(zero_copy_only=False)
+            for k in (*_NODE_ARRAYS, "name", "lat", "lon")}
+    travel = pq.read_table(path / TRAVEL_FILE).to_pylist() if (path / TRAVEL_FILE).exists() \
+        else []
     out = []
     for row in pq.read_table(path / "regions.parquet").to_pylist():
         sel = np.flatnonzero(ids == row["region"])
         sel = sel[np.argsort(index[sel])]
-        out.append(_region(row, {k: v[sel] for k, v in cols.items()}))
+        rows = sorted((t for t in travel if t["region"] == row["region"]),
+                      key=lambda t: t["index"])
+        matrix = np.array([t["minutes"] for t in rows], dtype=np.float64) if rows else None
+        out.append(_region(row, {k: v[sel] for k, v in cols.items()}, matrix))
     return out

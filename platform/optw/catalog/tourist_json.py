@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from optw.catalog.region import START_BOX, Region, Tourists
+from optw.catalog.region import Region, Tourists
 
 #: Every field of a tourist (the format of :meth:`Tourists.to_records`).
 TOURIST_FIELDS = ("tourist", "region", "kind", "start", "t_start", "t_end", "scores")
@@ -117,9 +117,9 @@ def check_fields(data: Mapping[str, Any], allowed: Collection[str]) -> None:
 def start_box(region: Region) -> tuple[tuple[float, float], tuple[float, float]]:
     """Accepted ``(x_lo, x_hi), (y_lo, y_hi)`` of a start: the box of the region's points and
     generated starts, widened on every side by :data:`BOX_MARGIN` times its larger side."""
-    lo, hi = START_BOX.get(region.group, (0.0, 0.0))
-    x_lo, x_hi = min(lo, float(region.x.min())), max(hi, float(region.x.max()))
-    y_lo, y_hi = min(lo, float(region.y.min())), max(hi, float(region.y.max()))
+    (bx_lo, bx_hi), (by_lo, by_hi) = region.start_box
+    x_lo, x_hi = min(bx_lo, float(region.x.min())), max(bx_hi, float(region.x.max()))
+    y_lo, y_hi = min(by_lo, float(region.y.min())), max(by_hi, float(region.y.max()))
     pad = BOX_MARGIN * max(x_hi - x_lo, y_hi - y_lo, 1.0)
     return (x_lo - pad, x_hi + pad), (y_lo - pad, y_hi + pad)
 

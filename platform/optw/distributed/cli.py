@@ -17,14 +17,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "run", help="train, fine-tune, evaluate and register models for many regions",
         description="Train, fine-tune, evaluate and register OPTW models for many regions on "
         "Ray + MLflow.")
-    r.add_argument("--profile", default="smoke",
-                   help="smoke | quick | paper | a TOML/YAML profile file (default: smoke, "
-                        "the pipeline in minutes; quick: trained models for every region on a "
-                        "laptop; paper: the paper's budgets)")
+    r.add_argument("--profile", default="quick",
+                   help="quick | smoke | paper | a TOML/YAML profile file (default: quick, "
+                        "trained models for every region on a laptop in under half an hour; "
+                        "smoke: the pipeline in minutes; paper: the paper's budgets)")
     r.add_argument("--groups", default=None,
-                   help="comma-separated groups (solomon,cordeau,gavalas); default: profile")
+                   help="comma-separated groups (solomon,cordeau,gavalas; custom or any custom "
+                   "group of the catalog, see `optw catalog add`); default: profile")
     r.add_argument("--regions", default=None, help="comma-separated region ids (overrides groups)")
-    r.add_argument("--mode", choices=MODES, default=None, help="default: the profile's")
+    r.add_argument("--mode", choices=MODES, default=None,
+                   help="default: the profile's. transfer-to: fine-tune a global model of "
+                   "--from-groups onto each of the job's regions (e.g. a custom region)")
+    r.add_argument("--from-groups", default=None,
+                   help="mode transfer-to: comma-separated benchmark groups the global model "
+                   "is trained on (default: the profile's, else all three)")
     r.add_argument("--name", default=None, help="job (= MLflow experiment) name")
     r.add_argument("--force", action="store_true",
                    help="retrain regions that already have a champion from this config")
@@ -93,17 +99,26 @@ def resource_amounts(text: str | None) -> dict[str, float]:
 
 def profile_from_args(args: argparse.Namespace):
     """The profile named by ``--profile`` with the command line's job overrides."""
-    from optw.distributed.profile import JobProfile, load_profile
+    from optw.distributed.profile import CATALOG_HINT, JobProfile, load_profile
 
-    profile = load_profile(args.profile)
-    data = profile.to_dict()
-    data.pop("profile")
-    job = data["job"]
-    overrides: dict[str, Any] = {"groups": comma_list(args.groups, "--groups"),
-                                 "regions": comma_list(args.regions, "--regions"),
-                                 "mode": args.mode, "name": args.name}
-    job.update({k: v for k, v in overrides.items() if v is not None})
-    return JobProfile.from_dict(data, source=profile.profile)
+    # the groups a profile may name include the custom groups of the job's catalog
+    token = CATALOG_HINT.set(getattr(args, "catalog", None))
+    try:
+        profile = load_profile(args.profile)
+        data = profile.to_dict()
+        data.pop("profile")
+        job = data["job"]
+        overrides: dict[str, Any] = {
+            "groups": comma_list(args.groups, "--groups"),
+            "regions": comma_list(args.regions, "--regions"),
+            "from_groups": comma_list(getattr(args, "from_groups", None), "--from-groups"),
+            "mode": args.mode, "name": args.name}
+        job.update({k: v for k, v in overrides.items() if v is not None})
+        if job["mode"] != "transfer-to" and overrides["from_groups"] is None:
+            job["from_groups"] = []  # a transfer-to profile run in another mode
+        return JobProfile.from_dict(data, source=profile.profile)
+    finally:
+        CATALOG_HINT.reset(token)
 
 
 def format_summary(summary) -> str:

@@ -83,8 +83,12 @@ def run_pack(units: list[Unit], ctx: JobContext, inits: dict[str, str | None],
     catalog = st.local_catalog(ctx.catalog_dir)  # a URI: this node's mirror
     specs, configs = [], {}
     for unit in units:
-        config = (profile.finetune_config(unit.train_regions) if unit.finetune
-                  else profile.train.replace(regions=unit.train_regions))
+        if unit.finetune:
+            config = profile.finetune_config(unit.train_regions)
+        elif unit.stage == "global" and unit.key.startswith("global-"):
+            config = profile.global_config(unit.key.removeprefix("global-"), unit.train_regions)
+        else:
+            config = profile.train.replace(regions=unit.train_regions)
         run_id = ctx.job.child(unit.stage, unit.key, config={
             "train": config.to_dict(), "evaluate": asdict(profile.evaluate), "mode": mode,
             "init_from": unit.init_from or "", "catalog_version": CATALOG_VERSION,
@@ -110,8 +114,10 @@ def run_pack(units: list[Unit], ctx: JobContext, inits: dict[str, str | None],
         raise
     share = {"startup_seconds": fitted.startup_seconds / len(units),
              "train_seconds": fitted.train_seconds / len(units)}
-    # every member's evaluation is a Ray task of its own: they run side by side
-    evaluate = ray.remote(num_cpus=1, max_retries=1)(evaluate_anywhere)
+    # every member's evaluation is a Ray task of its own: they run side by side, each asking
+    # for what a training worker asks (at most one CPU: evaluation runs on one thread)
+    evaluate = ray.remote(num_cpus=min(1.0, profile.resources.cpus_per_region),
+                          max_retries=1)(evaluate_anywhere)
     t_eval = time.perf_counter()
     refs = {u.key: evaluate.remote(fitted.models[u.key], u.eval_regions, u.method,
                                    profile.evaluate, ctx.catalog_dir)
@@ -257,7 +263,7 @@ def run_job(
     catalog_loc = st.normalize(catalog_dir or paths.catalog_location())
     catalog = open_catalog(st.local_catalog(catalog_loc))  # a URI: mirrored on this node
     selected = select_regions(catalog, profile.job.groups, profile.job.regions)
-    stages = plan(profile.job.mode, catalog, selected)
+    stages = plan(profile.job.mode, catalog, selected, profile.job.from_groups)
     uri = check_tracking_uri(tracking_uri)
     name = profile.job.name
     out = st.normalize(out_dir) if out_dir else paths.job_output(name)

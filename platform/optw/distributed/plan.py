@@ -7,14 +7,20 @@ Modes follow the paper's experiments:
   fine-tuned on each region (method ``global_ft``);
 - ``transfer``: per group, a global model trained WITHOUT the paper's subset of 28, evaluated as
   it is on the subset regions left out (method ``tl``) and fine-tuned on each of them
-  (method ``ft_tl``).
+  (method ``ft_tl``);
+- ``transfer-to``: one global model of the SOURCE groups (``[job] from_groups``, benchmark
+  groups; default all three) trained on all their regions except the job's own, evaluated as
+  it is on the job's regions (method ``tl``) and fine-tuned on each of them (method ``ft_tl``).
+  For a new region (``optw catalog add``): a benchmark group's knowledge, carried over.
+
+Groups are the benchmark groups, ``custom`` or any custom group of the job's catalog.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from optw.catalog import PAPER_SUBSET, Catalog
+from optw.catalog import CUSTOM_GROUP, GROUPS, PAPER_SUBSET, Catalog
 
 
 @dataclass
@@ -34,17 +40,62 @@ class Unit:
         return self.init_from is not None
 
 
+class UnknownGroupError(ValueError):
+    """A job's group that its catalog does not have (or that has no regions)."""
+
+
 def select_regions(catalog: Catalog, groups: list[str], regions: list[str]) -> list[str]:
-    """The job's regions: the listed ones (checked) or all regions of the groups."""
+    """The job's regions: the listed ones (checked) or all regions of the groups (checked
+    against the catalog: an unknown group, or a group without regions such as ``custom``
+    before any ``optw catalog add``, is an :class:`UnknownGroupError` naming it)."""
     if regions:
         for rid in regions:
             catalog.region(rid)  # KeyError names an unknown region
         return list(dict.fromkeys(regions))
+    present = sorted(set(catalog.regions_table["group"].astype(str)),
+                     key=lambda g: (g not in GROUPS, GROUPS.index(g) if g in GROUPS else 0, g))
+    unknown = sorted(set(groups) - set(present))
+    if unknown:
+        custom = [g for g in present if g not in GROUPS]
+        hint = (f"; add a region with `optw catalog add REGION --points FILE"
+                f"{'' if unknown == [CUSTOM_GROUP] else ' --group ' + unknown[0]}`")
+        raise UnknownGroupError(
+            f"job groups {unknown} have no regions in the catalog at {catalog.path} (its "
+            f"groups: {present}{'' if custom else ', no custom ones'}){hint}")
     return catalog.list_regions(groups)
 
 
-def plan(mode: str, catalog: Catalog, selected: list[str]) -> list[list[Unit]]:
-    """Stages (lists of units that may run concurrently), in order."""
+def source_regions(catalog: Catalog, from_groups: list[str], targets: list[str]) -> list[str]:
+    """Mode ``transfer-to``: the regions the global model is trained on (every region of the
+    source groups that is not one of the targets)."""
+    groups = list(from_groups) or list(GROUPS)
+    bad = sorted(set(groups) - set(GROUPS))
+    if bad:
+        raise UnknownGroupError(f"from_groups {bad}: not benchmark groups; expected some of "
+                                f"{list(GROUPS)}")
+    present = set(catalog.regions_table["group"].astype(str))
+    missing = [g for g in groups if g not in present]
+    if missing:
+        raise UnknownGroupError(f"from_groups {missing} have no regions in the catalog at "
+                                f"{catalog.path} (its groups: {sorted(present)})")
+    out = [r for r in catalog.list_regions(groups) if r not in set(targets)]
+    if not out:
+        raise ValueError(f"transfer-to: the source groups {groups} have no regions left "
+                         f"besides the targets {targets}")
+    return out
+
+
+def source_key(from_groups: list[str]) -> str:
+    """The unit key of mode ``transfer-to``'s global model: ``source-solomon``,
+    ``source-solomon-cordeau`` (every benchmark group: ``source-all``)."""
+    groups = [g for g in GROUPS if g in (from_groups or GROUPS)]
+    return "source-all" if groups == list(GROUPS) else "source-" + "-".join(groups)
+
+
+def plan(mode: str, catalog: Catalog, selected: list[str],
+         from_groups: list[str] | None = None) -> list[list[Unit]]:
+    """Stages (lists of units that may run concurrently), in order. ``from_groups``: the
+    source groups of mode ``transfer-to`` (default: every benchmark group)."""
     group_of = catalog.regions_table["group"].to_dict()
     if mode == "scratch":
         return [[Unit("scratch", r, [r], [r], "model", register=True) for r in selected]]
@@ -70,4 +121,11 @@ def plan(mode: str, catalog: Catalog, selected: list[str]) -> list[list[Unit]]:
             raise ValueError("transfer mode evaluates the paper's subset of 28, but none of the "
                              f"selected regions is in it: {selected[:5]}...")
         return [first, second]
-    raise ValueError(f"unknown mode {mode!r}; expected scratch, global-ft or transfer")
+    if mode == "transfer-to":
+        key = source_key(from_groups or [])
+        source = Unit("global", key, source_regions(catalog, from_groups or [], selected),
+                      list(selected), "tl")
+        return [[source], [Unit("finetune", r, [r], [r], "ft_tl", register=True, init_from=key)
+                           for r in selected]]
+    raise ValueError(f"unknown mode {mode!r}; expected scratch, global-ft, transfer or "
+                     "transfer-to")

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +41,42 @@ WORKER_START_TIMEOUT_ENV = ("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "600")
 #: Ray Train's preemption watcher (one more actor process per run) only matters on clusters of
 #: preemptible nodes; a local cluster started by the job switches it off.
 LOCAL_PREEMPTION_ENV = ("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+
+
+#: Ray Train's own console log level (``RunConfig(logging_config=...)``): its INFO lines (every
+#: report, checkpoint path and worker-group start) stay in the session's log files
+#: (``<session>/logs/train/``); warnings and errors still reach the job's output.
+TRAIN_LOG_LEVEL_ENV = ("OPTW_RAY_TRAIN_LOG_LEVEL", "WARNING")
+
+
+def train_log_level() -> str:
+    level = os.environ.get(TRAIN_LOG_LEVEL_ENV[0], "").strip().upper()
+    return level if level in logging.getLevelNamesMapping() else TRAIN_LOG_LEVEL_ENV[1]
+
+
+class _TrainConsoleFilter(logging.Filter):
+    """Drops Ray Train's records below ``level`` from a console handler."""
+
+    def __init__(self, level: str):
+        super().__init__()
+        self.level = logging.getLevelNamesMapping()[level]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return (record.levelno >= self.level
+                or "/ray/train/" not in record.name.replace(os.sep, "/"))
+
+
+def quiet_train_worker(level: str | None = None) -> None:
+    """In a Ray Train worker: Ray Train 2.60 logs every report ("Reporting training result
+    ...") from a logger named by its file's path, outside ``ray.train``, so RunConfig's log
+    level misses it; the console handlers get that level for such records too (Ray Train's
+    log files under ``<session>/logs/train/`` keep them)."""
+    level = level or train_log_level()
+    for handler in logging.getLogger().handlers:
+        console = (isinstance(handler, logging.StreamHandler)
+                   and not isinstance(handler, logging.FileHandler))
+        if console and not any(isinstance(f, _TrainConsoleFilter) for f in handler.filters):
+            handler.addFilter(_TrainConsoleFilter(level))
 
 
 def configure_ray_env() -> None:
@@ -178,6 +216,37 @@ class PackCheckpoint:
                                                     "running": list(self.running)}))
 
 
+def restart_notice(name: str, max_failures: int):
+    """A Ray Train callback (it runs in the run's controller) that prints one warning line
+    when a worker of run ``name`` fails: what failed, and whether Ray Train restarts it from
+    the last checkpoint or the run fails. Ray Train itself logs this only at INFO, which the
+    job keeps off the console (:data:`TRAIN_LOG_LEVEL_ENV`)."""
+    from ray.train import UserCallback
+
+    class RestartNotice(UserCallback):
+        def __init__(self) -> None:
+            self.failures = 0
+
+        def __reduce__(self):  # the class is made here: pickle the factory's call
+            return restart_notice, (name, max_failures)
+
+        def after_exception(self, run_context: Any,
+                            worker_exceptions: dict[int, Exception]) -> None:
+            self.failures += 1
+            error = next(iter(worker_exceptions.values()), None)
+            what = (str(error).strip().splitlines() or [""])[0][:300]
+            if max_failures < 0 or self.failures <= max_failures:
+                limit = "unlimited" if max_failures < 0 else max_failures
+                then = (f"Ray Train restarts it from its last checkpoint (restart "
+                        f"{self.failures} of {limit})")
+            else:
+                then = "no restarts left: the run fails"
+            print(f"warning: a worker of {name} failed ({type(error).__name__}: {what}); "
+                  f"{then}", file=sys.stderr, flush=True)
+
+    return RestartNotice()
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     """Everything one Ray Train worker needs, typed; built by :meth:`build` (the job and Tune
@@ -240,6 +309,7 @@ def train_worker(loop_config: dict[str, Any]) -> None:
     from optw.train.pack import train_pack
 
     started = time.time()
+    quiet_train_worker()
     specs = loop_config["specs"]
     pack = PackCheckpoint(Path(tempfile.mkdtemp(prefix="optw-pack-")))
     resume: dict[str, dict] = {}
@@ -282,7 +352,7 @@ def make_trainer(specs: WorkerSpec | Sequence[WorkerSpec], storage: str, name: s
     (see :mod:`optw.distributed.storage`); specs that name their catalog or start model by URI
     get them on the worker's node first. ``worker_resources`` adds custom Ray resources to the
     worker's request (e.g. ``{"trainer": 1}`` for the nodes that have it)."""
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from optw.distributed.storage import needs_localizing, ray_storage, train_worker_anywhere
@@ -302,9 +372,11 @@ def make_trainer(specs: WorkerSpec | Sequence[WorkerSpec], storage: str, name: s
         scaling_config=ScalingConfig(num_workers=1, use_gpu=use_gpu,
                                      resources_per_worker=per_worker),
         run_config=RunConfig(name=name, storage_path=storage_path,
-                             storage_filesystem=storage_fs, callbacks=callbacks,
+                             storage_filesystem=storage_fs,
+                             callbacks=[*(callbacks or []), restart_notice(name, failures)],
                              failure_config=FailureConfig(max_failures=failures,
-                                                          controller_failure_limit=2)),
+                                                          controller_failure_limit=2),
+                             logging_config=LoggingConfig(log_level=train_log_level())),
     )
 
 

@@ -97,12 +97,13 @@ def region_table(paired: pd.DataFrame, best_known: pd.Series | None = None) -> p
     ).reset_index()
     agg["gap_ils"] = gap(agg["ils"], agg["model"])
     agg["best_known"] = np.nan
-    if best_known is not None:
-        bench = agg["kind"] == "benchmark"
+    if best_known is not None:  # benchmark groups only: custom regions have no best-known
+        bench = (agg["kind"] == "benchmark") & agg["group"].isin(GROUP_ORDER)
         missing = sorted(set(agg.loc[bench, "region"]) - set(best_known.index))
         if missing:
             raise ValueError(f"no best-known score for region(s) {missing} in the reference")
-        agg.loc[bench, "best_known"] = agg.loc[bench, "region"].map(best_known)
+        if bench.any():
+            agg.loc[bench, "best_known"] = agg.loc[bench, "region"].map(best_known).astype(float)
     agg["gap_bk"] = gap(agg["best_known"], agg["model"])
     agg["ils_gap_bk"] = gap(agg["best_known"], agg["ils"])
     return _ordered(agg)[["method", "kind", "group", "region", "tourists", "best_known",

@@ -81,12 +81,13 @@ class JobData:
 
 
 def group_of(key: str, known: dict[str, str]) -> str:
-    """A region's (or ``global-<group>`` / ``transfer-<group>`` model's) group."""
+    """A region's (or ``global-<group>`` / ``transfer-<group>`` / ``source-<group>`` model's)
+    group; custom groups (``global-custom``) are known from the regions' groups."""
     if key in known:
         return known[key]
     if "-" in key:
         tail = key.rsplit("-", 1)[1]
-        if tail in GROUP_ORDER:
+        if tail in GROUP_ORDER or tail in set(known.values()):
             return tail
     for pattern, group in _GROUP_BY_ID:
         if pattern.match(key):

@@ -1,6 +1,7 @@
 """The trip planner as a Ray Serve application (FastAPI ingress).
 
-Endpoints: ``POST /plan``, ``GET /regions``, ``GET /regions/{id}``, ``GET /healthz``
+Endpoints: ``POST /plan``, ``GET /regions``, ``GET /regions/{id}``, ``GET /healthz``, and the
+planner page ``GET /`` (``static/index.html``, its script at ``GET /static/{name}``)
 (``docs/planner.md``). Start it with :func:`start_planner` or ``optw serve``::
 
     from optw.serve import start_planner, stop_planner
@@ -25,7 +26,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException
 
@@ -51,7 +52,22 @@ APP_NAME = "planner"
 app = FastAPI(title="optw trip planner",
               description="Itineraries for tourists from each region's champion model.")
 #: The planner's endpoints, for the 404 and 405 messages.
-ENDPOINTS = ("POST /plan", "GET /regions", "GET /regions/{id}", "GET /healthz")
+ENDPOINTS = ("GET /", "POST /plan", "GET /regions", "GET /regions/{id}", "GET /healthz")
+#: The planner page's files (package data: plain HTML, JS and inline SVG, nothing external).
+STATIC_DIR = Path(__file__).with_name("static")
+STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+                ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
+
+
+def static_file(name: str) -> Response:
+    """One file of :data:`STATIC_DIR` (no sub-folders; 404 naming the path otherwise)."""
+    path = STATIC_DIR / name
+    if "/" in name or name.startswith(".") or path.suffix not in STATIC_TYPES \
+            or not path.is_file():
+        raise PlanError(404, "path", f"path: no file {name[:200]!r} in the planner's static "
+                        f"files; the planner serves {', '.join(ENDPOINTS)}")
+    return Response(path.read_bytes(), media_type=STATIC_TYPES[path.suffix],
+                    headers={"Cache-Control": "no-cache"})
 
 
 @app.exception_handler(PlanError)
@@ -163,6 +179,16 @@ class PlannerDeployment:
     async def region(self, region_id: str) -> dict[str, Any]:
         """One region with all its points."""
         return self.planner.region(region_id)
+
+    @app.get("/")
+    async def page(self) -> Response:
+        """The planner page: pick a region, click a start on its map, plan, see the route."""
+        return static_file("index.html")
+
+    @app.get("/static/{name}")
+    async def static(self, name: str) -> Response:
+        """The page's own script and styles."""
+        return static_file(name)
 
     @app.get("/healthz")
     async def healthz(self) -> dict[str, Any]:

@@ -74,8 +74,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "checked before a model is loaded.",
     )
     p.add_argument("--region", required=True)
-    p.add_argument("--start", default=None, metavar="X,Y",
-                   help="start and end location (default: the region's benchmark start)")
+    p.add_argument("--start", default=None, metavar="X,Y|LAT,LON",
+                   help="start and end location, LAT,LON for a lat/lon region (default: the "
+                   "region's own start)")
     p.add_argument("--from", dest="t_start", default=None, metavar="TIME",
                    help="day start, minutes or HH:MM (default: the benchmark's)")
     p.add_argument("--to", dest="t_end", default=None, metavar="TIME",
@@ -225,11 +226,14 @@ def _plan(args) -> int:
     from optw.serve.errors import PlanError
     from optw.serve.models import RegistryModels
     from optw.serve.planner import Planner
-    from optw.serve.request import parse_request
+    from optw.serve.request import coords_of, parse_request
     from optw.serve.settings import open_catalog_checked
 
     data = _request(args)  # the options' own formats
     catalog = open_catalog_checked(args.catalog, "--catalog")
+    if isinstance(data.get("start"), dict) and data["region"] in catalog and coords_of(
+            catalog.region(data["region"])) == "latlon":
+        data["start"] = {"lat": data["start"]["x"], "lon": data["start"]["y"]}  # LAT,LON
     try:
         req = parse_request(data, catalog)  # against the region: nothing loaded yet
     except PlanError as exc:
@@ -257,29 +261,39 @@ def render_itinerary(answer: dict[str, Any], n_points: int | None = None) -> str
     """A plan as a table a person can read (clock times when the request used HH:MM)."""
     from optw.serve.request import format_time
 
+    latlon = answer.get("coords") == "latlon"
+
     def t(v: float) -> str:
-        return format_time(v) if answer.get("clock") else f"{v:.1f}"
+        return format_time(v) if answer.get("clock") or latlon else f"{v:.1f}"
+
+    def where(p: dict[str, Any]) -> str:
+        return f"({p['lat']:.5g}, {p['lon']:.5g})" if "lat" in p else f"({p['x']:g}, {p['y']:g})"
 
     model = (f"model version {answer['model_version']}" if answer.get("model_version")
              is not None else "model from checkpoint")
     how = answer["method"] + (f" (beam width {answer['beams']})" if answer.get("beams") else "")
+    places = []
+    for s in answer["route"]:
+        name = s.get("name") or s["kind"]
+        if s["kind"] == "visit" and name == f"POI {s['node']}":
+            name = f"point {s['node']}"  # a region without names
+        places.append(name[:40] if s["kind"] == "visit" and latlon else f"{name[:40]} {where(s)}")
+    w = max(26, *map(len, places))
     lines = [
-        f"Trip in {answer['region']} from ({answer['start']['x']:g}, {answer['start']['y']:g}), "
+        f"Trip in {answer['region']} from {where(answer['start'])}, "
         f"{t(answer['t_start'])} to {t(answer['t_end'])}",
         f"{answer['visits']} visit(s){f' of {n_points} points' if n_points else ''}; "
         f"{how}, {model}; solved in {answer['solve_ms']:.0f} ms",
         "",
-        f"{'stop':>4}  {'place':<26} {'arrive':>8} {'start visit':>11} {'leave':>8} "
+        f"{'stop':>4}  {'place':<{w}} {'arrive':>8} {'start visit':>11} {'leave':>8} "
         f"{'score':>8}",
     ]
-    for s in answer["route"]:
-        place = (s["kind"] if s["kind"] != "visit" else f"point {s['node']}") + \
-            f" ({s['x']:g}, {s['y']:g})"
+    for s, place in zip(answer["route"], places, strict=True):
         arrive = "" if s["kind"] == "start" else t(s["arrival"])
         begin = t(s["start"]) if s["kind"] == "visit" else ""
         leave = "" if s["kind"] == "end" else t(s["leave"])
         score = f"{s['score']:g}" if s["kind"] == "visit" else ""
-        lines.append(f"{s['stop']:>4}  {place:<26} {arrive:>8} {begin:>11} {leave:>8} "
+        lines.append(f"{s['stop']:>4}  {place:<{w}} {arrive:>8} {begin:>11} {leave:>8} "
                      f"{score:>8}")
-    lines.append(f"{'':>4}  {'total':<26} {'':>8} {'':>11} {'':>8} {answer['score']:>8g}")
+    lines.append(f"{'':>4}  {'total':<{w}} {'':>8} {'':>11} {'':>8} {answer['score']:>8g}")
     return "\n".join(lines)

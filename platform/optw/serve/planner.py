@@ -20,12 +20,36 @@ from optw.serve.request import (
     BEAM_METHODS,
     METHODS,
     PlanRequest,
+    coords_of,
     decode_body,
+    format_time,
     parse_request,
     reachable,
 )
 
 log = logging.getLogger(__name__)
+
+
+def node_name(region: Any, node: int, default_start: bool = True) -> str:
+    """A node's name: the region's own (``region.names``; the start and end nodes: its
+    ``start_name`` when the tourist starts there) when it has them, else ``"start"``, ``"end"``
+    or ``"POI <node>"``."""
+    kind = "start" if node == 0 else "end" if node == region.n_nodes - 1 else None
+    if kind is not None:
+        start_name = getattr(region, "start_name", None)
+        return str(start_name) if start_name and default_start else kind
+    names = getattr(region, "names", None)
+    if names is not None and 0 <= node < len(names) and names[node]:
+        return str(names[node])
+    return f"POI {node}"
+
+
+def node_latlon(region: Any, node: int) -> tuple[float, float] | None:
+    """``(lat, lon)`` of a node of a lat/lon region, else ``None``."""
+    lat, lon = getattr(region, "lat", None), getattr(region, "lon", None)
+    if coords_of(region) != "latlon" or lat is None or lon is None:
+        return None
+    return float(lat[node]), float(lon[node])
 
 #: Default extra :func:`optw.decode.solve` arguments per request method. Active search is kept
 #: short for a service (8 epochs of 8 sampled routes, then beam search: ~1-2 s on 100 points).
@@ -51,24 +75,35 @@ class Planner:
     def regions(self) -> list[dict[str, Any]]:
         """One summary per region (id, group, points, benchmark start and times, the day)."""
         df = self.catalog.regions_table
+        coords = df["coords"] if "coords" in df.columns else ["xy"] * len(df)
         return [{"region": str(r["region"]), "group": str(r["group"]),
                  "points": int(r["points"]), "start": {"x": float(r["start_x"]),
                                                        "y": float(r["start_y"])},
                  "t_start": float(r["t_start"]), "t_end": float(r["t_end"]),
-                 "day": [0.0, float(r["t_max"])]} for _, r in df.iterrows()]
+                 "day": [0.0, float(r["t_max"])],
+                 "coords": "latlon" if c == "latlon" else "xy"}
+                for (_, r), c in zip(df.iterrows(), coords, strict=True)]
 
     def region(self, region_id: str) -> dict[str, Any]:
         """One region with its points (coordinates, visit duration, time window, score)."""
         if region_id not in self.catalog:
             raise PlanError(404, "region", f"region: unknown region {region_id[:64]!r}")
         r = self.catalog.region(region_id)
-        points = [{"node": i, "x": float(r.x[i]), "y": float(r.y[i]),
-                   "duration": float(r.duration[i]), "opening": float(r.opening[i]),
-                   "closing": float(r.closing[i]), "score": float(r.score[i])}
-                  for i in range(1, r.n_nodes - 1)]
-        return {"region": r.id, "group": r.group, "points": points,
-                "start": {"x": r.start_xy[0], "y": r.start_xy[1]}, "t_start": r.t_start,
-                "t_end": r.t_end, "day": [0.0, r.t_max],
+        points = []
+        for i in range(1, r.n_nodes - 1):
+            p = {"node": i, "name": node_name(r, i), "x": float(r.x[i]), "y": float(r.y[i]),
+                 "duration": float(r.duration[i]), "opening": float(r.opening[i]),
+                 "closing": float(r.closing[i]), "score": float(r.score[i]),
+                 "opening_clock": format_time(float(r.opening[i])),
+                 "closing_clock": format_time(float(r.closing[i]))}
+            points.append({**p, **_latlon_dict(node_latlon(r, i))})
+        start = {"x": r.start_xy[0], "y": r.start_xy[1], "name": node_name(r, 0),
+                 **_latlon_dict(node_latlon(r, 0))}
+        return {"region": r.id, "group": r.group, "coords": coords_of(r),
+                "named": getattr(r, "names", None) is not None, "points": points,
+                "start": start, "t_start": r.t_start, "t_end": r.t_end,
+                "t_start_clock": format_time(r.t_start), "t_end_clock": format_time(r.t_end),
+                "day": [0.0, r.t_max], "day_clock": [format_time(0.0), format_time(r.t_max)],
                 "preferences": {k: v[0] for k, v in PREFERENCES.items()}}
 
     # -- planning
@@ -97,24 +132,41 @@ class Planner:
             raise PlanError(500, None, "the solver produced an invalid route: "
                             + "; ".join(check.problems))
         solve_ms = (time.perf_counter() - t0) * 1e3
-        full = tourists.scores[0]
-        stops = []
-        for pos, node in enumerate(route):
-            kind = "start" if pos == 0 else "end" if pos == len(route) - 1 else "visit"
-            x, y = (req.start_xy if kind != "visit"
-                    else (float(req.region.x[node]), float(req.region.y[node])))
-            stops.append({"stop": pos, "node": int(node), "kind": kind, "x": x, "y": y,
-                          "arrival": check.arrival[pos], "start": check.start[pos],
-                          "leave": check.leave[pos], "score": float(full[node])})
+        stops = self._stops(req, route, check, tourists.scores[0])
+        start = {"x": req.start_xy[0], "y": req.start_xy[1],
+                 **_latlon_dict(req.start_latlon)}
         return {
-            "region": req.region.id, "method": req.method,
+            "region": req.region.id, "coords": coords_of(req.region), "method": req.method,
             "beams": req.beams if req.method in BEAM_METHODS else None,
             "preference": req.preference, "model_version": loaded.version,
-            "start": {"x": req.start_xy[0], "y": req.start_xy[1]},
-            "t_start": req.t_start, "t_end": req.t_end, "clock": req.clock,
+            "start": start, "t_start": req.t_start, "t_end": req.t_end, "clock": req.clock,
+            "t_start_clock": format_time(req.t_start), "t_end_clock": format_time(req.t_end),
             "score": check.score, "visits": len(route) - 2, "route": stops,
-            "solve_ms": round(solve_ms, 3),
+            "legs": _legs(stops), "solve_ms": round(solve_ms, 3),
         }
+
+    @staticmethod
+    def _stops(req: PlanRequest, route: list[int], check: Any, scores: Any) -> list[dict]:
+        """The route's stops with the validator's schedule, names, clock times, lat/lon."""
+        region, last = req.region, len(route) - 1
+        default_start = req.start_xy == region.start_xy
+        stops = []
+        for pos, node in enumerate(route):
+            kind = "start" if pos == 0 else "end" if pos == last else "visit"
+            if kind == "visit":
+                x, y = float(region.x[node]), float(region.y[node])
+                name, latlon = node_name(region, node), node_latlon(region, node)
+            else:
+                (x, y), latlon = req.start_xy, req.start_latlon
+                name = node_name(region, node, default_start)
+            times = {"arrival": check.arrival[pos], "start": check.start[pos],
+                     "leave": check.leave[pos]}
+            stops.append({"stop": pos, "node": int(node), "kind": kind, "name": name,
+                          "x": x, "y": y, **_latlon_dict(latlon), **times,
+                          **{f"{k}_clock": format_time(v) for k, v in times.items()},
+                          "wait": round(times["start"] - times["arrival"], 2),
+                          "score": float(scores[node])})
+        return stops
 
     def _route(self, model: Any, req: PlanRequest) -> list[int]:
         from optw.decode import solve
@@ -130,3 +182,21 @@ class Planner:
             kwargs["beams"] = req.beams
         solutions = solve(model, req.region, tourists, **kwargs)
         return [int(v) for v in solutions[0].route]
+
+
+def _latlon_dict(latlon: tuple[float, float] | None) -> dict[str, float]:
+    return {} if latlon is None else {"lat": latlon[0], "lon": latlon[1]}
+
+
+def _legs(stops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The travel between consecutive stops: leave one, arrive at the next (the validator's
+    schedule, so ``travel`` is the region's travel time for this start)."""
+    legs = []
+    for a, b in zip(stops, stops[1:], strict=False):
+        legs.append({"leg": a["stop"], "from": a["stop"], "to": b["stop"],
+                     "from_node": a["node"], "to_node": b["node"],
+                     "from_name": a["name"], "to_name": b["name"],
+                     "depart": a["leave"], "arrive": b["arrival"],
+                     "travel": round(b["arrival"] - a["leave"], 2),
+                     "depart_clock": a["leave_clock"], "arrive_clock": b["arrival_clock"]})
+    return legs

@@ -5,6 +5,10 @@ A request (a JSON object, see ``docs/planner.md``)::
     {"region": "t101", "start": {"x": 43, "y": 78}, "t_start": "09:00", "t_end": "18:00",
      "preference": "balanced", "method": "beam", "beams": 16}
 
+A region with lat/lon coordinates (``region.coords == "latlon"``, a custom region) takes its
+start as ``{"lat": .., "lon": ..}`` instead; it is converted to the region's x/y here
+(:func:`latlon_start`) before the tourist reader sees it.
+
 The planner's own parts are the region, ``"HH:MM"`` times, preference profiles, the method and
 the beam width; the tourist itself (start, times, scores) is read by
 :func:`optw.catalog.read_tourist`, like ``optw solve`` files and the MLflow pyfunc. Errors are
@@ -52,6 +56,50 @@ def _invalid(exc: TouristError) -> PlanError:
     return PlanError(422, exc.field, exc.message)
 
 
+def coords_of(region: Region) -> str:
+    """``"latlon"`` for a region with lat/lon coordinates, else ``"xy"`` (benchmarks)."""
+    return "latlon" if getattr(region, "coords", "xy") == "latlon" else "xy"
+
+
+# ----------------------------------------------------------------------------- lat/lon
+
+
+#: Accepted latitudes and longitudes (degrees).
+LAT_RANGE, LON_RANGE = (-90.0, 90.0), (-180.0, 180.0)
+
+
+def _degrees(value: Any, name: str, bounds: tuple[float, float]) -> float:
+    try:
+        v = finite_number(value, name)
+    except TouristError as exc:
+        raise _invalid(exc) from None
+    if not bounds[0] <= v <= bounds[1]:
+        raise PlanError(422, name, f"{name}: {v:g} is outside [{bounds[0]:g}, {bounds[1]:g}] "
+                        "degrees")
+    return v
+
+
+def latlon_start(value: Any, region: Region) -> tuple[float, float] | None:
+    """The ``(lat, lon)`` of a request's ``start`` for a lat/lon region (``None`` when absent);
+    :class:`PlanError` 422 naming ``start``, ``start.lat`` or ``start.lon`` otherwise."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or set(value) != {"lat", "lon"}:
+        got = (f"keys {sorted(map(str, value))}" if isinstance(value, Mapping)
+               else describe(value))
+        raise PlanError(422, "start", f"start: region {region.id} has lat/lon coordinates; "
+                        f"expected {{\"lat\": degrees, \"lon\": degrees}}, got {got}")
+    return (_degrees(value["lat"], "start.lat", LAT_RANGE),
+            _degrees(value["lon"], "start.lon", LON_RANGE))
+
+
+def _xy_start(value: Any, region: Region) -> None:
+    """A lat/lon start given to an x/y region: :class:`PlanError` 422 naming ``start``."""
+    if isinstance(value, Mapping) and {"lat", "lon"} & set(value):
+        raise PlanError(422, "start", f"start: region {region.id} has x/y coordinates, not "
+                        "lat/lon; expected {\"x\": number, \"y\": number} or [x, y]")
+
+
 # ----------------------------------------------------------------------------- times
 
 
@@ -92,6 +140,7 @@ class PlanRequest:
     method: str
     beams: int
     clock: bool  # times were given as "HH:MM"
+    start_latlon: tuple[float, float] | None = None  # lat/lon regions: the start in degrees
 
     def tourists(self, scores: np.ndarray | None = None) -> Tourists:
         """The request as a one-tourist batch (``scores`` per point; default the request's)."""
@@ -162,6 +211,14 @@ def parse_request(data: Mapping[str, Any], catalog: Catalog) -> PlanRequest:
         raise PlanError(422, "scores", "scores: give either scores or preference, not both")
 
     fields = {k: data[k] for k in TOURIST_KEYS if k in data}
+    latlon = None
+    if coords_of(region) == "latlon":
+        latlon = latlon_start(fields.get("start"), region)
+        if latlon is not None:
+            x, y = region.to_xy(*latlon)
+            fields["start"] = {"x": float(x), "y": float(y)}
+    else:
+        _xy_start(fields.get("start"), region)
     clock = False
     for key in ("t_start", "t_end"):
         if isinstance(fields.get(key), str):
@@ -176,7 +233,13 @@ def parse_request(data: Mapping[str, Any], catalog: Catalog) -> PlanRequest:
     try:
         tourist = read_tourist(fields, region, defaults=True)
     except TouristError as exc:
+        if latlon is not None and exc.field in ("start.x", "start.y"):
+            name = "start.lon" if exc.field == "start.x" else "start.lat"
+            raise PlanError(422, name, f"{name}: ({latlon[0]:g}, {latlon[1]:g}) is too far "
+                            f"from region {region.id} ({exc.message})") from None
         raise _invalid(exc) from None
+    if latlon is None and coords_of(region) == "latlon":
+        latlon = _latlon_of(region, tourist.start_xy)
     for name, v in (("t_start", tourist.t_start), ("t_end", tourist.t_end)):
         _check_day(name, v, region)
 
@@ -191,7 +254,16 @@ def parse_request(data: Mapping[str, Any], catalog: Catalog) -> PlanRequest:
         scores = preference_scores(region, preference)
     return PlanRequest(region=region, start_xy=tourist.start_xy, t_start=tourist.t_start,
                        t_end=tourist.t_end, scores=scores, preference=preference, method=method,
-                       beams=beams, clock=clock)
+                       beams=beams, clock=clock, start_latlon=latlon)
+
+
+def _latlon_of(region: Region, xy: tuple[float, float]) -> tuple[float, float]:
+    """``(lat, lon)`` of a start given in x/y (the region's own default start: its node 0)."""
+    lat, lon = getattr(region, "lat", None), getattr(region, "lon", None)
+    if lat is not None and lon is not None and xy == region.start_xy:
+        return float(lat[0]), float(lon[0])
+    la, lo = region.to_latlon(*xy)
+    return float(la), float(lo)
 
 
 def reachable(req: PlanRequest) -> np.ndarray:

@@ -56,7 +56,9 @@ class TrainConfig:
     beta: float = 0.01  # entropy bonus
     max_grad_norm: float = 1.0
     seed: int = 2925
-    score_kind: str | None = None  # None: the group's default (uniform / correlated)
+    #: None: the region's default (uniform / correlated for the benchmark groups,
+    #: around_default, scores drawn around each POI's own default score, for custom ones)
+    score_kind: str | None = None
     val_every: int = 1_000  # epochs between greedy validations (0: only at the end)
     val_tourists: int = 64  # how many of the region's validation tourists to use
     checkpoint_every: int = 10_000  # epochs between checkpoints (0: only at the end)
@@ -98,8 +100,10 @@ class TrainConfig:
         need(self.recipe in RECIPES, "recipe", f"must be one of {sorted(RECIPES)}")
         need(self.max_minutes is None or (number(self.max_minutes) and self.max_minutes > 0),
              "max_minutes", "must be a finite number > 0 or unset")
-        need(self.score_kind in (None, "uniform", "correlated"), "score_kind",
-             "must be uniform, correlated or unset")
+        from optw.catalog.generator import SCORE_KINDS
+
+        need(self.score_kind is None or self.score_kind in SCORE_KINDS, "score_kind",
+             f"must be one of {list(SCORE_KINDS)} or unset")
         need(isinstance(self.device, str) and (self.device in ("auto", "cpu", "cuda") or (
             self.device.startswith("cuda:") and self.device[5:].isdigit())), "device",
              "must be auto, cpu, cuda or cuda:N")

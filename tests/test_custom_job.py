@@ -1,0 +1,214 @@
+"""Acceptance of issue 14 §1: custom regions go the whole way through the platform.
+
+Two custom regions are added to a private copy of the tiny catalog with the catalog's own
+``add_region``: ``towncsv`` from ``tests/fixtures/custom/town.csv`` (group ``custom``) and
+``towngeo`` from ``town.geojson`` (a custom group of its own, ``towns``). The job then runs as a
+user would start it (``optw job run --groups custom,towns --catalog ...``: the command line's
+profile, checked against THAT catalog) on a real local Ray and a temporary MLflow sqlite store:
+ILS baseline, a few epochs of training per region, evaluation, registry, report. Then the
+planner (Ray Serve on the same Ray) serves the registered champions over HTTP, and a lat/lon
+start with "HH:MM" times gets a named itinerary that passes the route validator. Last, mode
+``transfer-to`` fine-tunes a global model of the Solomon group (the tiny r199) onto the
+GeoJSON town.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import copy_catalog
+from test_serve import _get, _post
+from test_serve_latlon import check_legs, validate
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+FIXTURES = Path(__file__).parent / "fixtures" / "custom"
+CUSTOM = {"towncsv": ("town.csv", "custom"), "towngeo": ("town.geojson", "towns")}
+TINY_TRAIN = {"epochs": 4, "batch_size": 4, "val_every": 2, "val_tourists": 4,
+              "checkpoint_every": 0, "threads": 1}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("custom-job")
+
+
+@pytest.fixture(scope="module")
+def custom_catalog(root, tiny_catalog):
+    """The tiny catalog plus the two towns (copies of the fixture files, as a user adds them)."""
+    from optw.catalog import Catalog, add_region
+
+    copy_catalog(tiny_catalog, root / "catalog")
+    for rid, (name, group) in CUSTOM.items():
+        src = root / name
+        shutil.copy(FIXTURES / name, src)
+        add_region(rid, src, catalog=root / "catalog", group=group)
+    return Catalog(root / "catalog")
+
+
+@pytest.fixture(scope="module")
+def store(root) -> str:
+    return f"sqlite:///{root / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(store):
+    """A local Ray for the job and the planner; the tracking store is in the environment
+    before Ray starts, so the planner's replicas read the same registry."""
+    ray = pytest.importorskip("ray")
+    from optw.distributed.ray_train import configure_ray_env
+    from optw.tracking import get_client
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MLFLOW_TRACKING_URI", store)
+    get_client(store)
+    configure_ray_env()
+    ray.init(address="local", num_cpus=2, include_dashboard=True, configure_logging=False,
+             object_store_memory=200 * 1024**2)
+    yield ray
+    ray.shutdown()
+    mp.undo()
+
+
+def _profile(catalog, name: str, argv_mode: str = "scratch", **job):
+    """The job's profile as ``optw job run`` builds it: a tiny profile file plus the command
+    line's overrides, its groups checked against ``--catalog``."""
+    from optw.distributed.cli import profile_from_args
+
+    path = Path(catalog.path).parent / f"{name}.toml"
+    train = "\n".join(f"{k} = {v}" for k, v in TINY_TRAIN.items())
+    path.write_text(f"[job]\nname = '{name}'\n[train]\n{train}\n[finetune]\nepochs = 2\n"
+                    "[evaluate]\nbeams = 2\nvalidation_tourists = 4\nbeam_sweep = [1, 2]\n"
+                    "[resources]\ncpus_per_region = 1\nregions_per_worker = 1\n")
+    args = argparse.Namespace(profile=str(path), groups=job.get("groups"),
+                              regions=job.get("regions"), from_groups=job.get("from_groups"),
+                              mode=argv_mode, name=None, catalog=str(catalog.path))
+    return profile_from_args(args)
+
+
+@pytest.fixture(scope="module")
+def job(ray_cluster, custom_catalog, store, root):
+    """``optw job run --groups custom,towns`` (scratch) on the custom catalog."""
+    from optw.distributed.job import run_job
+
+    profile = _profile(custom_catalog, "towns", groups="custom,towns")
+    return run_job(profile, catalog_dir=custom_catalog.path, tracking_uri=store,
+                   storage=root / "ray_train", out_dir=root / "out", progress=False)
+
+
+def test_unknown_custom_group_is_refused_naming_it(custom_catalog, tiny_catalog):
+    """A group the job's catalog does not have fails before anything runs, naming the group
+    (in the profile when the default catalog lacks it too, else against the job's catalog);
+    ``custom`` on a catalog without custom regions says how to add one."""
+    from optw.distributed.plan import UnknownGroupError, select_regions
+    from optw.train.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"job\.groups.*'villages'"):
+        _profile(custom_catalog, "bad", groups="custom,villages")
+    assert select_regions(custom_catalog, ["towns"], []) == ["towngeo"]
+    assert select_regions(custom_catalog, ["custom", "solomon"], []) == ["r199", "towncsv"]
+    with pytest.raises(UnknownGroupError, match=r"\['custom'\].*optw catalog add"):
+        select_regions(tiny_catalog, ["custom"], [])
+    with pytest.raises(UnknownGroupError, match=r"\['villages'\]"):
+        select_regions(custom_catalog, ["villages"], [])
+
+
+def test_custom_regions_train_evaluate_register_and_report(job, custom_catalog, store):
+    """The job trains both towns (ILS baseline first), evaluates them against ILS, registers a
+    champion for each with the town's data bundled, and writes its tables and report with
+    the custom groups ("custom", "towns") as groups of their own."""
+    from optw.tracking import champion
+
+    assert sorted(job.trained) == sorted(CUSTOM) and sorted(job.registered) == sorted(CUSTOM)
+    for rid in CUSTOM:
+        champ = champion(rid, uri=store)
+        assert champ is not None and champ.version == job.registered[rid]
+    df = pd.read_parquet(job.results_path)
+    assert set(df["region"]) == set(CUSTOM) and {"model", "model_greedy"} <= set(df["method"])
+    summary = job.tables["summary"]
+    assert {"custom", "towns"} <= set(summary["group"].astype(str))
+    assert summary["ils"].notna().all() and summary["gap_ils"].notna().all()
+    page = job.report.read_text()
+    assert "towncsv" in page and "towngeo" in page
+    # `optw evaluate` with the best-known reference: custom regions simply have none
+    from optw.baselines import load_ils_results
+    from optw.evaluate import evaluate, load_best_known, validate_results
+    from optw.evaluate.tables import default_reference_path
+
+    if default_reference_path().exists():
+        clean = validate_results(df.drop(columns=["kind"]), custom_catalog, check_routes=False)
+        tables = evaluate(clean, load_ils_results(custom_catalog.path), load_best_known())
+        assert tables["regions"]["best_known"].isna().all()
+        assert tables["regions"]["gap_ils"].notna().all()
+
+
+def test_planner_plans_a_latlon_trip_with_clock_times(job, custom_catalog, store):
+    """The planner serves the job's champions: a lat/lon start near the station and "HH:MM"
+    times get an itinerary of the town's POI names, clock times and travel legs that passes
+    the route validator (for the CSV and the GeoJSON town alike)."""
+    from optw.serve import start_planner, stop_planner
+    from optw.tracking.server import free_port
+
+    url = start_planner(port=free_port(), catalog=custom_catalog.path, tracking_uri=store,
+                        check_interval=30)
+    try:
+        status, regions = _get(f"{url}/regions")
+        assert status == 200, regions
+        for rid in CUSTOM:
+            region = custom_catalog.region(rid)
+            body = {"region": rid, "start": {"lat": 43.8380, "lon": 10.5060},
+                    "t_start": "09:30", "t_end": "17:00", "method": "beam", "beams": 2}
+            status, ans = _post(f"{url}/plan", body)
+            assert status == 200, ans
+            assert ans["coords"] == "latlon"
+            assert int(ans["model_version"]) == job.registered[rid]  # the job's champion
+            assert (ans["t_start_clock"], ans["t_end_clock"]) == ("09:30", "17:00")
+            assert ans["visits"] >= 1
+            validate(region, ans)
+            check_legs(region, ans)
+            for s in ans["route"][1:-1]:
+                assert s["name"] == region.names[s["node"]]
+    finally:
+        stop_planner()
+
+
+def test_transfer_to_fine_tunes_a_benchmark_global_model_onto_a_town(
+        job, custom_catalog, store, root):
+    """``--mode transfer-to --regions towngeo --from-groups solomon``: a global model of the
+    Solomon regions (r199 here) is trained, evaluated as it is on the town (``tl``), then
+    fine-tuned on it from its final checkpoint and registered (``ft_tl``)."""
+    import torch
+
+    from optw.distributed.job import run_job
+
+    profile = _profile(custom_catalog, "to-town", argv_mode="transfer-to", regions="towngeo",
+                       from_groups="solomon")
+    out = root / "transfer"
+    summary = run_job(profile, catalog_dir=custom_catalog.path, tracking_uri=store,
+                      storage=out / "ray_train", out_dir=out, progress=False)
+    assert sorted(summary.trained) == ["source-solomon", "towngeo"]
+    assert list(summary.registered) == ["towngeo"]
+    ft = torch.load(out / "models" / "finetune-towngeo.pt", weights_only=True)
+    assert ft["train"]["config"]["finetune"] is True and ft["train"]["epoch"] == 2
+    assert ft["train"]["config"]["regions"] == ["towngeo"]
+    glob = torch.load(out / "models" / "global-source-solomon.pt", weights_only=True)
+    assert glob["train"]["config"]["regions"] == ["r199"]
+    methods = set(pd.read_parquet(summary.results_path)["method"])
+    assert {"tl", "ft_tl"} <= methods
+
+
+def test_report_groups_custom_models_by_their_group():
+    """The report puts a custom group's global model (``global-custom``) and a transfer-to
+    source model (``source-solomon``) under their groups, not under "other"."""
+    from optw.report.data import group_of
+
+    known = {"towncsv": "custom", "towngeo": "towns", "r199": "solomon"}
+    assert group_of("global-custom", known) == "custom"
+    assert group_of("global-towns", known) == "towns"
+    assert group_of("source-solomon", known) == "solomon"
+    assert group_of("towngeo", known) == "towns" and group_of("global-nope", known) == "other"
