@@ -26,7 +26,7 @@ from test_report import (
     page_target,
     start_chromium,
 )
-from test_serve import Service, _check_answer, _post, _register
+from test_serve import Service, _check_answer, _post, serve_champions
 from test_serve_latlon import CITY_CSV, check_legs, validate
 
 CITY = "lisbonette"
@@ -37,28 +37,12 @@ def service(tmp_path_factory, tiny_catalog) -> Service:
     """The planner on a free loopback port: the tiny catalog plus the city, champions for
     t199 and the city in a temporary sqlite registry."""
     from optw.catalog import Catalog, add_region
-    from optw.serve import start_planner, stop_planner
-    from optw.tracking import get_client
-    from optw.tracking.server import free_port
 
     root = tmp_path_factory.mktemp("planner-page")
     copy_catalog(tiny_catalog, root / "catalog")
     (root / "city.csv").write_text(CITY_CSV, encoding="utf-8")
     add_region(CITY, root / "city.csv", catalog=root / "catalog")
-    catalog = Catalog(root / "catalog")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MLFLOW_TRACKING_URI", uri)
-    get_client(uri)
-    for i, rid in enumerate(("t199", CITY)):
-        _register(catalog.region(rid), root, seed=i, val_score=1.0, uri=uri)
-    try:
-        url = start_planner(port=free_port(), catalog=catalog.path, tracking_uri=uri,
-                            check_interval=30, ray_cpus=2)
-        yield Service(url, uri, catalog, root)
-    finally:
-        stop_planner()
-        mp.undo()
+    yield from serve_champions(Catalog(root / "catalog"), ("t199", CITY), root, 30)
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -195,12 +179,7 @@ def test_planner_page_plans_routes_in_headless_chromium(service, output_dir, tmp
     try:
         with connect(page_target(port), max_size=64 * 1024**2, open_timeout=10) as ws:
             devtools = DevTools(ws)
-            for domain in ("Page", "Runtime", "Log", "Network"):
-                devtools.call(f"{domain}.enable")
-            devtools.call("Emulation.setDeviceMetricsOverride", width=1300, height=820,
-                          deviceScaleFactor=1, mobile=False)
-            devtools.call("Page.navigate", url=f"{service.url}/")
-            devtools.wait_for("Page.loadEventFired", timeout=30)
+            devtools.load(f"{service.url}/", width=1300, height=820)
             _wait(devtools, "window.planner && window.planner.ready", "the first region")
             options = _eval(devtools, "[...document.querySelectorAll('#region option')]"
                                       ".map(o => o.value)")

@@ -257,6 +257,16 @@ class DevTools:
                 return msg.get("result", {})
             self.events.append(msg)
 
+    def load(self, url: str, width: int, height: int) -> None:
+        """Enable the Page, Runtime, Log and Network events, size the viewport, open ``url``
+        and wait for its load event."""
+        for domain in ("Page", "Runtime", "Log", "Network"):
+            self.call(f"{domain}.enable")
+        self.call("Emulation.setDeviceMetricsOverride", width=width, height=height,
+                  deviceScaleFactor=1, mobile=False)
+        self.call("Page.navigate", url=url)
+        self.wait_for("Page.loadEventFired", timeout=30)
+
     def wait_for(self, event: str, timeout: float = 20.0) -> dict[str, Any]:
         for msg in self.events:
             if msg.get("method") == event:
@@ -338,12 +348,7 @@ def test_report_in_headless_chromium(job_store, tmp_path, output_dir):
     try:
         with connect(page_target(port), max_size=64 * 1024**2, open_timeout=10) as ws:
             devtools = DevTools(ws)
-            for domain in ("Page", "Runtime", "Log", "Network"):
-                devtools.call(f"{domain}.enable")
-            devtools.call("Emulation.setDeviceMetricsOverride", width=1400, height=1000,
-                          deviceScaleFactor=1, mobile=False)
-            devtools.call("Page.navigate", url=index.as_uri())
-            devtools.wait_for("Page.loadEventFired", timeout=30)
+            devtools.load(index.as_uri(), width=1400, height=1000)
             state = devtools.call(
                 "Runtime.evaluate", returnByValue=True, awaitPromise=True,
                 expression="Promise.all([...document.images].map(i => i.decode().catch(() => 0)))"

@@ -74,27 +74,33 @@ def _register(region, root: Path, seed: int, val_score: float, uri: str) -> int:
                             region_data=region)
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory, tiny_catalog) -> Service:
-    """The planner on a free loopback port, registry in a temporary sqlite store."""
+def serve_champions(catalog, regions, root: Path, check_interval: float):
+    """The planner on a free loopback port over ``catalog``, with an untrained champion for
+    each of ``regions`` in a sqlite registry under ``root`` (a generator: the body of a
+    fixture; the planner stops when it resumes)."""
     from optw.serve import start_planner, stop_planner
     from optw.tracking import get_client
     from optw.tracking.server import free_port
 
-    root = tmp_path_factory.mktemp("planner")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     mp = pytest.MonkeyPatch()
     mp.setenv("MLFLOW_TRACKING_URI", uri)  # set before Ray starts: workers inherit it too
     get_client(uri)
-    for i, rid in enumerate(SERVED):
-        _register(tiny_catalog.region(rid), root, seed=i, val_score=1.0, uri=uri)
+    for i, rid in enumerate(regions):
+        _register(catalog.region(rid), root, seed=i, val_score=1.0, uri=uri)
     try:
-        url = start_planner(port=free_port(), catalog=tiny_catalog.path, tracking_uri=uri,
-                            check_interval=0.5, ray_cpus=2)
-        yield Service(url, uri, tiny_catalog, root)
+        url = start_planner(port=free_port(), catalog=catalog.path, tracking_uri=uri,
+                            check_interval=check_interval, ray_cpus=2)
+        yield Service(url, uri, catalog, root)
     finally:
         stop_planner()
         mp.undo()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory, tiny_catalog) -> Service:
+    """The planner on a free loopback port, registry in a temporary sqlite store."""
+    yield from serve_champions(tiny_catalog, SERVED, tmp_path_factory.mktemp("planner"), 0.5)
 
 
 def _champion(rid: str, uri: str) -> int:

@@ -52,8 +52,8 @@ def select_regions(catalog: Catalog, groups: list[str], regions: list[str]) -> l
         for rid in regions:
             catalog.region(rid)  # KeyError names an unknown region
         return list(dict.fromkeys(regions))
-    present = sorted(set(catalog.regions_table["group"].astype(str)),
-                     key=lambda g: (g not in GROUPS, GROUPS.index(g) if g in GROUPS else 0, g))
+    with_regions = set(catalog.regions_table["group"].astype(str))
+    present = [g for g in catalog.groups if g in with_regions]  # the catalog's order
     unknown = sorted(set(groups) - set(present))
     if unknown:
         custom = [g for g in present if g not in GROUPS]
