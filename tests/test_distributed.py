@@ -253,6 +253,7 @@ def test_plan_per_mode(catalog):
     assert [u.key for u in s] == sel and all(u.register for u in s)
     g, f = plan("global-ft", catalog, sel)
     assert {u.key for u in g} == {"global-solomon", "global-cordeau", "global-gavalas"}
+    assert all(u.key == f"global-{u.group}" for u in g)  # whose [global.<group>] applies
     assert all(u.init_from == f"global-{catalog.regions_table.at[u.key, 'group']}" for u in f)
     tg, tf = plan("transfer", catalog, ["c101", "c103", "pr01"])
     sol = next(u for u in tg if u.key == "transfer-solomon")

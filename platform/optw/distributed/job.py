@@ -85,8 +85,8 @@ def run_pack(units: list[Unit], ctx: JobContext, inits: dict[str, str | None],
     for unit in units:
         if unit.finetune:
             config = profile.finetune_config(unit.train_regions)
-        elif unit.stage == "global" and unit.key.startswith("global-"):
-            config = profile.global_config(unit.key.removeprefix("global-"), unit.train_regions)
+        elif unit.group is not None:
+            config = profile.global_config(unit.group, unit.train_regions)
         else:
             config = profile.train.replace(regions=unit.train_regions)
         run_id = ctx.job.child(unit.stage, unit.key, config={

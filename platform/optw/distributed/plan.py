@@ -34,6 +34,8 @@ class Unit:
     method: str = "model"  # the name evaluation results carry
     register: bool = False  # a new registry version for key (a region) after evaluation
     init_from: str | None = None  # key of the unit whose final checkpoint starts this one
+    #: mode global-ft: the group of this global model (its ``[global.<group>]`` overrides)
+    group: str | None = None
 
     @property
     def finetune(self) -> bool:
@@ -103,7 +105,7 @@ def plan(mode: str, catalog: Catalog, selected: list[str],
     for r in selected:
         by_group.setdefault(group_of[r], []).append(r)
     if mode == "global-ft":
-        first = [Unit("global", f"global-{g}", rs) for g, rs in by_group.items()]
+        first = [Unit("global", f"global-{g}", rs, group=g) for g, rs in by_group.items()]
         second = [Unit("finetune", r, [r], [r], "global_ft", register=True,
                        init_from=f"global-{group_of[r]}") for r in selected]
         return [first, second]
