@@ -33,6 +33,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_MIN = {"pr01": 15.0, "c101": 30.0, "t101": 60.0}
 RECIPES = ("paper", "fast")
+#: the fast recipe's cosine decays over the time budget (it has no epoch budget here); the
+#: paper recipe keeps its step schedule, as published
+HORIZON = {"fast": {"lr_schedule": "cosine_time"}}
 
 
 class Curve:
@@ -116,7 +119,8 @@ def run(regions: list[str], minutes: dict[str, float], every_s: float, threads: 
         for recipe in RECIPES:
             config = TrainConfig.from_dict({
                 "recipe": recipe, "regions": [rid], "epochs": 500_000, "val_every": 0,
-                "val_tourists": 1, "checkpoint_every": 0, "seed": seed, "threads": threads})
+                "val_tourists": 1, "checkpoint_every": 0, "seed": seed, "threads": threads,
+                **HORIZON.get(recipe, {}), "max_minutes": minutes[rid]})
             curve = Curve(region, tourists, ils[rid], every_s, minutes[rid] * 60,
                           stop_at_parity=stop_at_parity)
             t0 = time.perf_counter()

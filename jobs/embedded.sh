@@ -89,6 +89,9 @@ EOF
 echo
 echo "done in $(( $(date +%s) - start )) s."
 echo "  Ray dashboard:  $address (jobs, actors, metrics; while the head runs: KEEP_RAY=1)"
-echo "  MLflow UI:      .venv/bin/mlflow ui --backend-store-uri sqlite:///$PWD/mlflow.db"
-echo "                  (or: make mlflow-server, then http://127.0.0.1:5000)"
+case "${MLFLOW_TRACKING_URI:-}" in
+  http://*|https://*) echo "  MLflow UI:      $MLFLOW_TRACKING_URI" ;;
+  *) echo "  MLflow UI:      .venv/bin/mlflow ui --backend-store-uri ${MLFLOW_TRACKING_URI:-sqlite:///$PWD/mlflow.db}"
+     echo "                  (or: make mlflow-server, then http://127.0.0.1:5000)" ;;
+esac
 echo "  results:        runs/<job name>/results.parquet and the tables in the parent run"

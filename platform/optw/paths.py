@@ -21,6 +21,7 @@ from every node: ``$OPTW_STORAGE`` puts both under a shared folder or a URI such
 
 from __future__ import annotations
 
+import hashlib
 import os
 import urllib.parse
 from collections.abc import Callable
@@ -141,3 +142,8 @@ def replace_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` atomically (:func:`replace_atomic`)."""
     return replace_atomic(path, lambda tmp: tmp.write_text(text))
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes (catalog manifests, custom regions' sources)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -19,7 +19,6 @@ Every problem raises :class:`CustomRegionError` (a ``ValueError``) naming the fi
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import math
@@ -32,6 +31,7 @@ import numpy as np
 
 from optw.catalog.parse import FILE_PATTERNS
 from optw.catalog.region import CUSTOM_GROUP, GROUPS, Region, round_down
+from optw.paths import file_sha256
 
 #: Region ids and group names: lower-case letter first, then letters, digits, ``_`` or ``-``.
 SAFE_ID = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
@@ -441,9 +441,6 @@ def read_matrix(path: Path, names: list[str], decimals: int = CUSTOM_DECIMALS) -
 # ----------------------------------------------------------------------------- building
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
 
 def build_custom_region(
     region_id: str,
@@ -505,7 +502,7 @@ def build_custom_region(
         y=np.asarray(y, dtype=np.float64), duration=node(rows.duration), opening=opening,
         closing=closing, score=node(rows.score), t_start=t_start, t_end=t_end,
         decimals=CUSTOM_DECIMALS, source_file=source_file or points.name,
-        source_hash=_sha256(points), names=("start", *rows.names[1:], "end"),
+        source_hash=file_sha256(points), names=("start", *rows.names[1:], "end"),
         start_name=rows.names[0], travel=travel, **kw,
     )
     _check_reachable(region, rows, points)

@@ -20,7 +20,6 @@ also drops the region's stored ILS results (``baselines/``), keeping the others 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -53,7 +52,10 @@ from optw.catalog.region import (
     Tourists,
     benchmark_tourist,
 )
-from optw.paths import PROJECT_ROOT  # noqa: F401 - re-exported by optw.catalog
+from optw.paths import (
+    PROJECT_ROOT,  # noqa: F401 - re-exported by optw.catalog
+    file_sha256,
+)
 
 #: Bump whenever the schema or the meaning of a column changes.
 CATALOG_VERSION = 2
@@ -182,10 +184,6 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
     return path
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def build_catalog(
     source: Path | str | None = None,
     out: Path | str | None = None,
@@ -233,7 +231,7 @@ def build_catalog(
             "validation_size": validation_size,
             "regions": len(regions),
             "groups": _group_counts(r.group for r in regions),
-            "files": {name: _sha256(tmp / name) for name in tables},
+            "files": {name: file_sha256(tmp / name) for name in tables},
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "build_seconds": None,
             "custom_regions": specs,
@@ -350,7 +348,7 @@ def _commit(path: Path, old_manifest: dict, tables: dict[str, pa.Table], stale: 
         for name, table in tables.items():
             pq.write_table(table, tmp / name, compression="zstd")
         files = {**old_manifest.get("files", {}),
-                 **{name: _sha256(tmp / name) for name in tables}}
+                 **{name: file_sha256(tmp / name) for name in tables}}
         ils_moves = _restamp_baselines(path, old_manifest.get("files", {}), files, stale, tmp)
         specs = {k: v for k, v in old_manifest.get("custom_regions", {}).items()
                  if k not in stale}
@@ -432,7 +430,7 @@ def add_region(
         travel_times = Path(travel_times)
         files["travel_times.csv"] = travel_times
         spec.update(travel_times_file="travel_times.csv",
-                    travel_times_sha256=_sha256(travel_times),
+                    travel_times_sha256=file_sha256(travel_times),
                     original_travel_times_file=str(travel_times.resolve()))
     seed = int(cat.manifest["validation_seed"])
     new = _tables([region], seed, int(cat.manifest["validation_size"]))

@@ -231,7 +231,7 @@ def train(
         entropy = out.entropy.mean()
         loss = policy_loss - config.beta * entropy
 
-        lr = config.learning_rate(epoch)
+        lr = config.learning_rate(epoch, train_s)
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
@@ -245,12 +245,12 @@ def train(
         inst_rate = 1.0 / max(now - t_last, 1e-9)
         rate = inst_rate if rate is None else 0.9 * rate + 0.1 * inst_rate
         train_s += now - t_last
-        t_last = now
         metrics = {"mean_reward": float(reward.mean()), "loss": float(loss.detach()),
                    "entropy": float(entropy.detach()), "grad_norm": float(grad_norm), "lr": lr,
                    "epochs_per_s": rate}
         for cb in callbacks:
             cb.on_epoch_end(ctx, metrics)
+        t_last = time.perf_counter()  # callbacks (checkpoints, logging) are not training time
         out_of_time = bool(limit_s) and train_s >= limit_s
         last = ctx.epoch == config.epochs or out_of_time
         if (config.val_every and ctx.epoch % config.val_every == 0) or last:

@@ -196,10 +196,12 @@ def train_pack(
         if state is not None:
             optimizer.load_member(i, state["train"]["optimizer"])
 
+    train_s = 0.0  # training time so far (the snapshot's lr under cosine_time)
+
     def snapshot_of(mb: _Member):
         def snapshot() -> dict:
             model = stacked.member(mb.index)
-            lr = mb.config.learning_rate(max(mb.ctx.epoch - 1, 0))
+            lr = mb.config.learning_rate(max(mb.ctx.epoch - 1, 0), train_s)
             return training_snapshot(model, mb.config, mb.ctx,
                                      optimizer.member_state(mb.index, model, lr),
                                      mb.np_rng, mb.gen)
@@ -226,7 +228,7 @@ def train_pack(
         if mb.ctx.epoch >= mb.config.epochs:
             finish(mb)
 
-    rate, t_last, train_s = None, time.perf_counter(), 0.0
+    rate, t_last = None, time.perf_counter()
     while True:
         active = [mb for mb in members if not mb.done]
         if not active:
@@ -268,7 +270,7 @@ def train_pack(
             entropies.append(entropy)
         for w in stacked.weights:
             w.grad = None
-        lrs = [mb.config.learning_rate(mb.ctx.epoch) for mb in members]
+        lrs = [mb.config.learning_rate(mb.ctx.epoch, train_s) for mb in members]
         total = torch.stack(losses).sum()
         if total.requires_grad:
             total.backward()
@@ -283,7 +285,6 @@ def train_pack(
         rate = inst_rate if rate is None else 0.9 * rate + 0.1 * inst_rate
         for mb in active:
             mb.ctx.epoch += 1
-        validated = False
         for mb, reward, loss, entropy in zip(active, rewards, losses, entropies, strict=True):
             ctx, c = mb.ctx, mb.config
             metrics = {"mean_reward": float(reward.mean()), "loss": float(loss.detach()),
@@ -295,7 +296,6 @@ def train_pack(
             if (c.val_every and ctx.epoch % c.val_every == 0) or last:
                 val = validate(stacked.member(mb.index), [mb.region], mb.validation,
                                mb.benchmark)
-                validated = True
                 ctx.last_validation = val
                 if ctx.best_validation is None or val["val_score"] > ctx.best_validation:
                     ctx.best_validation = val["val_score"]
@@ -303,6 +303,6 @@ def train_pack(
                     cb.on_validation(ctx, val)
             if ctx.stop or last:
                 finish(mb)
-        t_last = time.perf_counter() if validated else now
+        t_last = time.perf_counter()  # validation and callbacks are not training time
 
     return [mb.result for mb in members]  # type: ignore[misc]
