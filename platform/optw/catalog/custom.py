@@ -441,7 +441,6 @@ def read_matrix(path: Path, names: list[str], decimals: int = CUSTOM_DECIMALS) -
 # ----------------------------------------------------------------------------- building
 
 
-
 def build_custom_region(
     region_id: str,
     points: Path | str,
