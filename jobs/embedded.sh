@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 export RAY_USAGE_STATS_ENABLED=0
 # Ray >= 2.59 protects local clusters with a token (kept in ~/.ray/auth_token); say so
-# explicitly so that `ray job submit` sends it too.
+# explicitly so that `ray job submit` sends it too. `ray start` needs the token to exist: it is
+# made once (Ray's generator, never printed) and reused afterwards (optw/raylocal.py).
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
 # a Ray Train worker importing torch on a busy 2-core machine may need more than 60 s to start
 export RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="${RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S:-600}"
@@ -20,6 +21,7 @@ export RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="${RAY_TRAIN_ENABLE_PREEMPTION_WATCHE
 address="http://127.0.0.1:8265"
 started=0
 if ! ray status >/dev/null 2>&1; then
+  python -m optw.raylocal
   echo "starting a local Ray head (dashboard $address)"
   ray start --head --dashboard-host 127.0.0.1 --dashboard-port 8265 \
     --num-cpus "$(nproc)" --disable-usage-stats >/dev/null

@@ -199,3 +199,13 @@ def bad_tourists(region, required: bool = True) -> list[tuple[str, dict, str]]:
 def assert_names_field(message: str, field: str) -> None:
     """One line that names ``field`` as ``<field>: ...``."""
     assert "\n" not in message.strip() and f"{field}:" in message, (field, message)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ray_token():
+    """Every local Ray cluster the tests start finds Ray's token, made once when missing, as
+    the project's own entry points do (``optw.raylocal.ensure_token``): no test depends on
+    which test ran first. ``tests/test_fresh_machine.py`` checks the entry points themselves."""
+    from optw.raylocal import ensure_token
+
+    ensure_token(say=None)

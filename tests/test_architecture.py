@@ -13,6 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "optw"
 #: same rank never import each other.
 RANK = {
     "paths": 0,
+    "raylocal": 0,  # Ray's token for local clusters; where Ray keeps its files
     "catalog": 1,
     "env": 2,
     "model": 3,

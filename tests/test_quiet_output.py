@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from conftest import write_tiny_source
+from optw.raylocal import temp_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-#: the log folder jobs/embedded.sh names (Ray's default temp folder)
-RAY_LOGS = Path("/tmp/ray/session_latest/logs")
+#: the log folder jobs/embedded.sh names (Ray's temp folder: $RAY_TMPDIR/ray, else /tmp/ray)
+RAY_LOGS = temp_dir() / "session_latest" / "logs"
 TINY_PROFILE = """
 [job]
 name = "{name}"
@@ -110,7 +111,7 @@ def test_embedded_job_output_is_ours_not_rays(tmp_path):
     assert proc.returncode == 0, out[-4000:]
     # ours: the job's lines, its progress and its summary
     for line in (r"starting a local Ray head",
-                 r"job optw-\S+ submitted; Ray's logs: /tmp/ray/session_latest/logs",
+                 rf"job optw-\S+ submitted; Ray's logs: {re.escape(str(RAY_LOGS))}",
                  r"job quiet-output: mode scratch, 3 regions, 3 models, \d+ at a time",
                  r"stage scratch: 100%",
                  r"job quiet-output: 3 model\(s\) trained, 0 region\(s\) skipped",

@@ -12,11 +12,11 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from conftest import stop_process
+from optw.raylocal import default_token_path, temp_dir
 from test_quiet_output import ROOT, ray_running, stop_ray, tiny_job
 from test_report import DevTools, find_chromium, page_target, start_chromium
 
@@ -24,14 +24,14 @@ DASHBOARD = "http://127.0.0.1:8265"
 #: the gauges RayReport sets in a training worker, as Ray's metrics agent exports them
 GAUGES = {f"ray_optw_{g}" for g in ("epochs_per_s", "mean_reward", "val_score", "val_gap_ils")}
 #: Ray's head lists every node's metrics export address here (Prometheus file discovery)
-SERVICE_DISCOVERY = Path("/tmp/ray/prom_metrics_service_discovery.json")
+SERVICE_DISCOVERY = temp_dir() / "prom_metrics_service_discovery.json"
 TOKEN_COOKIE = "ray-authentication-token"
 
 
 def auth_token() -> str:
     """The local cluster's token (`RAY_AUTH_MODE=token`): ``ray get-auth-token`` prints it;
-    it is kept in ~/.ray/auth_token."""
-    return (Path.home() / ".ray" / "auth_token").read_text().strip()
+    ``jobs/embedded.sh`` keeps it in ~/.ray/auth_token (made there when missing)."""
+    return default_token_path().read_text().strip()
 
 
 def scrape_optw_gauges() -> dict[str, set[tuple[str, str]]]:

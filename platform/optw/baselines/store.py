@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from optw.baselines.ils import ILS_VERSION, MAX_ITER_NO_IMPROVE
 from optw.catalog.store import write_parquet_atomic
+from optw.raylocal import ensure_token
 
 ILS_FILE = "ils.parquet"
 PAPER_ILS_FILE = "ils_paper.parquet"
@@ -301,6 +302,7 @@ def _run_ray(jobs, catalog_dir: str, workers: int, accept, bar) -> None:
 
     started = False
     if not ray.is_initialized():
+        ensure_token()
         ray.init(
             address="local", num_cpus=workers, include_dashboard=False,
             object_store_memory=200 * 1024**2, log_to_driver=True,

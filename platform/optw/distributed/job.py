@@ -25,6 +25,7 @@ from optw.catalog import CATALOG_VERSION, open_catalog
 from optw.distributed import storage as st
 from optw.distributed.plan import Unit, plan, select_regions
 from optw.distributed.profile import JobProfile
+from optw.raylocal import ensure_token
 
 
 @dataclass
@@ -274,6 +275,8 @@ def run_job(
 
     if not ray.is_initialized():
         configure_ray_env()
+        if ray_address in (None, "", "local"):
+            ensure_token()  # a local cluster started with RAY_AUTH_MODE=token needs one
         ray.init(address=ray_address, configure_logging=True, logging_level="WARNING",
                  log_to_driver=True)
     # -- on a cluster of several nodes every node must reach all of it (else: refused here)

@@ -20,6 +20,7 @@ from optw import paths
 from optw.catalog import open_catalog
 from optw.distributed.profile import JobProfile, ResourcesSection, load_profile
 from optw.distributed.ray_train import WorkerSpec, make_trainer
+from optw.raylocal import ensure_token
 from optw.train.config import ConfigError, TrainConfig
 
 METRIC = "val_gap_ils"
@@ -138,6 +139,7 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
     storage.mkdir(parents=True, exist_ok=True)
     if not ray.is_initialized():
         configure_ray_env()
+        ensure_token()
         ray.init(configure_logging=True, logging_level="WARNING")
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     run_ils_baseline(catalog.path, regions=regions, tourists="validation", progress=progress)

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException
 
+from optw.raylocal import ensure_token
 from optw.serve.errors import PlanError
 from optw.serve.models import RegistryModels
 from optw.serve.planner import Planner
@@ -266,6 +267,8 @@ def deploy(settings: ServeSettings, blocking: bool = False,
     names = {"num_replicas": "num_replicas", "num_cpus": "num_cpus", **(names or {})}
     started_here = not ray.is_initialized()
     if started_here:
+        if settings.ray_address == "local":
+            ensure_token()
         ray.init(address=settings.ray_address, include_dashboard=False,
                  num_cpus=settings.ray_cpus, log_to_driver=False, configure_logging=False)
         _started_ray = True

@@ -1,0 +1,126 @@
+"""Ray's token for the local clusters the project starts, and where Ray keeps its files.
+
+Ray (>= 2.59) protects a cluster with a token when ``RAY_AUTH_MODE=token``: ``ray start --head``
+then refuses to start unless a token exists (``RAY_AUTH_TOKEN``, the file named by
+``RAY_AUTH_TOKEN_PATH``, or ``~/.ray/auth_token``), and every client (``ray job submit``, the
+dashboard in a browser) must present it. :func:`ensure_token` makes one with Ray's own generator
+when none exists, keeps it where Ray looks for it (``~/.ray/auth_token``, readable by its owner
+only), reuses one that exists and never prints it. ``python -m optw.raylocal`` does the same
+from the shell (``jobs/embedded.sh`` runs it before ``ray start``).
+
+Every entry point that may start a local cluster calls it first: the embedded job, ``optw job
+run`` and ``optw tune`` without an address, ``optw baseline ils``, ``optw serve``, and the test
+fixtures.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+TOKEN_ENV = "RAY_AUTH_TOKEN"
+TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
+#: How to print the token (Ray's own command), for the messages.
+PRINT_COMMAND = "ray get-auth-token"
+
+
+def default_token_path() -> Path:
+    """Where Ray looks for the token when no variable names one (``~/.ray/auth_token``)."""
+    return Path.home() / ".ray" / "auth_token"
+
+
+def token_source() -> str | None:
+    """Where Ray would read the token from now (a variable's name or a file), None if there
+    is none."""
+    if os.environ.get(TOKEN_ENV, "").strip():
+        return f"${TOKEN_ENV}"
+    named = os.environ.get(TOKEN_PATH_ENV, "").strip()
+    if named:
+        path = Path(named).expanduser()
+        return str(path) if _has_token(path) else None
+    path = default_token_path()
+    return str(path) if _has_token(path) else None
+
+
+def _has_token(path: Path) -> bool:
+    try:
+        return bool(path.read_text().strip())
+    except OSError:
+        return False
+
+
+def _generate() -> str:
+    """A new token from Ray's own generator (a random secret), or from :mod:`secrets` where
+    this Ray has none."""
+    try:
+        from ray._private.authentication.authentication_token_generator import (
+            generate_new_authentication_token,
+        )
+
+        return generate_new_authentication_token()
+    except ImportError:  # pragma: no cover - older or newer Ray layouts
+        import secrets
+
+        return secrets.token_hex(32)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def ensure_token(say: Callable[[str], None] | None = _stderr) -> str | None:
+    """Make sure a local cluster started now finds a token; returns where it is kept (None
+    when ``RAY_AUTH_MODE=disabled`` asks for none).
+
+    A token that exists (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``'s file, or
+    ``~/.ray/auth_token``) is reused, never replaced. Otherwise a new one is written to the file
+    Ray reads (``RAY_AUTH_TOKEN_PATH`` when set, else ``~/.ray/auth_token``), created atomically
+    with mode 0600, and ``say`` is told once where it is and how to print it (the token itself is
+    never shown). Raises ``OSError`` naming the file when it cannot be written.
+    """
+    if os.environ.get(AUTH_MODE_ENV, "").strip().lower() == "disabled":
+        return None
+    found = token_source()
+    if found is not None:
+        return found
+    named = os.environ.get(TOKEN_PATH_ENV, "").strip()
+    path = Path(named).expanduser() if named else default_token_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(_generate())
+        if _has_token(path):  # another process made one meanwhile: keep theirs
+            tmp.unlink()
+            return str(path)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if say is not None:
+        say(f"created the token of local Ray clusters in {path} (`{PRINT_COMMAND}` prints it; "
+            f"the Ray dashboard asks for it once per browser)")
+    return str(path)
+
+
+def temp_dir() -> Path:
+    """Ray's folder of session files and logs: ``$RAY_TMPDIR/ray``, by default ``/tmp/ray``."""
+    return Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray"
+
+
+def main() -> int:
+    """``python -m optw.raylocal``: ensure the token (a line on stderr when one is created)."""
+    try:
+        ensure_token()
+    except OSError as e:
+        print(f"could not write Ray's token: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
