@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from optw.catalog.region import GROUPS, START_BOX, Region, Tourists
-from optw.catalog.store import PAPER_FILE, PAPER_KIND, write_parquet_atomic
+from optw.catalog.tables import PAPER_FILE, PAPER_KIND, read_regions, write_parquet_atomic
 
 PAPER_SEED = 2925
 PAPER_SIZE = 64
@@ -229,14 +229,12 @@ def build_paper_sets(regions: list[Region], device: str | None = "auto",
 
 def _regions(args: argparse.Namespace) -> list[Region]:
     if args.catalog is not None:
-        from optw.catalog.store import read_regions
-
         regions = read_regions(args.catalog)
     else:
         from optw.catalog.parse import discover, parse_file
-        from optw.catalog.store import default_source
+        from optw.paths import benchmarks_dir
 
-        regions = [parse_file(p, g) for g, p in discover(args.source or default_source())]
+        regions = [parse_file(p, g) for g, p in discover(args.source or benchmarks_dir())]
     groups = [g for item in args.groups or [] for g in item.split(",") if g]
     bad = sorted(set(groups) - set(GROUPS))
     if bad:

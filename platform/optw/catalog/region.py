@@ -255,10 +255,7 @@ class Region:
         start_xy = np.asarray(start_xy, dtype=np.float64).reshape(-1, 2)
         xy = self.coordinates()
         if f32:
-            k = np.float32(10**self.decimals)
-            diff = start_xy.astype(np.float32)[:, None, :] - xy.astype(np.float32)[None, :, :]
-            units = np.floor(k * np.sqrt((diff**2).sum(-1, dtype=np.float32)))
-            d = units.astype(np.float64) / 10**self.decimals
+            d = float32_start_rows(start_xy, xy, self.decimals)
         else:
             d = round_down(
                 np.sqrt(((start_xy[:, None, :] - xy[None, :, :]) ** 2).sum(-1)), self.decimals
@@ -417,6 +414,31 @@ class Tourists:
             }
             for i in range(len(self))
         ]
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    """``a`` (float64) rounded to the nearest float32 (ties to even) and held as float64."""
+    return np.asarray(a, dtype=np.float64).astype(np.float32).astype(np.float64)
+
+
+def float32_start_rows(start_xy: np.ndarray, xy: np.ndarray, decimals: int) -> np.ndarray:
+    """Travel times ``[K, n]`` from each start to every node as the paper's generator computes
+    them in float32: ``floor(k·sqrt(dx² + dy²)) / k`` with k = 10^decimals.
+
+    Every operation is done in float64 and rounded to float32 on its own. A float64 result of
+    +, −, × or sqrt on float32 inputs rounded to float32 equals the correctly rounded float32
+    operation (53 ≥ 2·24 + 2 bits), so the rows are the IEEE float32 rows on every machine:
+    no vectorised float32 kernel (whose sqrt may be 1 ulp off, as torch's is on some CPUs),
+    no FMA contraction, no thread count changes them. pr01 tourist 1000, node 37: 139.34.
+    """
+    a = _f32(np.asarray(start_xy, dtype=np.float64).reshape(-1, 2))[:, None, :]
+    b = _f32(np.asarray(xy, dtype=np.float64))[None, :, :]
+    diff = _f32(a - b)
+    sq = _f32(diff * diff)
+    total = _f32(sq[..., 0] + sq[..., 1])
+    k = float(10**decimals)
+    units = np.floor(_f32(k * _f32(np.sqrt(total))))
+    return units / k
 
 
 def benchmark_tourist(region: Region) -> Tourists:
