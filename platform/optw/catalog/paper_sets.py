@@ -34,6 +34,7 @@ and commit ``OUT/paper_tourists.parquet`` as ``platform/optw/catalog/data/paper_
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -79,7 +80,7 @@ def _device(device: str | None) -> str:
 
     if device in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", str(device)):
         raise ValueError(f"--device {device!r}: expected cpu, cuda, cuda:N or auto")
     if device != "cpu" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: CUDA is not available on this machine")

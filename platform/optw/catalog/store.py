@@ -170,6 +170,8 @@ def build_catalog(
     """
     source = Path(source) if source else default_source()
     out = Path(out) if out else default_catalog_dir()
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out} is a file, not a catalog folder")
     t0 = time.perf_counter()
     files = discover(source)
     it: Iterable = files
