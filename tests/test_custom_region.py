@@ -655,6 +655,27 @@ def test_cli_refuses_unbounded_numbers_in_one_line(cat_dir, tmp_path, capsys):
     assert snapshot(cat_dir) == before
 
 
+def test_an_infinite_travel_time_never_makes_a_route_feasible():
+    """Issue 25: a travel time of inf (as 1e308 used to be stored) became INT64_MIN in time
+    units and a route across it passed the validator; now converting it is a ValueError, so
+    no check or solver sees it as a short edge."""
+    import dataclasses
+
+    from optw.catalog import to_time_units
+    from optw.env.validate import check_route
+
+    region = build_custom_region("grid", FIX / "grid.csv", FIX / "grid_matrix.csv")
+    travel = region.travel.copy()
+    travel[2, 1] = np.inf
+    broken = dataclasses.replace(region, travel=travel)  # its own cache, not region's
+    with pytest.raises(ValueError, match="not finite"):
+        check_route(broken, [0, 2, 1, region.n_nodes - 1])
+    for bad in (np.inf, -np.inf, np.nan, 1e13):
+        with pytest.raises(ValueError, match="minutes"):
+            to_time_units([1.0, bad])
+    assert to_time_units([1e12, 0.01]).tolist() == [10**14, 1]
+
+
 def test_worked_example_city(cat_dir):
     """examples/city: the CSV and the GeoJSON hold the same 30-60 places and add cleanly."""
     add_region("city", EXAMPLE / "pois.csv", catalog=cat_dir)

@@ -79,9 +79,22 @@ def haversine_km(lat1, lon1, lat2, lon2) -> np.ndarray:
     return 2.0 * EARTH_RADIUS_KM * np.arcsin(np.sqrt(np.clip(h, 0.0, 1.0)))
 
 
+#: Largest |time| in minutes that :func:`to_time_units` converts (far inside int64).
+MAX_TIME_MINUTES = 1e12
+
+
 def to_time_units(values: npt.ArrayLike) -> npt.NDArray[np.int64]:
-    """Times in minutes -> exact int64 time units (:data:`TIME_UNITS_PER_MINUTE` per minute)."""
-    return np.rint(np.asarray(values, dtype=np.float64) * TIME_UNITS_PER_MINUTE).astype(np.int64)
+    """Times in minutes -> exact int64 time units (:data:`TIME_UNITS_PER_MINUTE` per minute).
+
+    ValueError for a non-finite time or one beyond :data:`MAX_TIME_MINUTES`: cast to int64,
+    ``inf`` became a large negative number and a route across an infinite travel time looked
+    feasible (issue 25)."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size and not (np.abs(arr) <= MAX_TIME_MINUTES).all():  # NaN fails too
+        bad = arr[~(np.abs(arr) <= MAX_TIME_MINUTES)].flat[0]
+        raise ValueError(f"time {bad!r} minutes is not finite or beyond ±{MAX_TIME_MINUTES:g} "
+                         "(a travel time, opening, closing or visit of the region or tourist)")
+    return np.rint(arr * TIME_UNITS_PER_MINUTE).astype(np.int64)
 
 
 def round_down(values: np.ndarray, decimals: int) -> np.ndarray:
@@ -133,7 +146,7 @@ class Region:
     speed_kmh: float | None = None
     origin: tuple[float, float] | None = None
     travel: np.ndarray | None = field(default=None, repr=False)
-    _dist_cache: dict = field(default_factory=dict, repr=False, compare=False)
+    _dist_cache: dict = field(default_factory=dict, repr=False, compare=False, init=False)
 
     def __post_init__(self) -> None:
         # JSON round trips (the MLflow model's bundled region.json) give lists: normalise
