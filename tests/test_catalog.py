@@ -107,6 +107,55 @@ def test_distances_for_a_moved_start(catalog):
     assert d[0, 0, 5] == d[0, 5, -1] == expect
 
 
+def test_many_tourists_distances_warn_and_come_in_chunks(catalog, monkeypatch):
+    """Issue 25: `region.distances` for 10,000 t101 tourists allocates ~830 MB; past
+    DISTANCES_WARN_BYTES it says so (RuntimeWarning naming iter_distances), and
+    `iter_distances` yields the same arrays in bounded chunks."""
+    import warnings
+
+    from optw.catalog import region as region_module
+
+    r = catalog.region("t101")
+    xy = sample_tourists(r, 10, rng=0).start_xy
+    monkeypatch.setattr(region_module, "DISTANCES_WARN_BYTES", 8 * 5 * r.n_nodes**2)
+    with pytest.warns(RuntimeWarning, match="iter_distances"):
+        whole = r.distances(xy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r.distances(xy[:5])  # at the limit: silent
+        parts = list(r.iter_distances(xy, chunk=4))
+    assert [p.stop - p.start for p, _ in parts] == [4, 4, 2]
+    assert np.array_equal(np.concatenate([d for _, d in parts]), whole)
+    assert 8 * 10_000 * r.n_nodes**2 > 800e6  # the issue's case: ~830 MB
+    with pytest.raises(ValueError, match="chunk"):
+        next(r.iter_distances(xy, chunk=0))
+
+
+def test_catalog_build_refuses_a_bogus_device_and_an_out_file(tmp_path, capsys):
+    """Issue 25: `catalog build --device bogus` (was silently ignored) names --device and its
+    values; --device without --paper-sets says it does nothing; `--out FILE` (was a raw
+    `[Errno 17] File exists`) is one line naming --out; the file is untouched."""
+    src = write_tiny_source(tmp_path / "src")
+    afile = tmp_path / "cat.txt"
+    afile.write_text("mine")
+    cases = [
+        (["--device", "bogus", "--paper-sets"], "--device 'bogus': expected one of auto, cpu"),
+        (["--device", "cuda:x", "--paper-sets"], "--device 'cuda:x'"),
+        (["--device", "cpu"], "--device cpu: only --paper-sets"),
+        (["--out", str(afile)], f"--out {afile}: is a file"),
+    ]
+    for args, text in cases:
+        argv = ["catalog", "build", "--source", str(src), "--quiet", *args]
+        if "--out" not in args:
+            argv += ["--out", str(tmp_path / "c")]
+        assert cli(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"optw catalog build: error: {text}") and err.count("\n") == 1
+    assert afile.read_text() == "mine" and not (tmp_path / "c").exists()
+    with pytest.raises(NotADirectoryError, match="not a catalog folder"):
+        build_catalog(src, afile)
+
+
 def test_stored_tourists(catalog):
     """Each region has its benchmark tourist (id 0) and 64 fixed validation tourists (1..64)."""
     r = catalog.region("t101")
@@ -357,3 +406,25 @@ def test_to_time_units_matches_the_formula_it_replaced():
     assert got.dtype == np.int64 and np.array_equal(got, old)
     assert to_time_units(12.34).shape == () and int(to_time_units(12.34)) == 1234
 
+
+
+def test_load_json_names_the_input_for_deep_huge_or_bad_json():
+    """Issue 25: a JSON input nested 100k deep (was a bare `maximum recursion depth
+    exceeded`), a 5000-digit integer or bad JSON give one line starting with the file's
+    name; a tourist nested deep in a field is described without recursing through it."""
+    from optw.catalog.tourist_json import describe, load_json
+
+    where = "tourist file t.json"
+    for text, problem in (("[" * 100_000 + "]" * 100_000, "JSON nested too deeply"),
+                          ("[" + "9" * 5000 + "]", "cannot read the JSON"),
+                          ('{"start": [1, 2}', "not valid JSON"),
+                          (b"\xff\xfe", "not UTF-8")):
+        with pytest.raises(ValueError) as err:
+            load_json(text, where)
+        msg = str(err.value)
+        assert msg.startswith(f"{where}: {problem}") and "\n" not in msg, msg
+    assert load_json('{"a": [1, 2.5]}') == {"a": [1, 2.5]}
+    deep: list = [1]
+    for _ in range(5000):
+        deep = [deep]
+    assert describe(deep).startswith("list [[[")

@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -335,6 +336,23 @@ def _drop_h(rows):
     return [[c for j, c in enumerate(r) if j != 8] for i, r in enumerate(rows) if i != 8]
 
 
+def _grid_edit(row: int, **values):
+    """Points file = grid.csv (x/y minutes) with data row ``row`` (1-based) changed."""
+    def make(tmp: Path) -> dict:
+        rows = list(csv.DictReader((FIX / "grid.csv").open()))
+        rows[row - 1].update(values)
+        return {"points": _write_csv(tmp / "bad.csv", rows)}
+    return make
+
+
+def _geo_text(text: str):
+    """A points file ``bad.geojson`` holding ``text`` as is."""
+    def make(tmp: Path) -> dict:
+        (tmp / "bad.geojson").write_text(text)
+        return {"points": tmp / "bad.geojson"}
+    return make
+
+
 def _ok(**kw):
     return lambda tmp: {"points": FIX / "town.csv", **kw}
 
@@ -381,6 +399,22 @@ BAD = {
     "matrix non-numeric": (_matrix(lambda r: r[:2] + [r[2][:3] + ["x"] + r[2][4:]] + r[3:]), 2,
                            "C", "non-numeric"),
     "matrix missing point": (_matrix(_drop_h), None, None, "'H'"),
+    # issue 25: every number that enters is finite and bounded; deep or huge JSON is named
+    "huge x": (_grid_edit(3, x="1e300"), 3, "x", "outside [-100000, 100000]"),
+    "huge y": (_grid_edit(2, y="-2e5"), 2, "y", "outside"),
+    "huge visit": (_edit(2, visit_minutes="1e9"), 2, "visit_minutes", "longer than 2879"),
+    "huge score": (_edit(3, score="1e308"), 3, "score", "above 1e+09"),
+    "matrix huge": (_matrix(lambda r: r[:2] + [r[2][:3] + ["1e308"] + r[2][4:]] + r[3:]), 2,
+                    "C", "above 100000 minutes"),
+    "matrix overflow": (_matrix(lambda r: r[:2] + [r[2][:3] + ["1e999"] + r[2][4:]] + r[3:]),
+                        2, "C", "non-finite"),
+    "geojson nested 100k deep": (_geo_text("[" * 100_000 + "]" * 100_000), None, None,
+                                 "nested too deeply"),
+    "geojson 5000-digit number": (_geo_text((FIX / "town.geojson").read_text().replace(
+        '"coordinates": [', '"coordinates": [' + "9" * 5000 + ", ", 1)), None, None,
+        "cannot read the JSON"),
+    "geojson nested coordinate": (_geo(lambda d: d["features"][2]["geometry"].update(
+        coordinates=[[[[[[[[1]]]]]]], 1])), 3, "lon", "expected a number"),
     "matrix diagonal": (_matrix(lambda r: r[:1] + [r[1][:1] + ["4"] + r[1][2:]] + r[2:]), 1,
                         "A", "to itself"),
 }
@@ -567,6 +601,79 @@ def test_cli_add_show_remove(cat_dir, capsys):
     assert err.startswith("optw catalog add: error:") and "--replace" in err
     assert cli(["catalog", "remove", "town", "--catalog", str(cat_dir)]) == 0
     assert cli(["catalog", "remove", "t199", "--catalog", str(cat_dir)]) == 2
+
+
+def test_cli_add_prints_what_the_readme_shows_and_show_speaks_lat_lon(cat_dir, capsys):
+    """Issue 25: `catalog add` prints "Added region ..." (as README shows); `catalog show` of
+    a lat/lon region prints the start as lat/lon and the day and tourists' times as clock
+    times, not projected x/y and minutes; `--json` is valid JSON (no Infinity/NaN)."""
+    from optw.catalog.cli import dumps
+
+    assert cli(["catalog", "add", "town", "--points", str(FIX / "town.csv"),
+                "--catalog", str(cat_dir)]) == 0
+    assert capsys.readouterr().out.startswith("Added region town (group custom): 10 points")
+    assert cli(["catalog", "show", "town", "--catalog", str(cat_dir)]) == 0
+    out = capsys.readouterr().out
+    first = _rows()[0]
+    assert f"start_latlon: {float(first['lat']):.6f}, {float(first['lon']):.6f}" in out
+    assert "day: 09:00-18:00" in out and "t_start:" not in out
+    assert re.search(r"validation tourists: 64; start min/median/max \d\d:\d\d", out), out
+    assert cli(["catalog", "show", "town", "--catalog", str(cat_dir), "--json"]) == 0
+
+    def no_constants(name):
+        raise AssertionError(f"{name} is not JSON")
+
+    shown = json.loads(capsys.readouterr().out, parse_constant=no_constants)
+    assert shown["start_latlon"] == [float(first["lat"]), float(first["lon"])]
+    assert shown["day"] == "09:00-18:00"
+    assert dumps({"a": [float("inf"), float("nan"), 1.5]}) == '{"a": [null, null, 1.5]}'
+
+
+def test_cli_refuses_unbounded_numbers_in_one_line(cat_dir, tmp_path, capsys):
+    """Issue 25: x = 1e300 (was an OverflowError traceback), a travel time of 1e308 (was
+    stored as inf and a route across it passed the validator) and a score of 1e308 are
+    refused in one line naming the file, row and field; the catalog is untouched."""
+    before = snapshot(cat_dir)
+    grid = list(csv.DictReader((FIX / "grid.csv").open()))
+    grid[2]["x"] = "1e300"
+    town = _rows()
+    town[2]["score"] = "1e308"
+    matrix = list(csv.reader((FIX / "grid_matrix.csv").open()))
+    matrix[2][3] = "1e308"
+    (tmp_path / "m.csv").write_text("\n".join(",".join(r) for r in matrix) + "\n")
+    cases = [
+        (["--points", str(_write_csv(tmp_path / "x.csv", grid))], "x.csv, row 3", "'x'"),
+        (["--points", str(_write_csv(tmp_path / "s.csv", town))], "s.csv, row 3", "'score'"),
+        (["--points", str(FIX / "grid.csv"), "--travel-times", str(tmp_path / "m.csv")],
+         "m.csv, row 2", "'C'"),
+    ]
+    for args, where, field in cases:
+        assert cli(["catalog", "add", "big", *args, "--catalog", str(cat_dir)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("optw catalog add: error:") and err.count("\n") == 1, err
+        assert where in err and f"field {field}" in err, err
+    assert snapshot(cat_dir) == before
+
+
+def test_an_infinite_travel_time_never_makes_a_route_feasible():
+    """Issue 25: a travel time of inf (as 1e308 used to be stored) became INT64_MIN in time
+    units and a route across it passed the validator; now converting it is a ValueError, so
+    no check or solver sees it as a short edge."""
+    import dataclasses
+
+    from optw.catalog import to_time_units
+    from optw.env.validate import check_route
+
+    region = build_custom_region("grid", FIX / "grid.csv", FIX / "grid_matrix.csv")
+    travel = region.travel.copy()
+    travel[2, 1] = np.inf
+    broken = dataclasses.replace(region, travel=travel)  # its own cache, not region's
+    with pytest.raises(ValueError, match="not finite"):
+        check_route(broken, [0, 2, 1, region.n_nodes - 1])
+    for bad in (np.inf, -np.inf, np.nan, 1e13):
+        with pytest.raises(ValueError, match="minutes"):
+            to_time_units([1.0, bad])
+    assert to_time_units([1e12, 0.01]).tolist() == [10**14, 1]
 
 
 def test_worked_example_city(cat_dir):

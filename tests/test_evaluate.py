@@ -238,6 +238,13 @@ def test_cli_writes_tables(setup, capsys):
     (_csv(["c101,0,bad name,1,0.5"]), "method 'bad name' is not a valid name"),
     (_csv(["c101,0,m,-1,0.5", "c101,1,m,1,nan"]), "row 1 (line 2): score -1"),
     (_csv(GOOD + ["c101,0,m,3,0.5"]), "row 6 (line 7): duplicates row 1 (line 2)"),
+    # issue 25: a score past what the tourist can score (was a 300-digit gap), huge seconds
+    (_csv(GOOD[:1] + ["c101,1,m,1e308,0.5"]), "row 2 (line 3): score 1e+308 is more than "
+     "tourist 1 can score in c101"),
+    (_csv(["c101,0,m,1811,0.5"]), "score 1811 is more than tourist 0 can score in c101 "
+     "(1810, all its points)"),
+    (_csv(["c101,0,m,5,1e300"]), "row 1 (line 2): seconds 1e+300 is not a finite number in "
+     "[0, 1e+07]"),
 ])
 def test_cli_bad_input(setup, capsys, content, expected):
     """Bad results tables fail with exit code 2 and a message naming the problem and row;
@@ -248,6 +255,29 @@ def test_cli_bad_input(setup, capsys, content, expected):
     assert code == 2
     assert expected in err, err
     assert not out.exists()
+
+
+def test_cli_out_file_and_unreadable_json_lines_are_one_line(setup, capsys):
+    """Issue 25: `evaluate --out FILE` (was a raw `[Errno 17] File exists`) is one line
+    naming --out, the file untouched; a JSON-lines results file with a 5000-digit number
+    names the file and line, not Python's digit limit alone."""
+    from optw.cli import main
+
+    catalog, ref, tmp = setup
+    (tmp / "res.csv").write_text(_csv(GOOD))
+    afile = tmp / "tables.csv"
+    afile.write_text("mine")
+    assert main(["evaluate", "--results", str(tmp / "res.csv"), "--out", str(afile),
+                 "--catalog", str(catalog), "--reference", str(ref), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"optw evaluate: error: --out {afile}: is a file") and \
+        err.count("\n") == 1
+    assert afile.read_text() == "mine"
+    code, out = _run(setup, '{"region": "c101", "tourist": 0, "method": "m", "score": '
+                     + "9" * 5000 + ', "seconds": 1}\n', "res.jsonl")
+    err = capsys.readouterr().err
+    assert code == 2 and "res.jsonl line 1 cannot be read as JSON" in err, err
+    assert err.count("\n") == 1 and not out.exists()
 
 
 def test_cli_bad_routes_methods_and_baseline(setup, capsys):

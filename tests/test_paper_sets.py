@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -102,25 +104,80 @@ def test_regions_of_one_shape_share_their_tourists(paper_catalog):
     assert np.array_equal(t, np.round(t))
 
 
+def _scalar_f32_rows(region, start_xy: np.ndarray) -> np.ndarray:
+    """floor(k·sqrt(dx²+dy²))/k of every start and node, one float32 operation at a time in
+    plain Python: each double result is rounded to float32 by ``struct`` (a C float cast,
+    correctly rounded), so no vectorised kernel, FMA or thread count takes part."""
+
+    def f32(v: float) -> float:
+        return struct.unpack("f", struct.pack("f", v))[0]
+
+    k = 10.0**region.decimals
+    out = np.zeros((len(start_xy), region.n_nodes))
+    for i, (sx, sy) in enumerate(start_xy.tolist()):
+        for j, (x, y) in enumerate(zip(region.x.tolist(), region.y.tolist(), strict=True)):
+            dx, dy = f32(f32(sx) - f32(x)), f32(f32(sy) - f32(y))
+            total = f32(f32(dx * dx) + f32(dy * dy))
+            out[i, j] = math.floor(f32(k * f32(math.sqrt(total)))) / k
+    return out
+
+
 def test_start_rows_are_float32(paper_catalog):
-    """Paper tourists' travel times from the start are floor(k·sqrt(dx²+dy²))/k in float32,
-    as the authors compute them; float64 differs in rare entries (pr01 tourist 1000, node 37:
-    139.34 against 139.33), and the environment, the validator and ILS use the float32 rows."""
+    """Paper tourists' travel times from the start are the IEEE float32 value of
+    floor(k·sqrt(dx²+dy²))/k, as the authors compute them, on every machine (issue 25: a
+    vectorised float32 sqrt 1 ulp off on one CPU made pr01 node 37 139.33); float64 differs in
+    rare entries (pr01 tourist 1000, node 37: 139.34 against 139.33), and the environment, the
+    validator and ILS use the float32 rows."""
     from optw.baselines import IlsProblem
     from optw.env import make_instances
 
     region = paper_catalog.region("pr01")
     t = paper_catalog.tourists("pr01", "paper")
-    xy = torch.tensor(np.stack([region.x, region.y], -1), dtype=torch.float32)
-    start = torch.tensor(t.start_xy, dtype=torch.float32)
-    rows = torch.floor(100 * torch.sqrt(((start[:, None] - xy[None]) ** 2).sum(-1))) / 100
     mine = t.distances(region)[:, 0, 1:-1]
-    assert np.allclose(mine, rows[:, 1:-1].double().numpy(), atol=1e-4)
+    assert np.array_equal(mine, _scalar_f32_rows(region, t.start_xy)[:, 1:-1])
     assert mine[0, 36] == pytest.approx(139.34)
     assert region.distances(t.start_xy[:1])[0, 0, 37] == pytest.approx(139.33)
     inst = make_instances(region, t[0])
     assert int(inst.dist_u[0, 0, 37]) == 13934
     assert IlsProblem.from_region(region, t, 0).dist[0, 37] == 13934
+
+
+#: Prints a hash of the paper sets' draws and float32 start rows of three regions.
+_ROWS_HASH = """
+import hashlib, sys, torch
+from optw.catalog import discover, parse_file
+from optw.catalog.paper_sets import generate_paper_set
+torch.set_num_threads(int(sys.argv[1]))
+h = hashlib.sha256()
+for group, path in discover(sys.argv[2]):
+    if path.stem in ("pr01", "t101", "c101"):
+        region = parse_file(path, group)
+        t = generate_paper_set(region, "cpu").tourists
+        for a in (t.start_xy, t.t_start, t.t_end, t.scores, t.distances(region)):
+            h.update(a.tobytes())
+print(torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(), h.hexdigest())
+"""
+
+
+def test_paper_rows_are_the_same_on_every_cpu_path():
+    """The paper sets (torch draws) and their float32 start rows hash the same with torch on
+    one thread and on four, and with ATEN_CPU_CAPABILITY=default (scalar kernels) and avx2 (or
+    the best this CPU has): no SIMD path or thread count changes a travel time (issue 25)."""
+    source = default_source()
+    if not source.is_dir():
+        pytest.skip(f"benchmark files not found at {source}")
+    hashes = {}
+    for cap in ("default", "avx2"):
+        for threads in (1, 4):
+            env = {"PYTHONPATH": str(PROJECT / "platform"), "PATH": "/usr/bin:/bin",
+                   "ATEN_CPU_CAPABILITY": cap}
+            run = subprocess.run([sys.executable, "-c", _ROWS_HASH, str(threads), str(source)],
+                                 capture_output=True, text=True, env=env, timeout=300)
+            assert run.returncode == 0, run.stderr
+            hashes[(cap, threads)] = run.stdout.split()
+    assert hashes[("default", 1)][0] == "DEFAULT"
+    assert {v[1] for v in hashes.values()} == {"1", "4"}
+    assert len({v[2] for v in hashes.values()}) == 1, hashes
 
 
 # ----------------------------------------------------------------------------- storage, flags

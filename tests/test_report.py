@@ -183,6 +183,40 @@ def test_report_replaces_atomically_and_keeps_old_on_failure(job_store, tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
 
 
+def test_report_never_replaces_a_folder_or_file_it_does_not_own(job_store, tmp_path, capsys):
+    """Issue 25 (data loss): `optw report --out DIR` where DIR holds other files, or --out an
+    existing file, is refused in one line naming --out, and nothing is moved or deleted; a
+    previous report (it carries a marker file) and an empty folder are replaced."""
+    from optw.cli import main
+    from optw.report import build, write_report
+
+    uri, parent = job_store
+    args = ["report", "--run", parent, "--tracking-uri", uri, "--out"]
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "data.txt").write_text("keep me")
+    afile = tmp_path / "existing.csv"
+    afile.write_text("a,b\n1,2\n")
+    for out in (folder, afile):
+        capsys.readouterr()
+        assert main([*args, str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"optw report: error: --out {out}:") and err.count("\n") == 1
+    assert (folder / "data.txt").read_text() == "keep me" and [*folder.iterdir()] == [
+        folder / "data.txt"]
+    assert afile.read_text() == "a,b\n1,2\n"
+    with pytest.raises(build.ReportDirError):
+        write_report(parent, folder, uri)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing.csv", "mine"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main([*args, str(empty)]) == 0
+    assert (empty / build.MARKER).is_file() and (empty / "index.html").is_file()
+    (empty / "stale.png").write_text("x")
+    assert main([*args, str(empty)]) == 0  # a previous report: replaced as a whole
+    assert not (empty / "stale.png").exists() and (empty / build.MARKER).is_file()
+
+
 def test_report_of_a_job_that_failed_before_evaluation(tmp_path):
     """A job with training curves but no tables or evaluation rows (failed half-way) still
     gets a report: the curves, and 'no data' notes instead of missing images."""

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 from pathlib import Path
+from typing import Any
+
+#: Values of ``catalog build --device``.
+DEVICES = ("auto", "cpu", "cuda", "cuda:N")
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,8 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also store the paper's own 64 tourists per region (tourist set "
                    "'paper'; Gavalas' exact only from a GPU, see optw.catalog.paper_sets)")
     b.add_argument("--device", default="auto",
-                   help="where Gavalas' paper sets are drawn: auto (CUDA if available), cpu, "
-                   "cuda[:N]")
+                   help="where Gavalas' paper sets are drawn (with --paper-sets): auto (CUDA "
+                   "if available), cpu, cuda or cuda:N")
     b.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     b.set_defaults(func=_build)
 
@@ -78,9 +85,9 @@ def _add(args) -> int:
                "score_kind": region.default_score_kind,
                "validation_tourists": len(cat.validation(region.id)), "catalog": str(cat.path)}
     if args.json:
-        print(json.dumps(summary))
+        print(dumps(summary))
     else:
-        print(f"added region {region.id} (group {region.group}): {region.n_points} points, "
+        print(f"Added region {region.id} (group {region.group}): {region.n_points} points, "
               f"{region.coords} coordinates, travel times "
               f"{'from the matrix' if region.travel is not None else region.metric}"
               f"{f' at {region.speed_kmh:g} km/h' if region.speed_kmh else ''}, day "
@@ -102,9 +109,38 @@ def _clock(minutes: float) -> str:
     return f"{m // 60:02d}:{m % 60:02d}"
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float (and numpy float) replaced by None."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def dumps(obj: Any) -> str:
+    """Valid JSON always: non-finite numbers (never stored by a current catalog, whose inputs
+    are bounded) become ``null`` instead of ``Infinity``/``NaN``."""
+    return json.dumps(_finite(obj), allow_nan=False)
+
+
+def _check_out(out: Path | None, what: str = "catalog folder") -> None:
+    """``--out`` must be a folder or a new path, never an existing file."""
+    if out is not None and out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: is a file, not a {what}; choose a folder")
+
+
 def _build(args) -> int:
     from optw.catalog.store import Catalog, CatalogError, build_catalog, default_catalog_dir
 
+    if not _DEVICE_RE.match(args.device):
+        raise ValueError(f"--device {args.device!r}: expected one of {', '.join(DEVICES)}")
+    if args.device != "auto" and not args.paper_sets:
+        raise ValueError(f"--device {args.device}: only --paper-sets draws on a device; add "
+                         "--paper-sets or leave --device out")
+    _check_out(args.out)
     if args.if_missing:
         try:
             cat = Catalog(args.out)
@@ -167,7 +203,7 @@ def _list(args) -> int:
     rows = _rows(cat, args.group, args.subset)
     if args.json:
         for r in rows:
-            print(json.dumps(r))
+            print(dumps(r))
         return 0
     print(format_table(rows, ["region", "group", "points", "t_start", "t_end", "t_max",
                               "s_max", "score_kind", "subset", "validation_tourists"]))
@@ -205,16 +241,34 @@ def _show(args) -> int:
     if cat.has_paper_sets:
         sets["paper"] = {**summary(cat.tourists(args.region, "paper")),
                          "exact": cat.paper_exact(args.region)}
+    latlon = region.coords == "latlon"
+    if latlon:
+        lat, lon = region.to_latlon(*region.start_xy)
+        row.update(start_latlon=[round(lat, 6), round(lon, 6)],
+                   origin=[round(v, 6) for v in region.origin],
+                   day=f"{_clock(region.t_start)}-{_clock(region.t_end)}")
     if args.json:
-        print(json.dumps({**row, **sets}))
+        print(dumps({**row, **sets}))
         return 0
+    if latlon:  # people's units: lat/lon and clock times, not projected minutes
+        for k in ("start", "t_start", "t_end", "t_max", "t_day"):
+            row.pop(k)
+        row["start_latlon"] = f"{row['start_latlon'][0]:.6f}, {row['start_latlon'][1]:.6f}"
     for k, v in row.items():
         print(f"{k:>20}: {v}")
-    print(f"{'benchmark tourist':>20}: start {region.start_xy}, T {region.t_start:g}-"
-          f"{region.t_end:g}, total score {region.score.sum():g}")
+    if latlon:
+        print(f"{'benchmark tourist':>20}: start {row['start_latlon']} ({region.start_name}), "
+              f"{row['day']}, total score {region.score.sum():g}")
+    else:
+        print(f"{'benchmark tourist':>20}: start {region.start_xy}, T {region.t_start:g}-"
+              f"{region.t_end:g}, total score {region.score.sum():g}")
     for name, s in sets.items():
         flag = "" if s.get("exact", True) else " (CPU approximation, not exact)"
-        print(f"{name + ' tourists':>20}: {s['tourists']}; T_start min/median/max "
-              f"{s['t_start']}; T_end {s['t_end']}; mean point score "
+        if latlon:
+            times = (f"start min/median/max {' '.join(map(_clock, s['t_start']))}; end "
+                     f"{' '.join(map(_clock, s['t_end']))}")
+        else:
+            times = f"T_start min/median/max {s['t_start']}; T_end {s['t_end']}"
+        print(f"{name + ' tourists':>20}: {s['tourists']}; {times}; mean point score "
               f"{s['mean_score']:.2f}{flag}")
     return 0

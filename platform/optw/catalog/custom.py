@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ import numpy as np
 
 from optw.catalog.parse import FILE_PATTERNS
 from optw.catalog.region import CUSTOM_GROUP, GROUPS, Region, round_down
+from optw.catalog.tourist_json import SCORE_LIMIT, describe, load_json
 from optw.paths import file_sha256
 
 #: Region ids and group names: lower-case letter first, then letters, digits, ``_`` or ``-``.
@@ -46,8 +46,16 @@ POINT_FILE_TYPES = {".csv": "csv", ".geojson": "geojson", ".json": "geojson"}
 COLUMNS = ("name", "lat", "lon", "x", "y", "visit_minutes", "opens", "closes", "score")
 ALIASES = {"latitude": "lat", "longitude": "lon", "lng": "lon", "duration": "visit_minutes"}
 RESERVED_NAMES = ("start", "end")
-#: Latest time of day accepted ("47:59": places open past midnight).
+#: Latest time of day accepted ("47:59": places open past midnight); also the longest visit.
 MAX_MINUTES = 48 * 60 - 1
+#: Largest |x| and |y| of planar points, in minutes of travel from the origin (about 69 days).
+MAX_XY = 1e5
+#: Longest travel time of a matrix entry, in minutes (larger values are refused: an entry
+#: that should never be travelled is better left out of a route by its time windows).
+MAX_TRAVEL_MINUTES = 1e5
+# Every number that enters is finite and bounded: coordinates (lat/lon by their ranges, x/y by
+# MAX_XY), times and visits by MAX_MINUTES, scores by SCORE_LIMIT (as in tourist files), travel
+# times by MAX_TRAVEL_MINUTES, speed by MAX_SPEED_KMH.
 _HHMM = re.compile(r"^(\d{1,2}):(\d{2})$")
 
 
@@ -160,10 +168,9 @@ def _csv_records(path: Path, text: str) -> list[_Record]:
 
 def _geojson_records(path: Path, text: str) -> list[_Record]:
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CustomRegionError(path, None, None, f"not valid JSON: {exc.msg} (line {exc.lineno}"
-                                f", column {exc.colno})") from None
+        doc = load_json(text)
+    except ValueError as exc:
+        raise CustomRegionError(path, None, None, str(exc)) from None
     if not isinstance(doc, dict) or doc.get("type") != "FeatureCollection" \
             or not isinstance(doc.get("features"), list):
         raise CustomRegionError(path, None, "type", "expected a GeoJSON FeatureCollection "
@@ -212,7 +219,8 @@ def _blank(v: Any) -> bool:
 def _number(path: Path, row: int, field: str, v: Any, unit: str = "row",
             line: int | None = None) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise CustomRegionError(path, row, field, f"expected a number, got {v!r}", unit, line)
+        raise CustomRegionError(path, row, field, f"expected a number, got {describe(v)}", unit,
+                                line)
     try:
         out = float(v)
     except (ValueError, OverflowError):
@@ -223,11 +231,16 @@ def _number(path: Path, row: int, field: str, v: Any, unit: str = "row",
     return out
 
 
-def _value(rec: _Record, path: Path, field: str) -> float:
+def _value(rec: _Record, path: Path, field: str, limit: float | None = None,
+           what: str = "value") -> float:
+    """The record's number ``field``; with ``limit``: ``|value| <= limit``."""
     v = rec.values.get(field)
     if _blank(v):
         raise _err(rec, path, field, "missing value")
-    return _number(path, rec.row, field, v, rec.unit, rec.line)
+    out = _number(path, rec.row, field, v, rec.unit, rec.line)
+    if limit is not None and abs(out) > limit:
+        raise _err(rec, path, field, f"{what} {out:g} is outside [-{limit:g}, {limit:g}]")
+    return out
 
 
 def _time(rec: _Record, path: Path, field: str) -> float:
@@ -283,7 +296,7 @@ def _place_rows(path: Path) -> PlaceRows:
         name = rec.values.get("name")
         if _blank(name) or not isinstance(name, str):
             raise _err(rec, path, "name", "missing name" if _blank(name) else
-                       f"name must be text, got {name!r}")
+                       f"name must be text, got {describe(name)}")
         name = name.strip()
         if len(name) > 200:
             raise _err(rec, path, "name", "name longer than 200 characters")
@@ -323,8 +336,8 @@ def _place_rows(path: Path) -> PlaceRows:
         else:
             if rec.unit == "feature" and not has_xy:
                 raise _err(rec, path, "geometry", "missing: a Point geometry or x/y properties")
-            a.append(_value(rec, path, "x"))
-            b.append(_value(rec, path, "y"))
+            for axis, out in (("x", a), ("y", b)):
+                out.append(_value(rec, path, axis, MAX_XY, f"{axis} (minutes of travel)"))
         o, c = _time(rec, path, "opens"), _time(rec, path, "closes")
         if i == 0:
             for f in ("visit_minutes", "score"):
@@ -340,8 +353,13 @@ def _place_rows(path: Path) -> PlaceRows:
             d, s = _value(rec, path, "visit_minutes"), _value(rec, path, "score")
             if d < 0:
                 raise _err(rec, path, "visit_minutes", f"negative visit duration {d:g}")
+            if d > MAX_MINUTES:
+                raise _err(rec, path, "visit_minutes", f"visit duration {d:g} is longer than "
+                           f"{MAX_MINUTES} minutes (47:59)")
             if s < 0:
                 raise _err(rec, path, "score", f"negative score {s:g}")
+            if s > SCORE_LIMIT:
+                raise _err(rec, path, "score", f"score {s:g} is above {SCORE_LIMIT:g}")
             if c < o:
                 raise _err(rec, path, "closes", f"closing time {_clock(c)} is before opening "
                            f"time {_clock(o)}")
@@ -422,6 +440,9 @@ def read_matrix(path: Path, names: list[str], decimals: int = CUSTOM_DECIMALS) -
             t = _number(path, r, lab, v, line=no)
             if t < 0:
                 raise CustomRegionError(path, r, lab, f"negative travel time {t:g}", line=no)
+            if t > MAX_TRAVEL_MINUTES:
+                raise CustomRegionError(path, r, lab, f"travel time {t:g} is above "
+                                        f"{MAX_TRAVEL_MINUTES:g} minutes", line=no)
             if i == j and t != 0:
                 raise CustomRegionError(path, r, lab, f"travel time from {names[i]!r} to itself "
                                         f"is {t:g}, not 0", line=no)

@@ -34,6 +34,7 @@ and commit ``OUT/paper_tourists.parquet`` as ``platform/optw/catalog/data/paper_
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from optw.catalog.region import GROUPS, START_BOX, Region, Tourists
-from optw.catalog.store import PAPER_FILE, PAPER_KIND, write_parquet_atomic
+from optw.catalog.tables import PAPER_FILE, PAPER_KIND, read_regions, write_parquet_atomic
 
 PAPER_SEED = 2925
 PAPER_SIZE = 64
@@ -79,7 +80,7 @@ def _device(device: str | None) -> str:
 
     if device in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", str(device)):
         raise ValueError(f"--device {device!r}: expected cpu, cuda, cuda:N or auto")
     if device != "cpu" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: CUDA is not available on this machine")
@@ -229,14 +230,12 @@ def build_paper_sets(regions: list[Region], device: str | None = "auto",
 
 def _regions(args: argparse.Namespace) -> list[Region]:
     if args.catalog is not None:
-        from optw.catalog.store import read_regions
-
         regions = read_regions(args.catalog)
     else:
         from optw.catalog.parse import discover, parse_file
-        from optw.catalog.store import default_source
+        from optw.paths import benchmarks_dir
 
-        regions = [parse_file(p, g) for g, p in discover(args.source or default_source())]
+        regions = [parse_file(p, g) for g, p in discover(args.source or benchmarks_dir())]
     groups = [g for item in args.groups or [] for g in item.split(",") if g]
     bad = sorted(set(groups) - set(GROUPS))
     if bad:

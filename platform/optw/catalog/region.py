@@ -21,6 +21,7 @@ A region with a travel-time matrix (``travel``) takes point-to-point times from 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,6 +51,8 @@ START_BOX = {"solomon": (0.0, 100.0), "cordeau": (-100.0, 100.0), "gavalas": (0.
 TIME_UNITS_PER_MINUTE = 100
 
 _EPS = 1e-7  # guards floor() against sqrt results a hair below an exact decimal
+#: :meth:`Region.distances` warns when its result would take more than this (512 MiB).
+DISTANCES_WARN_BYTES = 512 * 2**20
 
 #: Custom regions' times are minutes since midnight: their day is at least this long.
 MINUTES_PER_DAY = 1440.0
@@ -76,9 +79,22 @@ def haversine_km(lat1, lon1, lat2, lon2) -> np.ndarray:
     return 2.0 * EARTH_RADIUS_KM * np.arcsin(np.sqrt(np.clip(h, 0.0, 1.0)))
 
 
+#: Largest |time| in minutes that :func:`to_time_units` converts (far inside int64).
+MAX_TIME_MINUTES = 1e12
+
+
 def to_time_units(values: npt.ArrayLike) -> npt.NDArray[np.int64]:
-    """Times in minutes -> exact int64 time units (:data:`TIME_UNITS_PER_MINUTE` per minute)."""
-    return np.rint(np.asarray(values, dtype=np.float64) * TIME_UNITS_PER_MINUTE).astype(np.int64)
+    """Times in minutes -> exact int64 time units (:data:`TIME_UNITS_PER_MINUTE` per minute).
+
+    ValueError for a non-finite time or one beyond :data:`MAX_TIME_MINUTES`: cast to int64,
+    ``inf`` became a large negative number and a route across an infinite travel time looked
+    feasible (issue 25)."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size and not (np.abs(arr) <= MAX_TIME_MINUTES).all():  # NaN fails too
+        bad = arr[~(np.abs(arr) <= MAX_TIME_MINUTES)].flat[0]
+        raise ValueError(f"time {bad!r} minutes is not finite or beyond ±{MAX_TIME_MINUTES:g} "
+                         "(a travel time, opening, closing or visit of the region or tourist)")
+    return np.rint(arr * TIME_UNITS_PER_MINUTE).astype(np.int64)
 
 
 def round_down(values: np.ndarray, decimals: int) -> np.ndarray:
@@ -130,7 +146,7 @@ class Region:
     speed_kmh: float | None = None
     origin: tuple[float, float] | None = None
     travel: np.ndarray | None = field(default=None, repr=False)
-    _dist_cache: dict = field(default_factory=dict, repr=False, compare=False)
+    _dist_cache: dict = field(default_factory=dict, repr=False, compare=False, init=False)
 
     def __post_init__(self) -> None:
         # JSON round trips (the MLflow model's bundled region.json) give lists: normalise
@@ -244,7 +260,18 @@ class Region:
 
         Custom regions with a great-circle metric or a travel matrix take
         :meth:`_custom_distances` (``f32`` does not apply to them).
+
+        Memory: the result is float64, ``8·K·n²`` bytes: 10,000 tourists of t101 (n = 102)
+        take about 830 MB. Above :data:`DISTANCES_WARN_BYTES` a ``RuntimeWarning`` says so;
+        :meth:`iter_distances` yields the same arrays in chunks of tourists instead.
         """
+        if start_xy is not None:
+            k = int(np.asarray(start_xy).size // 2)
+            size = 8 * k * self.n_nodes**2
+            if size > DISTANCES_WARN_BYTES:
+                warnings.warn(f"region {self.id}: travel times of {k} tourists take "
+                              f"{size / 2**20:.0f} MiB (8·K·n² bytes); Region.iter_distances "
+                              "gives them in chunks", RuntimeWarning, stacklevel=2)
         if self.metric != "euclidean" or self.travel is not None:
             return self._custom_distances(start_xy)
         if "base" not in self._dist_cache:
@@ -255,10 +282,7 @@ class Region:
         start_xy = np.asarray(start_xy, dtype=np.float64).reshape(-1, 2)
         xy = self.coordinates()
         if f32:
-            k = np.float32(10**self.decimals)
-            diff = start_xy.astype(np.float32)[:, None, :] - xy.astype(np.float32)[None, :, :]
-            units = np.floor(k * np.sqrt((diff**2).sum(-1, dtype=np.float32)))
-            d = units.astype(np.float64) / 10**self.decimals
+            d = float32_start_rows(start_xy, xy, self.decimals)
         else:
             d = round_down(
                 np.sqrt(((start_xy[:, None, :] - xy[None, :, :]) ** 2).sum(-1)), self.decimals
@@ -271,6 +295,16 @@ class Region:
         out[:, :, 0] = d
         out[:, :, -1] = d
         return out
+
+    def iter_distances(self, start_xy: np.ndarray, chunk: int = 1024, f32: bool = False):
+        """:meth:`distances` of ``start_xy[K, 2]`` in chunks: yields ``(slice, [k, n, n])``
+        with ``k <= chunk`` tourists each, so memory stays ``8·chunk·n²`` bytes."""
+        if chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {chunk}")
+        start_xy = np.asarray(start_xy, dtype=np.float64).reshape(-1, 2)
+        for lo in range(0, len(start_xy), chunk):
+            part = slice(lo, min(lo + chunk, len(start_xy)))
+            yield part, self.distances(start_xy[part], f32)
 
     def _raw_minutes(self, lat1, lon1, lat2, lon2, xy1, xy2) -> np.ndarray:
         """Unrounded travel minutes by the region's metric (broadcasting)."""
@@ -417,6 +451,31 @@ class Tourists:
             }
             for i in range(len(self))
         ]
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    """``a`` (float64) rounded to the nearest float32 (ties to even) and held as float64."""
+    return np.asarray(a, dtype=np.float64).astype(np.float32).astype(np.float64)
+
+
+def float32_start_rows(start_xy: np.ndarray, xy: np.ndarray, decimals: int) -> np.ndarray:
+    """Travel times ``[K, n]`` from each start to every node as the paper's generator computes
+    them in float32: ``floor(k·sqrt(dx² + dy²)) / k`` with k = 10^decimals.
+
+    Every operation is done in float64 and rounded to float32 on its own. A float64 result of
+    +, −, × or sqrt on float32 inputs rounded to float32 equals the correctly rounded float32
+    operation (53 ≥ 2·24 + 2 bits), so the rows are the IEEE float32 rows on every machine:
+    no vectorised float32 kernel (whose sqrt may be 1 ulp off, as torch's is on some CPUs),
+    no FMA contraction, no thread count changes them. pr01 tourist 1000, node 37: 139.34.
+    """
+    a = _f32(np.asarray(start_xy, dtype=np.float64).reshape(-1, 2))[:, None, :]
+    b = _f32(np.asarray(xy, dtype=np.float64))[None, :, :]
+    diff = _f32(a - b)
+    sq = _f32(diff * diff)
+    total = _f32(sq[..., 0] + sq[..., 1])
+    k = float(10**decimals)
+    units = np.floor(_f32(k * _f32(np.sqrt(total))))
+    return units / k
 
 
 def benchmark_tourist(region: Region) -> Tourists:

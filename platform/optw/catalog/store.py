@@ -25,7 +25,6 @@ import os
 import shutil
 import tempfile
 import time
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -52,6 +51,19 @@ from optw.catalog.region import (
     Tourists,
     benchmark_tourist,
 )
+from optw.catalog.tables import (  # noqa: F401 - read_regions, write_parquet_atomic re-exported
+    NODE_ARRAYS,
+    NODES_SCHEMA,
+    PAPER_FILE,
+    PAPER_KIND,
+    REGIONS_SCHEMA,
+    TOURISTS_SCHEMA,
+    TRAVEL_FILE,
+    TRAVEL_SCHEMA,
+    read_regions,
+    region_from_row,
+    write_parquet_atomic,
+)
 from optw.paths import (
     PROJECT_ROOT,  # noqa: F401 - re-exported by optw.catalog
     file_sha256,
@@ -59,7 +71,6 @@ from optw.paths import (
 
 #: Bump whenever the schema or the meaning of a column changes.
 CATALOG_VERSION = 2
-TRAVEL_FILE = "travel_times.parquet"
 FILES = ("regions.parquet", "nodes.parquet", "tourists.parquet", TRAVEL_FILE)
 #: Folder (in the catalog) of the custom regions' source files, one sub-folder per region.
 CUSTOM_DIR = "custom"
@@ -67,40 +78,10 @@ CUSTOM_SPEC = "region.json"
 #: Schema-metadata key holding the hash of the catalog's tourist file in the ILS stores
 #: (``baselines/*.parquet``, written by :mod:`optw.baselines.store`).
 ILS_TOURISTS_META = b"optw.catalog_tourists_sha256"
-#: The paper's own tourists (``--paper-sets``; written by :mod:`optw.catalog.paper_sets`).
-PAPER_FILE = "paper_tourists.parquet"
-PAPER_KIND = "paper"
 #: Stored tourist kinds: the benchmark tourist, our validation tourists, the paper's sets.
 TOURIST_KINDS = ("benchmark", "validation", PAPER_KIND)
 #: Named sets of generated tourists a model is evaluated on (ours: the default).
 TOURIST_SETS = ("validation", PAPER_KIND)
-_NODE_ARRAYS = ("x", "y", "duration", "opening", "closing", "score")
-REGIONS_SCHEMA = pa.schema([
-    ("region", pa.string()), ("group", pa.string()), ("points", pa.int64()),
-    ("nodes", pa.int64()), ("t_start", pa.float64()), ("t_end", pa.float64()),
-    ("start_x", pa.float64()), ("start_y", pa.float64()), ("decimals", pa.int64()),
-    ("t_day", pa.float64()), ("t_max", pa.float64()), ("s_max_benchmark", pa.float64()),
-    ("s_max", pa.float64()), ("max_duration", pa.float64()), ("score_kind", pa.string()),
-    ("paper_subset", pa.bool_()), ("source_file", pa.string()), ("source_sha256", pa.string()),
-    ("coords", pa.string()), ("metric", pa.string()), ("speed_kmh", pa.float64()),
-    ("origin_lat", pa.float64()), ("origin_lon", pa.float64()), ("start_name", pa.string()),
-    ("travel_matrix", pa.bool_()),
-])
-NODES_SCHEMA = pa.schema([
-    ("region", pa.string()), ("index", pa.int32()),
-    *((k, pa.float64()) for k in _NODE_ARRAYS),
-    ("name", pa.string()), ("lat", pa.float64()), ("lon", pa.float64()),
-])
-#: What :func:`_tables` writes for tourists (list items named "item", as pyarrow infers them;
-#: Parquet reads them back as "element", so merged tables are cast back to this).
-TOURISTS_SCHEMA = pa.schema([
-    ("region", pa.string()), ("tourist", pa.int64()), ("kind", pa.string()),
-    *((k, pa.float64()) for k in ("start_x", "start_y", "t_start", "t_end")),
-    ("scores", pa.list_(pa.float64())),
-])
-TRAVEL_SCHEMA = pa.schema([
-    ("region", pa.string()), ("index", pa.int32()), ("minutes", pa.list_(pa.float64())),
-])
 
 
 class CatalogError(RuntimeError):
@@ -171,19 +152,6 @@ def _tables(regions: list[Region], seed: int, n_val: int) -> dict[str, pa.Table]
     }
 
 
-def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
-    """Write ``table`` to a temporary file beside ``path`` and rename it over ``path``: a
-    reader never sees a half-written file (concurrent writers use distinct temporary names)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
 def build_catalog(
     source: Path | str | None = None,
     out: Path | str | None = None,
@@ -202,6 +170,8 @@ def build_catalog(
     """
     source = Path(source) if source else default_source()
     out = Path(out) if out else default_catalog_dir()
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out} is a file, not a catalog folder")
     t0 = time.perf_counter()
     files = discover(source)
     it: Iterable = files
@@ -591,8 +561,8 @@ class Catalog:
             if bool(row["travel_matrix"]):
                 t = self._travel_table()[region_id].sort_values("index")
                 travel = np.stack(t["minutes"].to_numpy()).astype(np.float64)
-            self._cache[region_id] = _region(
-                row, {k: nodes[k].to_numpy() for k in (*_NODE_ARRAYS, "name", "lat", "lon")},
+            self._cache[region_id] = region_from_row(
+                row, {k: nodes[k].to_numpy() for k in (*NODE_ARRAYS, "name", "lat", "lon")},
                 travel)
         return self._cache[region_id]
 
@@ -633,51 +603,3 @@ class Catalog:
 def open_catalog(path: Path | str | None = None) -> Catalog:
     """Open the catalog at ``path`` (default: ``$OPTW_CATALOG`` or ``region_catalog/``)."""
     return Catalog(path)
-
-
-def _region(row, nodes: dict[str, np.ndarray], travel: np.ndarray | None = None) -> Region:
-    """A :class:`Region` from its ``regions.parquet`` row, node columns (in index order) and
-    travel-time matrix (custom regions given one)."""
-    latlon = row["coords"] == "latlon"
-    names = nodes.get("name")
-    custom = str(row["group"]) not in GROUPS
-    return Region(
-        id=str(row["region"]), group=str(row["group"]), t_start=float(row["t_start"]),
-        t_end=float(row["t_end"]), decimals=int(row["decimals"]),
-        source_file=str(row["source_file"]), source_hash=str(row["source_sha256"]),
-        **{k: np.asarray(nodes[k], dtype=np.float64) for k in _NODE_ARRAYS},
-        names=tuple(str(n) for n in names) if custom and names is not None else None,
-        start_name=str(row["start_name"]) if custom and row["start_name"] is not None else None,
-        coords=str(row["coords"]), metric=str(row["metric"]),
-        lat=np.asarray(nodes["lat"], dtype=np.float64) if latlon else None,
-        lon=np.asarray(nodes["lon"], dtype=np.float64) if latlon else None,
-        speed_kmh=float(row["speed_kmh"]) if latlon else None,
-        origin=(float(row["origin_lat"]), float(row["origin_lon"])) if latlon else None,
-        travel=travel,
-    )
-
-
-def read_regions(path: Path | str) -> list[Region]:
-    """Every region of a built catalog, read with pyarrow only (no pandas): what the
-    stand-alone paper-set generator needs on a bare GPU machine."""
-    path = Path(path)
-    for name in ("regions.parquet", "nodes.parquet"):
-        if not (path / name).exists():
-            raise FileNotFoundError(f"{path / name} does not exist; build the catalog with "
-                                    f"`optw catalog build --out {path}`")
-    nodes = pq.read_table(path / "nodes.parquet")
-    ids = np.asarray(nodes.column("region").to_pylist(), dtype=object)
-    index = nodes.column("index").to_numpy()
-    cols = {k: nodes.column(k).to_numpy(zero_copy_only=False)
-            for k in (*_NODE_ARRAYS, "name", "lat", "lon")}
-    travel = pq.read_table(path / TRAVEL_FILE).to_pylist() if (path / TRAVEL_FILE).exists() \
-        else []
-    out = []
-    for row in pq.read_table(path / "regions.parquet").to_pylist():
-        sel = np.flatnonzero(ids == row["region"])
-        sel = sel[np.argsort(index[sel])]
-        rows = sorted((t for t in travel if t["region"] == row["region"]),
-                      key=lambda t: t["index"])
-        matrix = np.array([t["minutes"] for t in rows], dtype=np.float64) if rows else None
-        out.append(_region(row, {k: v[sel] for k, v in cols.items()}, matrix))
-    return out

@@ -19,8 +19,10 @@ starts with that field (and with ``tourist <index>`` when reading many).
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
+import reprlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -87,10 +89,40 @@ class TouristBatch:
         return TouristBatch([int(v) for v in tourists.tourist_id], tourists)
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 40, 40
+
+
 def describe(value: Any) -> str:
-    """Type and a short repr of a value, for error messages."""
-    text = repr(value)
+    """Type and a short repr of a value, for error messages (nesting and length cut, so a
+    value nested thousands deep is described without recursing through it)."""
+    text = _SHORT.repr(value)
     return f"{type(value).__name__} {text[:40] + '...' if len(text) > 40 else text}"
+
+
+def load_json(text: str | bytes, where: str | None = None) -> Any:
+    """``json.loads(text)``, or a one-line :class:`ValueError` starting with ``where`` (e.g.
+    ``tourist file f.json``) for invalid JSON, JSON nested too deep for Python's parser (not a
+    bare ``maximum recursion depth exceeded``), an integer too long for Python or text that
+    is not UTF-8. The JSON reader of tourist and region files."""
+    prefix = f"{where}: " if where else ""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{prefix}not UTF-8 text ({exc.reason} at byte {exc.start})") \
+                from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{prefix}not valid JSON: {exc.msg} (line {exc.lineno}, column "
+                         f"{exc.colno})") from None
+    except RecursionError:
+        raise ValueError(f"{prefix}JSON nested too deeply (arrays or objects inside each "
+                         "other beyond Python's recursion limit)") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise ValueError(f"{prefix}cannot read the JSON: {' '.join(str(exc).split())[:200]}") \
+            from None
 
 
 def finite_number(value: Any, field: str) -> float:

@@ -61,6 +61,9 @@ def _evaluate(args) -> int:
 
     if args.baseline not in BASELINES:
         raise ValueError(f"unknown baseline {args.baseline!r}; known: {list(BASELINES)}")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out}: is a file, not a folder; choose a folder for the "
+                         "tables")
     if args.resamples < 1:
         raise ValueError(f"--resamples must be >= 1, got {args.resamples}")
     if args.against_paper:
@@ -79,6 +82,7 @@ def _evaluate(args) -> int:
     baseline = load_ils_results(cat.path)
     tables = evaluate(results, baseline, best_known, args.baseline, args.resamples, args.seed)
     out = args.out or Path("outputs") / "evaluate" / args.results.stem
+    _check_default_out(out)
     paths = write_tables(tables, out)
     if not args.quiet:
         print(render_markdown(tables)["summary.md"])
@@ -124,6 +128,7 @@ def _against_paper(args) -> int:
     stem = args.results.stem if args.results is not None and str(args.results) != "-" else ""
     out = args.out or Path("outputs") / "evaluate" / (f"{stem}-against-paper" if stem
                                                       else "against-paper")
+    _check_default_out(out)
     doc = render_against_paper(tables)
     paths = write_tables(tables, out, {"against_paper.md": doc})
     if not args.quiet:
@@ -131,3 +136,9 @@ def _against_paper(args) -> int:
         print(to_markdown(group_view(tables["paper_groups"])))
         print(f"per region: {out / 'against_paper.md'}; wrote {len(paths)} files to {out}")
     return 0
+
+
+def _check_default_out(out: Path) -> None:
+    """The output folder (the default one when --out is not given) must not be a file."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file, not a folder for the tables; give --out DIR")

@@ -25,6 +25,8 @@ METHOD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+\-]*$")
 #: Names taken by baselines; a results table may not use them as method names.
 RESERVED_METHODS = ("ils",)
 MAX_REPORTED = 10
+#: Longest accepted ``seconds`` of a result (about 116 days): larger values are a unit mistake.
+MAX_SECONDS = 1e7
 
 
 class ResultsError(ValueError):
@@ -40,6 +42,9 @@ def _json_lines(text: str, source: str) -> pd.DataFrame:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ResultsError(f"{source} line {no} is not JSON: {exc}") from None
+        except (ValueError, RecursionError) as exc:  # 4300+ digit integers, deep nesting
+            raise ResultsError(f"{source} line {no} cannot be read as JSON: "
+                               f"{' '.join(str(exc).split())[:120]}") from None
         if not isinstance(rec, dict):
             raise ResultsError(f"{source} line {no} is not a JSON object")
         records.append(rec)
@@ -124,6 +129,7 @@ def validate_results(
         problems.append(f"{_row(df, i)}: {msg}")
 
     known: dict[str, dict[int, str]] = {}
+    totals: dict[str, dict[int, float]] = {}  # the most a tourist can score: all its points
     kinds_held = ("benchmark", "validation", *(("paper",) if catalog.has_paper_sets else ()))
     regions = set(catalog.list_regions())
     region_ids = list(regions)
@@ -148,10 +154,13 @@ def validate_results(
             bad(i, f"tourist {_show(df['tourist'].iat[i])} is not an integer id")
         else:
             if region not in known:
-                known[region] = {
-                    int(tid): k for k in kinds_held
-                    for tid in catalog.tourists(region, k).tourist_id
-                }
+                known[region], totals[region] = {}, {}
+                for k in kinds_held:
+                    batch = catalog.tourists(region, k)
+                    for tid, total in zip(batch.tourist_id, batch.scores.sum(axis=1),
+                                          strict=True):
+                        known[region][int(tid)] = k
+                        totals[region][int(tid)] = float(total)
             kind = known[region].get(int(t))
             if kind is None:
                 bad(i, f"tourist {int(t)} of region {region} is not in the catalog "
@@ -159,8 +168,12 @@ def validate_results(
         s, sec = score.iat[i], seconds.iat[i]
         if not np.isfinite(s) or s < 0:
             bad(i, f"score {_show(df['score'].iat[i])} is not a finite number >= 0")
-        if not np.isfinite(sec) or sec < 0:
-            bad(i, f"seconds {_show(df['seconds'].iat[i])} is not a finite number >= 0")
+        elif kind is not None and s > totals[region][int(t)] * (1 + 1e-9) + 1e-9:
+            bad(i, f"score {_show(df['score'].iat[i])} is more than tourist {int(t)} can "
+                   f"score in {region} ({totals[region][int(t)]:g}, all its points)")
+        if not np.isfinite(sec) or not 0 <= sec <= MAX_SECONDS:
+            bad(i, f"seconds {_show(df['seconds'].iat[i])} is not a finite number in "
+                   f"[0, {MAX_SECONDS:g}]")
         kinds.append(kind)
         if len(problems) >= MAX_REPORTED:
             break

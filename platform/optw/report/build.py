@@ -22,6 +22,36 @@ from optw.report.plots import (
 INDEX = "index.html"
 PLOTS = "plots"
 ARTIFACT_DIR = "report"
+#: Written into every report folder: only a folder holding it (or an empty one, or one of
+#: only ``index.html`` and ``plots/`` from before the marker) is ever replaced.
+MARKER = ".optw-report"
+
+
+class ReportDirError(ValueError):
+    """The output path is a file, or a folder that is not a report: it is never replaced."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path} {reason}")
+        self.path, self.reason = path, reason
+
+
+def check_report_dir(out: str | Path) -> Path:
+    """``out`` resolved, when a report may be written there: absent, an empty folder, or a
+    report folder (:data:`MARKER`). Raises :class:`ReportDirError` for a file or a folder
+    holding anything else (nothing is moved or deleted)."""
+    out = Path(out).resolve()
+    if not out.exists():
+        if out.is_symlink():
+            raise ReportDirError(out, "is a broken link; choose another folder")
+        return out
+    if not out.is_dir():
+        raise ReportDirError(out, "is a file, not a folder; choose a new or a report folder")
+    names = {p.name for p in out.iterdir()}
+    if MARKER in names or names <= {INDEX, PLOTS}:
+        return out
+    shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
+    raise ReportDirError(out, f"holds other files ({shown}) and is not a report folder; "
+                         "choose a new or an empty folder (a report replaces its folder)")
 
 
 def _figures(data: JobData, plots: Path, groups: list[str]) -> tuple[dict[str, str | None],
@@ -56,10 +86,11 @@ def _figures(data: JobData, plots: Path, groups: list[str]) -> tuple[dict[str, s
 def write_report(parent_run_id: str, out_dir: str | Path, uri: str | None = None) -> Path:
     """Write the report of the job whose parent run is ``parent_run_id`` into ``out_dir``
     (replaced as a whole: built in a temporary sibling folder and moved into place, so a
-    failure leaves the old report, and a reader never sees a half-written one). Returns the
-    path of ``index.html``."""
+    failure leaves the old report, and a reader never sees a half-written one). Only a new
+    or empty folder or a previous report is replaced: a file or a folder of other files is a
+    :class:`ReportDirError` (:func:`check_report_dir`). Returns the path of ``index.html``."""
+    out = check_report_dir(out_dir)
     data = load_job(parent_run_id, uri)
-    out = Path(out_dir).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     tag = uuid.uuid4().hex[:8]
     tmp = out.parent / f".{out.name}.tmp-{tag}"
@@ -70,6 +101,8 @@ def write_report(parent_run_id: str, out_dir: str | Path, uri: str | None = None
         figures, points = _figures(data, tmp / PLOTS, groups)
         page = render(data, figures, groups, points)
         (tmp / INDEX).write_text(page, encoding="utf-8")
+        (tmp / MARKER).write_text(f"optw report of run {parent_run_id}\n", encoding="utf-8")
+        check_report_dir(out)  # still a report folder (or none) after the build
         if out.exists():
             os.replace(out, old)
         os.replace(tmp, out)

@@ -22,15 +22,23 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="MLflow store (default: $MLFLOW_TRACKING_URI or the project's "
                    "sqlite store)")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="output folder (default: runs/<job>/report)")
+                   help="output folder (default: runs/<job>/report): new, empty or a previous "
+                   "report (replaced as a whole); a file or a folder of other files is "
+                   "refused")
     p.set_defaults(func=_report)
 
 
 def _report(args) -> int:
     from optw.paths import report_dir
     from optw.report import find_parent_run, load_job, write_report
+    from optw.report.build import ReportDirError, check_report_dir
     from optw.tracking import check_tracking_uri
 
+    if args.out is not None:
+        try:
+            check_report_dir(args.out)
+        except ReportDirError as exc:
+            raise ValueError(f"--out {args.out}: {exc.reason}") from None
     uri = check_tracking_uri(args.tracking_uri)
     run_id = args.run or find_parent_run(args.job, uri)
     out = args.out
