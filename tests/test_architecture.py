@@ -13,6 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "optw"
 #: same rank never import each other.
 RANK = {
     "paths": 0,
+    "threads": 0,  # optw/threads.py: torch threads from the cores actually free
     "catalog": 1,
     "env": 2,
     "model": 3,
