@@ -934,3 +934,77 @@ def test_requests_are_answered_while_the_mlflow_server_hangs_or_is_dead(service,
             os.killpg(proc.pid, signal.SIGCONT)
             stop_server(proc)
         log.close()
+
+
+def test_healthz_answers_while_more_solves_than_slots_are_in_flight(service):
+    """/healthz is answered while 20 plans are in flight on a replica with one solve slot (a
+    long active search holds it, 19 greedy plans wait): it reports them all in flight, more
+    than the 16 that Ray Serve used to let in before queueing /healthz behind them (30
+    concurrent plans once held /healthz for 24 s); then every plan is answered. Behaviour,
+    not speed: /healthz must answer while the plans are still in flight."""
+    from ray import serve
+
+    from optw.serve.app import build_app
+
+    base = f"{service.url}/busy"
+    serve.run(build_app(service.catalog.path, service.uri, solve_threads=1,
+                        solve_options={"active-search": {"epochs": 400}}),
+              name="planner-busy", route_prefix="/busy")
+    try:
+        # load the model first (the first request of a region waits for the registry)
+        assert _post(f"{base}/plan", {"region": "t199", "method": "greedy"}, 300)[0] == 200
+        bodies = [{"region": "t199", "method": "active-search", "beams": 2}] + [
+            {"region": "t199", "method": "greedy"}] * 19
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            plans = [pool.submit(_post, f"{base}/plan", b, 600) for b in bodies]
+            seen = 0
+            deadline = time.monotonic() + 300  # a hang guard
+            while seen < len(bodies) and not all(p.done() for p in plans):
+                status, health = _get(f"{base}/healthz")
+                assert status == 200 and health["status"] == "ok"
+                seen = max(seen, health["plans_in_flight"])
+                assert time.monotonic() < deadline, seen
+                time.sleep(0.05)
+            codes = [p.result()[0] for p in plans]
+        assert seen == len(bodies) and codes == [200] * len(bodies), (seen, codes)
+        assert _get(f"{base}/healthz")[1]["plans_in_flight"] == 0
+    finally:
+        serve.delete("planner-busy")
+
+
+def test_plan_refuses_other_content_types_and_echoes_little(service):
+    """POST /plan takes application/json only (415 naming content-type otherwise, also
+    without the header); a 200 KB unknown key or preference and beams = 10**5000 (valid JSON,
+    once "malformed JSON (Exceeds the limit (4300 digits)...)") get a short 422 naming the
+    field: no error body echoes more than a few hundred bytes of the input."""
+    url = f"{service.url}/plan"
+    body = json.dumps({"region": "r199", "method": "greedy"}).encode()
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", None):
+        headers = {} if ctype is None else {"Content-Type": ctype}
+        req = urllib.request.Request(url, data=body, method="POST", headers=headers)
+        if ctype is None:
+            req.remove_header("Content-type")
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                got, ans = resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            got, ans = exc.code, json.loads(exc.read())
+        assert got == 415 and ans["field"] == "content-type", (ctype, ans)
+        assert ans["error"].startswith("content-type: expected application/json")
+    req = urllib.request.Request(url, data=body, method="POST",
+                                 headers={"Content-Type": "application/json; charset=utf-8"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        assert resp.status == 200
+    big = "k" * 200_000
+    for case, payload, field in (
+            ("key", f'{{"region": "r199", "{big}": 1}}', None),
+            ("preference", f'{{"region": "r199", "preference": "{big}"}}', "preference"),
+            ("beams", '{"region": "r199", "beams": 1' + "0" * 5000 + "}", "beams"),
+            ("negative-beams", '{"region": "r199", "beams": -1' + "0" * 5000 + "}", "beams")):
+        status, ans = _post(url, payload.encode())
+        assert status == 422, (case, ans)
+        assert len(json.dumps(ans)) < 1000, (case, len(json.dumps(ans)))
+        if field:
+            assert ans["field"] == field, (case, ans)
+        if field == "beams":
+            assert ans["error"].startswith("beams: ") and "out of range" in ans["error"]
