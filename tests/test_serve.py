@@ -104,6 +104,18 @@ def service(tmp_path_factory, tiny_catalog) -> Service:
     yield from serve_champions(tiny_catalog, SERVED, tmp_path_factory.mktemp("planner"), 0.5)
 
 
+def _first_plan(url: str, body: dict[str, Any]) -> tuple[int, dict]:
+    """POST the first plan of a region to a fresh deployment: it may get 503 while the model
+    loads (longer than the registry timeout on a busy machine); the load goes on in the
+    background and serves a later request, so retry on 503 (a hang guard of 300 s)."""
+    deadline = time.monotonic() + 300
+    while True:
+        status, ans = _post(url, body, 120)
+        if status != 503 or time.monotonic() > deadline:
+            return status, ans
+        time.sleep(0.5)
+
+
 def _champion(rid: str, uri: str) -> int:
     from optw.tracking import champion
 
@@ -899,14 +911,7 @@ def test_requests_are_answered_while_the_mlflow_server_hangs_or_is_dead(service,
         serve.run(build_app(service.catalog.path, uri, check_interval=0.0,
                             registry_timeout=2.0), name="planner-dead", route_prefix="/dead")
         deployed = True
-        # the first request may get 503 while the model loads (longer than 2 s on a busy
-        # machine): the load goes on in the background and serves a later request
-        deadline = time.monotonic() + 300  # a hang guard
-        while True:
-            status, ans = _post(f"{base}/plan", {"region": "r199", "method": "greedy"}, 120)
-            if status != 503 or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        status, ans = _first_plan(f"{base}/plan", {"region": "r199", "method": "greedy"})
         assert status == 200 and ans["model_version"] == 1, ans
 
         def check_answers(phase: str) -> None:
@@ -952,7 +957,7 @@ def test_healthz_answers_while_more_solves_than_slots_are_in_flight(service):
               name="planner-busy", route_prefix="/busy")
     try:
         # load the model first (the first request of a region waits for the registry)
-        assert _post(f"{base}/plan", {"region": "t199", "method": "greedy"}, 300)[0] == 200
+        assert _first_plan(f"{base}/plan", {"region": "t199", "method": "greedy"})[0] == 200
         bodies = [{"region": "t199", "method": "active-search", "beams": 2}] + [
             {"region": "t199", "method": "greedy"}] * 19
         with ThreadPoolExecutor(len(bodies)) as pool:

@@ -139,3 +139,17 @@ def test_default_threads_follow_the_free_cores(monkeypatch):
     for bad in (0, -1, threads.MAX_THREADS + 1, True, 2.0):
         with pytest.raises(ValueError, match="^--threads: "):
             threads.check_threads(bad, "--threads")
+
+
+def test_job_profile_model_settings_are_checked_when_the_profile_loads(tmp_path):
+    """A job profile's `[train.model] d_model = 0` passed the profile checks and failed in the
+    Ray Train worker (retried, rc 2); now loading the profile refuses it naming the file,
+    the table and model.d_model."""
+    from optw.distributed.profile import load_profile
+
+    path = tmp_path / "bad.toml"
+    path.write_text("[job]\nname = 'bad'\n[train]\nepochs = 2\n[train.model]\nd_model = 0\n")
+    with pytest.raises(ConfigError) as err:
+        load_profile(path)
+    message = str(err.value)
+    assert str(path) in message and "[train]" in message and "model.d_model = 0" in message
