@@ -14,8 +14,6 @@ from typing import Any
 from optw.model.config import ConfigError, ModelConfig, integer, number, require
 from optw.threads import MAX_THREADS
 
-__all__ = ["ConfigError", "TrainConfig", "integer", "load_mapping", "number"]
-
 #: Seeds accepted (numpy's and torch's generators take 0..2**32-1 and 0..2**64-1).
 MAX_SEED = 2**32 - 1
 
