@@ -140,6 +140,7 @@ def test_serve_filters_ray_internals_from_its_output():
         print("(raylet) Task ServeController.graceful_shutdown failed. There are infinite "
               "retries remaining", flush=True)
         os.write(2, b"[2026-01-01 00:00:00,000 E 1 2] [mutex.cc : 452] RAW: Lock blocking\\n")
+        os.write(2, b"Token authentication is enabled for this Ray cluster. Set RAY\\n")
         os.write(2, b"a real error\\n")
         logging.basicConfig()
         log = logging.getLogger("ray.serve")

@@ -2,12 +2,12 @@
 
 Starting and stopping Serve prints lines meant for Ray's developers: ``[mutex.cc : 452] RAW:
 Lock blocking`` (C++, at shutdown), ``Task ServeController.graceful_shutdown failed ...
-infinite retries`` (the raylet, through the driver) and ``Connecting to existing Serve app
-... will not be applied`` (Serve's INFO log). :func:`filter_ray_noise` drops exactly those: Serve's
-logger goes to WARNING, and the process's stdout and stderr file descriptors go through a small
-filter process that drops the lines matching :data:`RAY_NOISE` (so C++ output and output at
-exit are filtered too) and passes everything else on unchanged. Only ``optw serve`` calls it,
-once its settings are checked.
+infinite retries`` (the raylet, through the driver), ``Connecting to existing Serve app ...
+will not be applied`` (Serve's INFO log) and Ray's token-authentication notice.
+:func:`filter_ray_noise` drops exactly those: Serve's logger goes to WARNING, and the process's
+stdout and stderr file descriptors go through a small filter process that drops the lines
+matching :data:`RAY_NOISE` (so C++ output and output at exit are filtered too) and passes
+everything else on unchanged. Only ``optw serve`` calls it, once its settings are checked.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import sys
 #: Lines of Ray's internals that reach the terminal when Serve starts or stops.
 RAY_NOISE = re.compile(r"\[mutex\.cc : \d+\] RAW: "
                        r"|ServeController\.graceful_shutdown"
-                       r"|Connecting to existing Serve app")
+                       r"|Connecting to existing Serve app"
+                       r"|Token authentication is enabled for this Ray cluster")
 
 _FILTER = """
 import re, signal, sys
