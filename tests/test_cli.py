@@ -66,8 +66,10 @@ def _families(s: dict[str, Path]) -> list[tuple[list[str], str]]:
         cases.append((["tune", "--regions", "r199", opt, value], word))
     for opt, value, word in (
         ("--region", "zz9", "zz9"), ("--epochs", "0", "epochs"), ("--epochs", "-5", "epochs"),
-        ("--batch-size", "0", "batch_size"), ("--device", "gpu", "device"),
-        ("--threads", "0", "threads"), ("--config", "/nonexistent.toml", "/nonexistent.toml"),
+        ("--batch-size", "0", "--batch-size"), ("--device", "gpu", "--device"),
+        ("--threads", "0", "--threads"), ("--threads", "1000", "--threads"),
+        ("--seed", "-5", "--seed"), ("--seed", str(2**40), "--seed"),
+        ("--config", "/nonexistent.toml", "/nonexistent.toml"),
         ("--config", str(s["bad_model"]), "clipp"), ("--config", str(s["conflict"]), "differs"),
         ("--resume", None, "--resume"), ("--init", "/nonexistent.pt", "--init"),
         ("--out", f, "--out"),
@@ -83,6 +85,14 @@ def _families(s: dict[str, Path]) -> list[tuple[list[str], str]]:
         (["evaluate", "--results", "/nonexistent.csv"], "/nonexistent.csv"),
         (["baseline", "ils", "--regions", "zz9"], "zz9"),
         (["solve", "--region", "r199", "--checkpoint", "/nonexistent.pt"], "/nonexistent.pt"),
+    ]
+    solve = ["solve", "--region", "r199", "--checkpoint", "/nonexistent.pt"]
+    cases += [  # unbounded numbers are refused, naming the option, before any work
+        ([*solve, "--active-search", "100000000000"], "--active-search"),
+        ([*solve, "--active-search", "-1"], "--active-search"),
+        ([*solve, "--samples", "10000000000"], "--samples"),
+        ([*solve, "--threads", "1000"], "--threads"), ([*solve, "--threads", "0"], "--threads"),
+        ([*solve, "--beams", "129"], "--beams"),
         (["report", "--job", "x", "--tracking-uri", "http://127.0.0.1:9"], "127.0.0.1:9"),
     ]
     return cases
@@ -106,7 +116,7 @@ def test_bad_invocations_end_in_one_line_naming_the_input(sandbox, capsys):
         lines = [ln for ln in err.splitlines() if ln.strip()]
         ok = (code == 2 and len(lines) == 1 and lines[0].startswith("optw ")
               and ": error: " in lines[0] and word in lines[0] and "Traceback" not in err
-              and took < 20)
+              and took < 120)  # a hang guard, not a speed test (the machine may be busy)
         if not ok:
             problems.append(f"{argv}: code {code}, {took:.1f} s, stderr {err!r}")
     assert problems == []

@@ -5,6 +5,7 @@ r199 and t199 (pr99 has no champion). One planner serves the whole module.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import time
 import urllib.error
@@ -103,6 +104,18 @@ def service(tmp_path_factory, tiny_catalog) -> Service:
     yield from serve_champions(tiny_catalog, SERVED, tmp_path_factory.mktemp("planner"), 0.5)
 
 
+def _first_plan(url: str, body: dict[str, Any]) -> tuple[int, dict]:
+    """POST the first plan of a region to a fresh deployment: it may get 503 while the model
+    loads (longer than the registry timeout on a busy machine); the load goes on in the
+    background and serves a later request, so retry on 503 (a hang guard of 300 s)."""
+    deadline = time.monotonic() + 300
+    while True:
+        status, ans = _post(url, body, 120)
+        if status != 503 or time.monotonic() > deadline:
+            return status, ans
+        time.sleep(0.5)
+
+
 def _champion(rid: str, uri: str) -> int:
     from optw.tracking import champion
 
@@ -181,16 +194,34 @@ def test_preference_profiles_give_one_nonnegative_score_per_point(tiny_catalog):
     assert long[d.argmax()] == long.max() and long[d.argmin()] == long.min()
 
 
+def _settle(cache: Any, region: str) -> None:
+    """Wait for the background lookup of ``region`` in ``cache`` to end (a test helper)."""
+    pending = cache._entry(region).pending
+    if pending is not None:
+        concurrent.futures.wait([pending], timeout=60)
+
+
+def _until(cond: Any, limit: float = 60) -> None:
+    """Poll ``cond`` until true (a generous limit: only a hang fails it)."""
+    deadline = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
 def test_model_cache_checks_alias_at_most_every_interval(monkeypatch):
-    """RegistryModels asks the registry at most once per check interval, loads a version only
-    when the alias moved, keeps serving its cached model when the registry fails, and says 409
-    for a region without a champion."""
+    """RegistryModels asks the registry at most once per check interval (a fake clock), loads
+    a version only when the alias moved (in the background: the request that finds the check
+    due is served with the cached model, the new version serves the next ones), keeps serving
+    its cached model when the registry fails, and says 503 / 409 for a region without a
+    cached model when the registry is down / the region has no champion."""
     import types
 
     import optw.tracking as tracking
     from optw.serve import RegistryModels
 
     state = {"version": 1, "fail": False, "checks": 0, "loads": []}
+    now = [0.0]
 
     def champion(region, uri=None):
         state["checks"] += 1
@@ -204,44 +235,56 @@ def test_model_cache_checks_alias_at_most_every_interval(monkeypatch):
 
     monkeypatch.setattr(tracking, "champion", champion)
     monkeypatch.setattr(tracking, "load_solver", load_solver)
-    cache = RegistryModels("sqlite:///unused.db", check_interval=0.2)
-    assert cache.get("r").model == "m1" and cache.get("r").model == "m1"
-    assert state["checks"] == 1 and state["loads"] == [1]
-    state["version"] = 2
-    assert cache.get("r").version == 1  # within the interval: no registry query
-    time.sleep(0.25)
-    assert cache.get("r").version == 2 and state["loads"] == [1, 2]
-    state["fail"] = True
-    time.sleep(0.25)
-    assert cache.get("r").version == 2  # registry down: the cached model keeps serving
-    with pytest.raises(PlanError) as err:
-        cache.get("other")
-    assert err.value.status == 503
-    state["fail"] = False
-    with pytest.raises(PlanError) as err:
-        cache.get("none")
-    assert err.value.status == 409 and "champion" in err.value.message
+    cache = RegistryModels("sqlite:///unused.db", check_interval=10.0, clock=lambda: now[0])
+    try:
+        assert cache.get("r").model == "m1" and cache.get("r").model == "m1"
+        assert state["checks"] == 1 and state["loads"] == [1]
+        state["version"] = 2
+        now[0] = 9.0
+        assert cache.get("r").version == 1 and state["checks"] == 1  # within the interval
+        now[0] = 11.0
+        assert cache.get("r").version == 1  # check due: served cached, lookup in background
+        _settle(cache, "r")
+        assert cache.get("r").version == 2 and state["loads"] == [1, 2]
+        assert state["checks"] == 2
+        state["fail"] = True
+        now[0] = 30.0
+        assert cache.get("r").version == 2  # registry down: the cached model keeps serving
+        _settle(cache, "r")
+        assert cache.get("r").version == 2 and state["checks"] == 3
+        with pytest.raises(PlanError) as err:
+            cache.get("other")
+        assert err.value.status == 503
+        state["fail"] = False
+        with pytest.raises(PlanError) as err:
+            cache.get("none")
+        assert err.value.status == 409 and "champion" in err.value.message
+    finally:
+        cache.close()
 
 
-def test_model_cache_answers_within_timeout_when_registry_hangs(monkeypatch):
-    """A registry that accepts a lookup and never answers (a hung MLflow server) holds no
-    request longer than the cache's timeout: a region with a cached model is served with it,
-    one without gets 503 naming the registry, 12 concurrent requests are all answered, and
-    only one lookup per region is in flight. (The cache used to wait for the registry without
-    a limit.)"""
+def test_model_cache_never_waits_for_a_hung_registry_with_a_cached_model(monkeypatch):
+    """A registry that accepts a lookup and does not answer (a hung MLflow server): a region
+    with a cached model is served with it while the lookup is still hanging (not after the
+    cache's timeout: the timeout here is longer than the hang, so a cache that waited would
+    see the lookup end first), a region without one gets 503 naming the registry once the
+    timeout passes, 12 concurrent requests are all answered, and only one lookup per region
+    is in flight. Asserts what is answered while the registry hangs, not how fast (under load
+    the suite once got 503 for the cached model after a 2 s wait)."""
     import threading
     import types
 
     import optw.tracking as tracking
     from optw.serve import RegistryModels
 
-    hang = threading.Event()
+    hang, ended = threading.Event(), threading.Event()
     calls: dict[str, int] = {}
 
     def champion(region, uri=None):
         calls[region] = calls.get(region, 0) + 1
         if calls[region] > 1 or region == "new":
-            hang.wait(60)  # the registry stops answering
+            hang.wait(120)  # the registry stops answering
+            ended.set()
         return types.SimpleNamespace(version=1)
 
     def load_solver(name, uri=None, dst_path=None):
@@ -249,17 +292,20 @@ def test_model_cache_answers_within_timeout_when_registry_hangs(monkeypatch):
 
     monkeypatch.setattr(tracking, "champion", champion)
     monkeypatch.setattr(tracking, "load_solver", load_solver)
+    slow = RegistryModels("http://registry.invalid", check_interval=0.0, timeout=600)
     cache = RegistryModels("http://registry.invalid", check_interval=0.0, timeout=0.5)
     try:
-        assert cache.get("old").version == 1  # cached before the registry hangs
-        t0 = time.monotonic()
-        assert cache.get("old").version == 1  # the check hangs: cached model after 0.5 s
+        assert slow.get("old").version == 1  # cached before the registry hangs
+        for _ in range(3):  # each call finds the check due; the lookup hangs
+            assert slow.get("old").version == 1 and not ended.is_set()
+        _until(lambda: calls["old"] == 2)  # the background lookup has started, and hangs
+        assert slow.get("old").version == 1 and calls["old"] == 2  # one lookup in flight
+        calls.clear()
+        assert cache.get("old").version == 1
         with pytest.raises(PlanError) as err:
             cache.get("new")
         assert err.value.status == 503 and err.value.field == "region"
         assert "did not answer within 0.5 s" in err.value.message
-        assert time.monotonic() - t0 < 3
-        t0 = time.monotonic()
 
         def one(region: str) -> int:
             try:
@@ -269,10 +315,12 @@ def test_model_cache_answers_within_timeout_when_registry_hangs(monkeypatch):
 
         with ThreadPoolExecutor(12) as pool:
             got = list(pool.map(one, ["old", "new"] * 6))
-        assert got == [1, 503] * 6 and time.monotonic() - t0 < 5
+        assert got == [1, 503] * 6 and not ended.is_set()
+        _until(lambda: calls.get("old") == 2)
         assert calls == {"old": 2, "new": 1}  # one lookup in flight per region
     finally:
         hang.set()
+        slow.close()
         cache.close()
 
 
@@ -386,7 +434,9 @@ def _assert_one_line(argv: list[str], code: int, err: str, elapsed: float, comma
     assert err.count("\n") == 1 and "Traceback" not in err, (argv, err)
     assert err.startswith(f"optw {command}: error: --"), (argv, err)
     assert option in err, (argv, option, err)
-    assert elapsed < 10, (argv, elapsed)
+    # a hang guard, not a speed test: the reachability checks give up after 3 s, a hung
+    # server without them held the command for minutes (generous for a loaded machine)
+    assert elapsed < 90, (argv, elapsed)
 
 
 def _bad_serve(tmp: Path, catalog: Path) -> list[tuple[list[str], str]]:
@@ -516,14 +566,12 @@ def test_serve_bad_port_in_a_subprocess(tmp_path):
     one line naming --port, quickly, with no Ray started (nothing on stdout, no Ray log)."""
     import subprocess
 
-    t0 = time.monotonic()
     proc = subprocess.run([_optw(), "serve", "--port", "70000"], capture_output=True,
-                          text=True, timeout=120, cwd=tmp_path)
+                          text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("optw serve: error: --port: ") and "70000" in proc.stderr
     assert "ray" not in proc.stderr.lower() and list(tmp_path.iterdir()) == []
-    assert time.monotonic() - t0 < 60
 
 
 def test_plan_with_unreachable_tracking_server_fails_fast(tmp_path, tiny_catalog):
@@ -546,14 +594,15 @@ def test_plan_with_unreachable_tracking_server_fails_fast(tmp_path, tiny_catalog
                 if not via_env:
                     args += ["--tracking-uri", uri]
                 t0 = time.monotonic()
-                proc = subprocess.run(args, capture_output=True, text=True, timeout=120,
+                proc = subprocess.run(args, capture_output=True, text=True, timeout=300,
                                       cwd=tmp_path, env=env)
                 elapsed = time.monotonic() - t0
                 name = "$MLFLOW_TRACKING_URI" if via_env else "--tracking-uri"
                 assert proc.returncode == 2 and proc.stdout == "", proc.stderr
                 assert proc.stderr.startswith(f"optw plan: error: {name}: MLflow tracking "
                                               f"server {uri} is unreachable"), proc.stderr
-                assert proc.stderr.count("\n") == 1 and elapsed < 30, (elapsed, proc.stderr)
+                # a hang guard, not a speed test: MLflow's own retries took minutes
+                assert proc.stderr.count("\n") == 1 and elapsed < 90, (elapsed, proc.stderr)
     finally:
         hung.close()
     assert list(tmp_path.iterdir()) == []
@@ -730,7 +779,7 @@ def test_new_champion_is_picked_up_without_restart(service):
     old = _post(f"{service.url}/plan", body)[1]["model_version"]
     new = _register(region, service.root, seed=7, val_score=5.0, uri=service.uri)
     assert new != old and _champion("r199", service.uri) == new
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # a hang guard: under load a load can take long
     seen = old
     while seen != new and time.monotonic() < deadline:
         time.sleep(0.3)
@@ -830,10 +879,11 @@ def test_requests_are_answered_while_the_mlflow_server_hangs_or_is_dead(service,
     """A planner on a real local `mlflow server` (check interval 0: a registry lookup on every
     request, the edge setting), with models registered for r199 and t199 and only r199
     loaded: while the server is stopped (SIGSTOP: it accepts connections and never answers)
-    and after it is killed, every request is answered within seconds: r199 with its cached
-    model (200), t199 with 503 {error, field, status} naming the registry, /healthz at once;
-    also a burst of concurrent requests. (Requests used to wait for MLflow's own retries, a
-    minute and more.)"""
+    and after it is killed, every request is answered: r199 with its cached model (200,
+    without waiting for the registry at all), t199 with 503 {error, field, status} naming the
+    registry, /healthz too; also a burst of concurrent requests. (Requests used to wait for
+    MLflow's own retries, a minute and more; then, under load, the cached model got 503 after
+    a 2 s wait for the registry.) The HTTP timeouts only catch a hang: no speed is asserted."""
     import os
     import signal
     import subprocess
@@ -861,23 +911,21 @@ def test_requests_are_answered_while_the_mlflow_server_hangs_or_is_dead(service,
         serve.run(build_app(service.catalog.path, uri, check_interval=0.0,
                             registry_timeout=2.0), name="planner-dead", route_prefix="/dead")
         deployed = True
-        status, ans = _post(f"{base}/plan", {"region": "r199", "method": "greedy"}, timeout=120)
+        status, ans = _first_plan(f"{base}/plan", {"region": "r199", "method": "greedy"})
         assert status == 200 and ans["model_version"] == 1, ans
 
         def check_answers(phase: str) -> None:
-            t0 = time.monotonic()
             assert _get(f"{base}/healthz")[0] == 200
-            status, ans = _post(f"{base}/plan", {"region": "r199", "method": "greedy"}, 30)
+            status, ans = _post(f"{base}/plan", {"region": "r199", "method": "greedy"}, 120)
             assert status == 200 and ans["model_version"] == 1, (phase, ans)
-            status, ans = _post(f"{base}/plan", {"region": "t199"}, 30)
+            status, ans = _post(f"{base}/plan", {"region": "t199"}, 120)
             assert status == 503 and set(ans) == {"error", "field", "status"}, (phase, ans)
             assert ans["field"] == "region" and "registry" in ans["error"], (phase, ans)
             with ThreadPoolExecutor(6) as pool:
                 got = list(pool.map(
                     lambda rid: _post(f"{base}/plan", {"region": rid, "method": "greedy"},
-                                      30)[0], ["r199", "t199"] * 3))
+                                      120)[0], ["r199", "t199"] * 3))
             assert got == [200, 503] * 3, (phase, got)
-            assert time.monotonic() - t0 < 30, (phase, time.monotonic() - t0)
 
         os.killpg(proc.pid, signal.SIGSTOP)  # hung: connections accepted, never answered
         check_answers("hung")
@@ -891,3 +939,77 @@ def test_requests_are_answered_while_the_mlflow_server_hangs_or_is_dead(service,
             os.killpg(proc.pid, signal.SIGCONT)
             stop_server(proc)
         log.close()
+
+
+def test_healthz_answers_while_more_solves_than_slots_are_in_flight(service):
+    """/healthz is answered while 20 plans are in flight on a replica with one solve slot (a
+    long active search holds it, 19 greedy plans wait): it reports them all in flight, more
+    than the 16 that Ray Serve used to let in before queueing /healthz behind them (30
+    concurrent plans once held /healthz for 24 s); then every plan is answered. Behaviour,
+    not speed: /healthz must answer while the plans are still in flight."""
+    from ray import serve
+
+    from optw.serve.app import build_app
+
+    base = f"{service.url}/busy"
+    serve.run(build_app(service.catalog.path, service.uri, solve_threads=1,
+                        solve_options={"active-search": {"epochs": 400}}),
+              name="planner-busy", route_prefix="/busy")
+    try:
+        # load the model first (the first request of a region waits for the registry)
+        assert _first_plan(f"{base}/plan", {"region": "t199", "method": "greedy"})[0] == 200
+        bodies = [{"region": "t199", "method": "active-search", "beams": 2}] + [
+            {"region": "t199", "method": "greedy"}] * 19
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            plans = [pool.submit(_post, f"{base}/plan", b, 600) for b in bodies]
+            seen = 0
+            deadline = time.monotonic() + 300  # a hang guard
+            while seen < len(bodies) and not all(p.done() for p in plans):
+                status, health = _get(f"{base}/healthz")
+                assert status == 200 and health["status"] == "ok"
+                seen = max(seen, health["plans_in_flight"])
+                assert time.monotonic() < deadline, seen
+                time.sleep(0.05)
+            codes = [p.result()[0] for p in plans]
+        assert seen == len(bodies) and codes == [200] * len(bodies), (seen, codes)
+        assert _get(f"{base}/healthz")[1]["plans_in_flight"] == 0
+    finally:
+        serve.delete("planner-busy")
+
+
+def test_plan_refuses_other_content_types_and_echoes_little(service):
+    """POST /plan takes application/json only (415 naming content-type otherwise, also
+    without the header); a 200 KB unknown key or preference and beams = 10**5000 (valid JSON,
+    once "malformed JSON (Exceeds the limit (4300 digits)...)") get a short 422 naming the
+    field: no error body echoes more than a few hundred bytes of the input."""
+    url = f"{service.url}/plan"
+    body = json.dumps({"region": "r199", "method": "greedy"}).encode()
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", None):
+        headers = {} if ctype is None else {"Content-Type": ctype}
+        req = urllib.request.Request(url, data=body, method="POST", headers=headers)
+        if ctype is None:
+            req.remove_header("Content-type")
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                got, ans = resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            got, ans = exc.code, json.loads(exc.read())
+        assert got == 415 and ans["field"] == "content-type", (ctype, ans)
+        assert ans["error"].startswith("content-type: expected application/json")
+    req = urllib.request.Request(url, data=body, method="POST",
+                                 headers={"Content-Type": "application/json; charset=utf-8"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        assert resp.status == 200
+    big = "k" * 200_000
+    for case, payload, field in (
+            ("key", f'{{"region": "r199", "{big}": 1}}', None),
+            ("preference", f'{{"region": "r199", "preference": "{big}"}}', "preference"),
+            ("beams", '{"region": "r199", "beams": 1' + "0" * 5000 + "}", "beams"),
+            ("negative-beams", '{"region": "r199", "beams": -1' + "0" * 5000 + "}", "beams")):
+        status, ans = _post(url, payload.encode())
+        assert status == 422, (case, ans)
+        assert len(json.dumps(ans)) < 1000, (case, len(json.dumps(ans)))
+        if field:
+            assert ans["field"] == field, (case, ans)
+        if field == "beams":
+            assert ans["error"].startswith("beams: ") and "out of range" in ans["error"]

@@ -6,6 +6,7 @@ Every test uses its own experiment / region names, so they do not depend on each
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import subprocess
@@ -385,7 +386,8 @@ def test_registered_model_solves_with_real_model(store, tmp_path, tiny_catalog):
     assert one.route[0] == 0 and one.route[-1] == n - 1
     pyfunc = mlflow.pyfunc.load_model(solver.local_path)
     out = pyfunc.predict([{"start": [0, 0], "scores": poi_scores}, {}], params={"beams": 3})
-    assert list(out.columns) == ["route", "score", "seconds"] and len(out) == 2
+    assert list(out.columns) == ["tourist", "route", "score", "seconds"] and len(out) == 2
+    assert out["tourist"].tolist() == [0, 1]  # no ids given: the positions
     with pytest.raises(ValueError, match="scores"):
         solver.solve({"scores": [1, 2, 3]})
 
@@ -454,7 +456,8 @@ def _local_pyfunc(region):
 
 def test_pyfunc_echoes_string_tourist_ids(tiny_catalog):
     """The pyfunc's solve returns Solutions whose tourist is the id given ("alice", an integer,
-    else the position), from records and from a DataFrame; predict keeps its columns."""
+    else the position), from records and from a DataFrame; predict's DataFrame echoes the ids
+    in its first column (README: "outputs echo the tourist's id"; it had no id column)."""
     from conftest import good_tourist
 
     region = tiny_catalog.region("r199")
@@ -467,7 +470,9 @@ def test_pyfunc_echoes_string_tourist_ids(tiny_catalog):
     (one,) = pyfunc.solve({**good, "tourist": "bob"}, method="beam", beams=2)
     assert one.tourist == "bob"
     out = pyfunc.predict(None, records, params={"beams": 2})
-    assert list(out.columns) == ["route", "score", "seconds"] and len(out) == 3
+    assert list(out.columns) == ["tourist", "route", "score", "seconds"] and len(out) == 3
+    assert out["tourist"].tolist() == ["alice", 7, 2]
+    assert json.loads(out.to_json(orient="records"))[1]["tourist"] == 7
 
 
 def test_pyfunc_rejects_each_generated_bad_tourist(tiny_catalog):

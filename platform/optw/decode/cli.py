@@ -26,7 +26,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from optw.decode.limits import MAX_BEAMS, MIN_BEAMS, PAPER_BEAMS
+from optw.decode.limits import (
+    MAX_ACTIVE_SEARCH_EPOCHS,
+    MAX_BEAMS,
+    MAX_SAMPLES,
+    MIN_BEAMS,
+    PAPER_BEAMS,
+)
+from optw.threads import MAX_THREADS
 
 if TYPE_CHECKING:
     from optw.catalog import Region, TouristBatch
@@ -42,9 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     how = p.add_mutually_exclusive_group()
     how.add_argument("--greedy", action="store_true", help="greedy decoding")
     how.add_argument("--samples", type=int, default=None, metavar="N",
-                     help="best of N sampled routes")
+                     help=f"best of N sampled routes, 1..{MAX_SAMPLES}")
     how.add_argument("--active-search", type=int, default=None, metavar="EPOCHS",
-                     help="active search for EPOCHS epochs, then beam search")
+                     help=f"active search for EPOCHS epochs (0..{MAX_ACTIVE_SEARCH_EPOCHS}; the "
+                     "paper: 128), then beam search")
     p.add_argument("--beams", type=int, default=PAPER_BEAMS,
                    help=f"beam width {MIN_BEAMS}..{MAX_BEAMS} (default {PAPER_BEAMS})")
     p.add_argument("--tourist", default="benchmark",
@@ -53,7 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--published", action="store_true",
                    help="published-outputs mode: do not add the greedy route to the candidates")
     p.add_argument("--seed", type=int, default=0, help="seed of sampling / active search")
-    p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--threads", type=int, default=None,
+                   help=f"torch threads, 1..{MAX_THREADS} (default: the cores not busy with "
+                   "other work, see optw.threads)")
     p.add_argument("--json", action="store_true", help="one JSON object per tourist")
     p.add_argument("--catalog", type=Path, default=None)
     p.set_defaults(func=_solve)
@@ -83,26 +93,23 @@ def read_tourists(path: Path, region: Region) -> TouristBatch:
 
 
 def _solve(args) -> int:
-    import torch
-
     from optw.catalog import TouristBatch, open_catalog
-    from optw.decode.beam import check_width
+    from optw.decode.limits import check_beams
     from optw.decode.solve import solve
     from optw.model import load_model
+    from optw.threads import check_threads, set_torch_threads
 
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    try:
-        check_width(args.beams)
-    except ValueError as exc:
-        raise ValueError(f"--beams: {exc}") from None
-    if args.samples is not None and args.samples < 1:
-        raise ValueError(f"--samples must be >= 1, got {args.samples}")
-    if args.active_search is not None and args.active_search < 0:
-        raise ValueError(f"--active-search needs a number of epochs >= 0, got "
-                         f"{args.active_search}")
+        check_threads(args.threads, "--threads")
+    check_beams(args.beams, "--beams")
+    if args.samples is not None and not 1 <= args.samples <= MAX_SAMPLES:
+        raise ValueError(f"--samples: expected a number of routes in 1..{MAX_SAMPLES}, got "
+                         f"{args.samples}")
+    if args.active_search is not None and not 0 <= args.active_search <= \
+            MAX_ACTIVE_SEARCH_EPOCHS:
+        raise ValueError(f"--active-search: expected a number of epochs in "
+                         f"0..{MAX_ACTIVE_SEARCH_EPOCHS}, got {args.active_search}")
+    set_torch_threads(args.threads)  # default: the cores that other work leaves free
     cat = open_catalog(args.catalog)
     region = cat.region(args.region)
     if args.tourist in TOURIST_CHOICES:

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import torch
 
 from optw.catalog.region import Region, Tourists
-from optw.decode.beam import beam_search, check_width
+from optw.decode.beam import beam_search
 from optw.decode.core import rollout
-from optw.decode.limits import PAPER_BEAMS
+from optw.decode.limits import PAPER_BEAMS, check_beams
 from optw.env.instances import Instances, make_instances
 from optw.env.validate import check_route
 from optw.model.network import PointerNet
@@ -54,7 +54,7 @@ def _check_args(method: str, beams: int, samples: int) -> None:
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
     if method in ("beam", "active_search"):
-        check_width(beams)
+        check_beams(beams)
     if method in ("sampling", "active_search") and (
         isinstance(samples, bool) or not isinstance(samples, int) or samples < 1
     ):
@@ -169,11 +169,8 @@ def solve(
 def _solution(region: Region, tourists: Tourists, k: int, method: str, route: list[int],
               seconds: float) -> Solution:
     check = check_route(region, route, tourists, k)
-    if not check.ok:
-        raise RuntimeError(
-            f"internal error: {method} produced an invalid route for tourist "
-            f"{int(tourists.tourist_id[k])} of {region.id}: {'; '.join(check.problems)}"
-        )
+    check.raise_if_invalid(f"internal error: the {method} route for tourist "
+                           f"{int(tourists.tourist_id[k])} of {region.id}")
     return Solution(
         region=region.id, tourist=int(tourists.tourist_id[k]), method=method, route=route,
         score=check.score, arrival=check.arrival, start=check.start, seconds=seconds,

@@ -27,9 +27,11 @@ class RouteCheck:
     start: list[float] = field(default_factory=list)  # start of visit (after waiting)
     leave: list[float] = field(default_factory=list)
 
-    def raise_if_invalid(self) -> None:
+    def raise_if_invalid(self, what: str = "the route") -> None:
+        """:class:`InvalidRoute` ``"<what> is invalid: <problems>"`` unless the route is
+        feasible (the one way every caller turns a failed check into an error)."""
         if not self.ok:
-            raise InvalidRoute("; ".join(self.problems))
+            raise InvalidRoute(f"{what} is invalid: " + "; ".join(self.problems))
 
 
 class InvalidRoute(ValueError):

@@ -1,12 +1,45 @@
-"""Model hyper-parameters."""
+"""Model hyper-parameters, and the checking helpers every settings table uses (training
+settings, job profiles and evaluation protocols import them from :mod:`optw.train.config`)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 from optw.env.instances import N_DYNAMIC, N_STATIC
 from optw.env.state import GRAPHS
+
+
+class ConfigError(ValueError):
+    """A configuration with unknown keys or bad values; ``key`` names the bad setting (a dotted
+    path such as ``model.d_model``) when one does."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
+def integer(v: Any) -> bool:
+    """An int that is not a bool (bool is an int in Python, not in a config)."""
+    return type(v) is int
+
+
+def number(v: Any) -> bool:
+    """A finite int or float (not a bool, NaN or infinity)."""
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+def require(cond: bool, key: str, value: Any, what: str) -> None:
+    """:class:`ConfigError` ``"<key> = <value>: <what>"`` (naming ``key``) unless ``cond``."""
+    if not cond:
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:80] + "..."
+        raise ConfigError(f"{key} = {shown}: {what}", key)
+
+
+#: Upper bounds of the sizes (a typo such as d_model = 1280000 would allocate for minutes).
+MAX_D_MODEL, MAX_D_FF, MAX_LAYERS = 8192, 65536, 64
 
 
 @dataclass(frozen=True)
@@ -30,27 +63,27 @@ class ModelConfig:
     n_dynamic: int = N_DYNAMIC
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "n_heads", "n_layers", "d_ff", "n_static", "n_dynamic"):
-            if type(getattr(self, name)) is not int:
-                raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
-        if type(self.clip) not in (int, float) or not 0 < self.clip < math.inf:
-            raise ValueError(f"clip must be a finite number > 0, got {self.clip!r}")
-        if type(self.recursion) is not bool:
-            raise ValueError(f"recursion must be true or false, got {self.recursion!r}")
-        if self.graph not in GRAPHS:
-            raise ValueError(f"unknown graph {self.graph!r}; expected one of {GRAPHS}")
-        if self.d_model % self.n_heads or self.d_model % 2:
-            raise ValueError(
-                f"d_model {self.d_model} must be even and divisible by n_heads {self.n_heads}"
-            )
+        """Every value checked in turn (sizes before their ratios: ``n_heads = 0`` is an error
+        naming it, not a ZeroDivisionError); :class:`ConfigError` naming the key."""
+        for name, hi in (("d_model", MAX_D_MODEL), ("n_heads", MAX_D_MODEL),
+                         ("n_layers", MAX_LAYERS), ("d_ff", MAX_D_FF)):
+            v = getattr(self, name)
+            require(integer(v) and 1 <= v <= hi, name, v, f"must be an integer in 1..{hi}")
+        for name in ("n_static", "n_dynamic"):
+            require(integer(getattr(self, name)), name, getattr(self, name),
+                    "must be an integer")
+        require(self.d_model % self.n_heads == 0 and self.d_model % 2 == 0, "d_model",
+                self.d_model, f"must be even and divisible by n_heads = {self.n_heads}")
+        require(number(self.clip) and self.clip > 0, "clip", self.clip,
+                "must be a finite number > 0")
+        require(type(self.recursion) is bool, "recursion", self.recursion,
+                "must be true or false")
+        require(self.graph in GRAPHS, "graph", self.graph,
+                f"unknown graph; expected one of {GRAPHS}")
         if (self.n_static, self.n_dynamic) != (N_STATIC, N_DYNAMIC):
-            raise ValueError(
-                f"the environment provides {N_STATIC} static and {N_DYNAMIC} dynamic features, "
-                f"not {self.n_static} and {self.n_dynamic}"
-            )
-        for name in ("n_heads", "n_layers", "d_ff"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            raise ConfigError(
+                f"n_static = {self.n_static}, n_dynamic = {self.n_dynamic}: the environment "
+                f"provides {N_STATIC} static and {N_DYNAMIC} dynamic features", "n_static")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,5 +93,6 @@ class ModelConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"unknown model config field(s) {unknown}")
+            raise ConfigError(f"unknown model config field(s) {unknown}; known: "
+                              f"{sorted(known)}", unknown[0])
         return cls(**values)

@@ -14,6 +14,7 @@ the ingress methods' parameters.
 """
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import signal
@@ -31,7 +32,7 @@ from ray import serve
 from starlette.exceptions import HTTPException
 
 from optw.raylocal import ensure_token
-from optw.serve.errors import PlanError
+from optw.serve.errors import PlanError, clip
 from optw.serve.models import RegistryModels
 from optw.serve.planner import Planner
 from optw.serve.request import MAX_BODY_BYTES
@@ -41,9 +42,10 @@ from optw.serve.settings import (
     DEFAULT_REGISTRY_TIMEOUT,
     DEFAULT_REQUEST_TIMEOUT,
     MAX_ONGOING_REQUESTS,
+    MAX_SOLVE_THREADS,
     ServeSettings,
+    bounded_int,
     check_fit,
-    integer,
     serve_settings,
 )
 
@@ -69,6 +71,15 @@ def static_file(name: str) -> Response:
                         f"files; the planner serves {', '.join(ENDPOINTS)}")
     return Response(path.read_bytes(), media_type=STATIC_TYPES[path.suffix],
                     headers={"Cache-Control": "no-cache"})
+
+
+def check_content_type(value: str | None) -> None:
+    """``POST /plan`` takes JSON only: 415 naming the ``Content-Type`` header otherwise."""
+    media = (value or "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        got = f"{clip(value)!r}" if value else "no Content-Type header"
+        raise PlanError(415, "content-type", f"content-type: expected application/json, got "
+                        f"{got}; send the header Content-Type: application/json")
 
 
 @app.exception_handler(PlanError)
@@ -121,6 +132,10 @@ class PlannerDeployment:
     ``settings`` (:meth:`ServeSettings.replica_settings`): ``catalog`` (folder), ``tracking_uri``,
     ``check_interval`` (s), ``solve_threads`` (concurrent solves, >= 1; torch runs 1 thread
     each), ``solve_options``, ``registry_timeout`` (s a request may wait for the registry).
+
+    Solves run in the replica's own pool of ``solve_threads`` threads; requests beyond that
+    wait for a slot here (asynchronously), so the event loop that answers ``/healthz`` and
+    ``/regions`` never waits for a solve.
     """
 
     def __init__(self, settings: dict[str, Any]):
@@ -129,8 +144,8 @@ class PlannerDeployment:
         from optw.catalog import open_catalog
 
         # a semaphore of 0 would accept requests and never answer them
-        threads = integer(settings.get("solve_threads", 1), "solve_threads", 1,
-                          MAX_ONGOING_REQUESTS)
+        threads = bounded_int(settings.get("solve_threads", 1), "solve_threads", 1,
+                              MAX_SOLVE_THREADS)
         torch.set_num_threads(1)
         catalog = open_catalog(settings.get("catalog"))
         catalog.region(catalog.list_regions()[0])  # read the node table now, not on a request
@@ -141,11 +156,15 @@ class PlannerDeployment:
         self.planner = Planner(catalog, self.models,
                                solve_options=settings.get("solve_options"))
         self.solve_slots = asyncio.Semaphore(threads)
+        self.solver = concurrent.futures.ThreadPoolExecutor(threads,
+                                                            thread_name_prefix="optw-solve")
+        self.in_flight = 0  # /plan requests past parsing: solving or waiting for a slot
         self.started = time.time()
 
     @app.post("/plan")
     async def plan(self, request: Request) -> JSONResponse:
         """An itinerary for one tourist (see ``docs/planner.md`` for the body)."""
+        check_content_type(request.headers.get("content-type"))
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
             raise PlanError(413, "body", f"request body of {length} bytes is over the limit of "
@@ -157,18 +176,22 @@ class PlannerDeployment:
                 raise PlanError(413, "body", f"request body is over the limit of "
                                 f"{MAX_BODY_BYTES} bytes")
         req = self.planner.parse(bytes(body))  # cheap: bad requests never wait for a solve
+        self.in_flight += 1
         try:
-            # the model first, without a solve slot: a slow registry holds only this request,
-            # at most registry_timeout seconds (then the cached model, or 503)
+            # the model first, without a solve slot: a cached model at once; a region without
+            # one waits for the registry at most registry_timeout seconds (then 503)
             model = await asyncio.to_thread(self.models.get, req.region.id)
             async with self.solve_slots:
-                answer = await asyncio.to_thread(self.planner.solve, req, model)
+                answer = await asyncio.get_running_loop().run_in_executor(
+                    self.solver, self.planner.solve, req, model)
         except PlanError:
             raise
         except Exception as exc:  # a bug or a broken model: say so, keep serving
             log.exception("planning failed for region %s", req.region.id)
             raise PlanError(500, None, f"internal error while planning: "
                             f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self.in_flight -= 1
         return JSONResponse(answer)
 
     @app.get("/regions")
@@ -193,15 +216,20 @@ class PlannerDeployment:
 
     @app.get("/healthz")
     async def healthz(self) -> dict[str, Any]:
-        """Liveness: regions known, models cached (region -> version), uptime."""
+        """Liveness: regions known, models cached (region -> version), plans in flight (being
+        solved or waiting for a solve slot), uptime. Never waits for a solve."""
         return {"status": "ok", "regions": len(self.planner.catalog),
-                "models": self.models.loaded(), "tracking_uri": self.models.uri,
+                "models": self.models.loaded(), "plans_in_flight": self.in_flight,
+                "tracking_uri": self.models.uri,
                 "uptime_s": round(time.time() - self.started, 1), "pid": os.getpid()}
 
     def __del__(self) -> None:
         models = getattr(self, "models", None)
         if models is not None:
             models.close()
+        solver = getattr(self, "solver", None)
+        if solver is not None:
+            solver.shutdown(wait=False, cancel_futures=True)
 
 
 def build_app(catalog: str | Path | None = None, tracking_uri: str | None = None, *,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +77,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--region", required=True)
     p.add_argument("--start", default=None, metavar="X,Y|LAT,LON",
                    help="start and end location, LAT,LON for a lat/lon region (default: the "
-                   "region's own start)")
+                   "region's own start); negative values work: --start -33.86,151.2 or "
+                   "--start=-33.86,151.2")
     p.add_argument("--from", dest="t_start", default=None, metavar="TIME",
-                   help="day start, minutes or HH:MM (default: the benchmark's)")
+                   help="day start, minutes or HH:MM (default: the benchmark's). HH:MM is "
+                   "the time of day on the Gavalas (t1xx, t2xx) and custom regions; on the "
+                   "Solomon and Cordeau regions (c101, pr01, ...) time counts from 0 at the "
+                   "depot's opening, so 09:00 means 540 minutes after it opens")
     p.add_argument("--to", dest="t_end", default=None, metavar="TIME",
-                   help="day end, minutes or HH:MM (default: the benchmark's)")
+                   help="day end, minutes or HH:MM, as --from (default: the benchmark's)")
     p.add_argument("--method", default=None,
                    help=f"{', '.join(METHODS)} (default beam)")
     p.add_argument("--beams", default=None,
@@ -97,13 +102,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="MLflow store with the registry (default: $MLFLOW_TRACKING_URI or the "
                    "project's sqlite mlflow.db); must answer within 3 s")
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
+    # a value that starts with "-" and a digit is a value (a negative coordinate or time),
+    # not an option: `--start -33.86,151.2` (argparse takes only "-5" and "-1.5" as numbers)
+    p._negative_number_matcher = re.compile(r"^-\.?\d")
     p.set_defaults(func=_plan)
 
 
 def _serve(args) -> int:
-    from optw.serve.settings import MAX_SOLVE_THREADS, SERVE_FLAGS, integer, serve_settings
+    from optw.serve.settings import MAX_SOLVE_THREADS, SERVE_FLAGS, bounded_int, serve_settings
 
-    threads = integer(args.solve_threads, "--solve-threads", 1, MAX_SOLVE_THREADS,
+    threads = bounded_int(args.solve_threads, "--solve-threads", 1, MAX_SOLVE_THREADS,
                       "a number of solves at once per replica")
     settings = serve_settings(
         host=args.host, port=args.port, catalog=args.catalog, tracking_uri=args.tracking_uri,
@@ -112,7 +120,9 @@ def _serve(args) -> int:
         registry_timeout=args.registry_timeout, request_timeout=args.request_timeout,
         names=SERVE_FLAGS)
     from optw.serve.app import deploy  # imports Ray; starts it only now, with good settings
+    from optw.serve.quiet import filter_ray_noise
 
+    filter_ray_noise()  # Ray's internal start/stop lines stay off the terminal
     deploy(settings, blocking=True, names=SERVE_FLAGS)
     return 0
 
@@ -120,8 +130,8 @@ def _serve(args) -> int:
 def _number(text: str, option: str, what: str) -> float:
     import math
 
-    try:
-        value = float(text)
+    try:  # ASCII only: float() also reads Arabic-Indic and other Unicode digits
+        value = float(text) if text.isascii() else math.nan
     except ValueError:
         value = math.nan
     if not math.isfinite(value):
@@ -134,7 +144,7 @@ def _request(args) -> dict[str, Any]:
     from optw.decode.limits import MAX_BEAMS, MIN_BEAMS
     from optw.serve.preferences import PREFERENCES
     from optw.serve.request import METHODS
-    from optw.serve.settings import integer, text
+    from optw.serve.settings import bounded_int, text
 
     req: dict[str, Any] = {"region": text(args.region, "--region", "a region id such as t101")}
     if args.start is not None:
@@ -158,7 +168,7 @@ def _request(args) -> dict[str, Any]:
                              f"{', '.join(METHODS)}")
         req["method"] = args.method
     if args.beams is not None:
-        req["beams"] = integer(args.beams, "--beams", MIN_BEAMS, MAX_BEAMS, "a beam width")
+        req["beams"] = bounded_int(args.beams, "--beams", MIN_BEAMS, MAX_BEAMS, "a beam width")
         req.setdefault("method", "beam")
     if args.preference is not None:
         if args.preference not in PREFERENCES:
@@ -226,7 +236,7 @@ def _plan(args) -> int:
     from optw.serve.errors import PlanError
     from optw.serve.models import RegistryModels
     from optw.serve.planner import Planner
-    from optw.serve.request import coords_of, parse_request
+    from optw.serve.request import clock_note, coords_of, parse_request
     from optw.serve.settings import open_catalog_checked
 
     data = _request(args)  # the options' own formats
@@ -253,12 +263,16 @@ def _plan(args) -> int:
     if args.json:
         print(json.dumps(answer, indent=2))
     else:
-        print(render_itinerary(answer, catalog.region(req.region.id).n_points))
+        region = catalog.region(req.region.id)
+        print(render_itinerary(answer, region.n_points, clock_note(region)))
     return 0
 
 
-def render_itinerary(answer: dict[str, Any], n_points: int | None = None) -> str:
-    """A plan as a table a person can read (clock times when the request used HH:MM)."""
+def render_itinerary(answer: dict[str, Any], n_points: int | None = None,
+                     note: str | None = None) -> str:
+    """A plan as a table a person can read (clock times when the request used HH:MM): one
+    label over each column (``begin``: when the visit begins, after any wait), ``note`` (what
+    a clock time means in the region) under the summary."""
     from optw.serve.request import format_time
 
     latlon = answer.get("coords") == "latlon"
@@ -284,16 +298,16 @@ def render_itinerary(answer: dict[str, Any], n_points: int | None = None) -> str
         f"{t(answer['t_start'])} to {t(answer['t_end'])}",
         f"{answer['visits']} visit(s){f' of {n_points} points' if n_points else ''}; "
         f"{how}, {model}; solved in {answer['solve_ms']:.0f} ms",
+        *([f"Note: {note}"] if note else []),
         "",
-        f"{'stop':>4}  {'place':<{w}} {'arrive':>8} {'start visit':>11} {'leave':>8} "
-        f"{'score':>8}",
+        f"{'stop':>4}  {'place':<{w}} {'arrive':>8} {'begin':>8} {'leave':>8} {'score':>8}",
     ]
     for s, place in zip(answer["route"], places, strict=True):
         arrive = "" if s["kind"] == "start" else t(s["arrival"])
         begin = t(s["start"]) if s["kind"] == "visit" else ""
         leave = "" if s["kind"] == "end" else t(s["leave"])
         score = f"{s['score']:g}" if s["kind"] == "visit" else ""
-        lines.append(f"{s['stop']:>4}  {place:<{w}} {arrive:>8} {begin:>11} {leave:>8} "
+        lines.append(f"{s['stop']:>4}  {place:<{w}} {arrive:>8} {begin:>8} {leave:>8} "
                      f"{score:>8}")
-    lines.append(f"{'':>4}  {'total':<{w}} {'':>8} {'':>11} {'':>8} {answer['score']:>8g}")
+    lines.append(f"{'':>4}  {'total':<{w}} {'':>8} {'':>8} {'':>8} {answer['score']:>8g}")
     return "\n".join(lines)

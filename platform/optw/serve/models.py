@@ -2,9 +2,10 @@
 each region's registry champion, reloaded when the ``champion`` alias moves.
 
 Registry calls (the alias lookup, the download and load of a new version) run in a small thread
-pool, at most one per region at a time, and a request waits for one at most ``timeout`` seconds:
-then it is served with the cached model, or answered 503 when there is none. So a registry that
-is down or hangs never holds a request longer than that.
+pool, at most one per region at a time. A region with a cached model is served with it at once,
+never waiting for a lookup (the lookup runs in the background and its result serves later
+requests); only a region without one waits, at most ``timeout`` seconds, then gets 503. So a
+registry that is down or hangs never holds a request of a cached region at all.
 
 MLflow and torch are imported when a model is first loaded.
 """
@@ -16,6 +17,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -67,21 +69,23 @@ class RegistryModels:
     """Each region's ``models:/optw-<region>@champion``, cached per region.
 
     The alias is looked up again at most every ``check_interval`` seconds (one cheap registry
-    query); when it points at another version, that version is loaded and replaces the cached
-    one. While one request waits for that check, others keep solving with the previous model.
-    If the registry cannot be reached, a cached model keeps serving. A request waits for the
-    registry at most ``timeout`` seconds: then it gets the cached model, or a 503
-    :class:`PlanError` when the region has none yet (the lookup goes on in the background, and
-    its result serves the next request).
+    query, in the background); when it points at another version, that version is loaded
+    (in the background too) and replaces the cached one. Requests never wait for that check:
+    they solve with the cached model. If the registry cannot be reached, a cached model keeps
+    serving. A region without a cached model waits for the registry at most ``timeout``
+    seconds, then gets a 503 :class:`PlanError` (the lookup goes on in the background, and its
+    result serves the next request). ``clock``: the time source of the check interval.
     """
 
     def __init__(self, uri: str | None = None, check_interval: float = DEFAULT_CHECK_INTERVAL,
-                 *, timeout: float = DEFAULT_REGISTRY_TIMEOUT, workers: int = 4):
+                 *, timeout: float = DEFAULT_REGISTRY_TIMEOUT, workers: int = 4,
+                 clock: Callable[[], float] = time.monotonic):
         from optw.tracking import tracking_uri
 
         self.uri = tracking_uri(uri)
         self.check_interval = float(check_interval)
         self.timeout = float(timeout)
+        self._clock = clock
         self._entries: dict[str, _Entry] = {}
         self._guard = threading.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -92,30 +96,27 @@ class RegistryModels:
             return self._entries.setdefault(region_id, _Entry())
 
     def _fresh(self, e: _Entry) -> bool:
-        return e.current is not None and time.monotonic() - e.checked < self.check_interval
+        return e.current is not None and self._clock() - e.checked < self.check_interval
 
     def get(self, region_id: str) -> LoadedModel:
+        """The region's model. A cached model is returned at once, whatever the registry does:
+        when its check is due, the lookup (and the load of a new champion) starts in the
+        background and serves later requests. Only a region without a cached model waits for
+        the registry, at most ``timeout`` seconds (then 503)."""
         e = self._entry(region_id)
         current = e.current
-        if self._fresh(e) and current is not None:
+        if current is not None and self._fresh(e):
             return current
         with e.lock:
-            if self._fresh(e) and e.current is not None:
-                return e.current
-            started = e.pending is None or e.pending.done()
-            if started:
+            if (e.current is None or not self._fresh(e)) and (
+                    e.pending is None or e.pending.done()):
                 e.pending = self._pool.submit(self._refresh, region_id, e)
-            pending = e.pending
-            current = e.current
-        if current is not None and not started:
-            return current  # another request is checking or reloading: use the cached model
+            pending, current = e.pending, e.current
+        if current is not None:
+            return current  # never wait for the registry while a model is cached
         try:
             return pending.result(timeout=self.timeout)
         except concurrent.futures.TimeoutError:
-            if current is not None:
-                log.warning("registry %s did not answer within %g s; serving cached %s "
-                            "version %s", self.uri, self.timeout, region_id, current.version)
-                return current
             raise PlanError(503, "region", f"region: the model registry {self.uri} did not "
                             f"answer within {self.timeout:g} s (unreachable, or still loading "
                             f"the model of {region_id}); try again") from None
@@ -130,7 +131,7 @@ class RegistryModels:
             if e.current is not None:
                 log.warning("registry %s unreachable (%s); serving cached %s version %s",
                             self.uri, exc, region_id, e.current.version)
-                e.checked = time.monotonic()
+                e.checked = self._clock()
                 return e.current
             raise PlanError(503, "region", f"region: the model registry {self.uri} is "
                             f"unavailable ({type(exc).__name__}: {_short(exc)})") from exc
@@ -146,14 +147,14 @@ class RegistryModels:
                 if e.current is not None:
                     log.error("cannot load %s (%s); keeping version %s", name, exc,
                               e.current.version)
-                    e.checked = time.monotonic()
+                    e.checked = self._clock()
                     return e.current
                 raise PlanError(503, "region", f"region: cannot load {name} "
                                 f"({type(exc).__name__}: {_short(exc)})") from exc
             e.current = LoadedModel(solver.model, solver.version, name)
             log.info("loaded %s version %s in %.2f s", name, solver.version,
                      time.perf_counter() - t0)
-        e.checked = time.monotonic()
+        e.checked = self._clock()
         assert e.current is not None
         return e.current
 

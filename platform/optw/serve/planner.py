@@ -19,7 +19,10 @@ from optw.serve.preferences import PREFERENCES
 from optw.serve.request import (
     BEAM_METHODS,
     METHODS,
+    OPENING_CLOCK_GROUPS,
     PlanRequest,
+    clock_note,
+    clock_origin,
     coords_of,
     decode_body,
     format_time,
@@ -81,6 +84,8 @@ class Planner:
                                                        "y": float(r["start_y"])},
                  "t_start": float(r["t_start"]), "t_end": float(r["t_end"]),
                  "day": [0.0, float(r["t_max"])],
+                 "clock_origin": "opening" if r["group"] in OPENING_CLOCK_GROUPS
+                 else "midnight",
                  "coords": "latlon" if c == "latlon" else "xy"}
                 for (_, r), c in zip(df.iterrows(), coords, strict=True)]
 
@@ -104,6 +109,7 @@ class Planner:
                 "start": start, "t_start": r.t_start, "t_end": r.t_end,
                 "t_start_clock": format_time(r.t_start), "t_end_clock": format_time(r.t_end),
                 "day": [0.0, r.t_max], "day_clock": [format_time(0.0), format_time(r.t_max)],
+                "clock_origin": clock_origin(r), "clock_note": clock_note(r),
                 "preferences": {k: v[0] for k, v in PREFERENCES.items()}}
 
     # -- planning
@@ -117,7 +123,7 @@ class Planner:
     def solve(self, req: PlanRequest, loaded: LoadedModel | None = None) -> dict[str, Any]:
         """Solve a validated request -> the itinerary as a JSON-ready dict (with ``loaded``,
         the region's model already fetched from :attr:`models`)."""
-        from optw.env import check_route
+        from optw.env import InvalidRoute, check_route
 
         if loaded is None:
             loaded = self.models.get(req.region.id)
@@ -127,16 +133,18 @@ class Planner:
         route = self._route(loaded.model, req) if reachable(req).any() else [0, n - 1]
         tourists = req.tourists()
         check = check_route(req.region, route, tourists, 0)
-        if not check.ok:
-            log.error("invalid route from %s for %s: %s", loaded.source, req, check.problems)
-            raise PlanError(500, None, "the solver produced an invalid route: "
-                            + "; ".join(check.problems))
+        try:
+            check.raise_if_invalid("the solver's route")
+        except InvalidRoute as exc:
+            log.error("%s (model %s, request %s)", exc, loaded.source, req)
+            raise PlanError(500, None, str(exc)) from None
         solve_ms = (time.perf_counter() - t0) * 1e3
         stops = self._stops(req, route, check, tourists.scores[0])
         start = {"x": req.start_xy[0], "y": req.start_xy[1],
                  **_latlon_dict(req.start_latlon)}
         return {
             "region": req.region.id, "coords": coords_of(req.region), "method": req.method,
+            "clock_origin": clock_origin(req.region),
             "beams": req.beams if req.method in BEAM_METHODS else None,
             "preference": req.preference, "model_version": loaded.version,
             "start": start, "t_start": req.t_start, "t_end": req.t_end, "clock": req.clock,

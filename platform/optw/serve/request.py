@@ -35,8 +35,8 @@ from optw.catalog import (
     read_tourist,
     tourist_batch,
 )
-from optw.catalog.tourist_json import check_fields, describe, finite_number
-from optw.serve.errors import PlanError
+from optw.catalog.tourist_json import describe, finite_number
+from optw.serve.errors import PlanError, clip
 from optw.serve.preferences import DEFAULT_PREFERENCE, preference_scores
 
 #: Largest accepted request body (bytes); larger bodies get HTTP 413.
@@ -49,7 +49,11 @@ DEFAULT_METHOD = "beam"
 FIELDS = ("region", "start", "t_start", "t_end", "scores", "preference", "method", "beams")
 #: The request's fields that describe the tourist (read by :func:`optw.catalog.read_tourist`).
 TOURIST_KEYS = ("start", "t_start", "t_end", "scores")
-_HHMM = re.compile(r"^\s*(\d{1,2}):([0-5]\d)\s*$")
+#: ASCII digits only: ``\d`` alone also takes Arabic-Indic and other Unicode digits.
+_HHMM = re.compile(r"^\s*(\d{1,2}):([0-5]\d)\s*$", re.ASCII)
+#: JSON integers longer than this are out of range of every field (a float holds at most 309
+#: digits); they are read as :class:`HugeInt`, not refused as malformed JSON.
+MAX_INT_DIGITS = 400
 
 
 def _invalid(exc: TouristError) -> PlanError:
@@ -85,7 +89,7 @@ def latlon_start(value: Any, region: Region) -> tuple[float, float] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping) or set(value) != {"lat", "lon"}:
-        got = (f"keys {sorted(map(str, value))}" if isinstance(value, Mapping)
+        got = (f"keys {clip(sorted(map(str, value)))}" if isinstance(value, Mapping)
                else describe(value))
         raise PlanError(422, "start", f"start: region {region.id} has lat/lon coordinates; "
                         f"expected {{\"lat\": degrees, \"lon\": degrees}}, got {got}")
@@ -115,6 +119,27 @@ def parse_time(value: Any, name: str) -> tuple[float, bool]:
         return finite_number(value, name), False
     except TouristError as exc:
         raise _invalid(exc) from None
+
+
+#: Benchmark groups whose times count from 0 at the depot's opening (the Solomon and Cordeau
+#: files); the Gavalas regions and custom regions count minutes after midnight.
+OPENING_CLOCK_GROUPS = ("solomon", "cordeau")
+
+
+def clock_origin(region: Region) -> str:
+    """What 0 minutes (and so ``"00:00"``) is in ``region``: ``"midnight"`` (the Gavalas
+    regions, custom regions: ``"09:00"`` is 9 am) or ``"opening"`` (Solomon and Cordeau
+    regions: the depot's opening, so ``"09:00"`` is 540 minutes after it opens)."""
+    return "opening" if getattr(region, "group", None) in OPENING_CLOCK_GROUPS else "midnight"
+
+
+def clock_note(region: Region) -> str | None:
+    """One sentence on what ``HH:MM`` means in a region whose clock starts at the depot's
+    opening (None where it is the time of day)."""
+    if clock_origin(region) == "midnight":
+        return None
+    return (f"{region.id} counts time from the depot's opening, not midnight (09:00 = 540 "
+            f"min after it opens); its day is 0-{region.t_max:g} min")
 
 
 def format_time(minutes: float) -> str:
@@ -149,6 +174,30 @@ class PlanRequest:
         return tourist_batch(self.region, [one], "generated").tourists
 
 
+class HugeInt(int):
+    """A JSON integer of more than :data:`MAX_INT_DIGITS` digits (``beams`` = 10^5000 is valid
+    JSON, out of range): an int beyond any bound, shown short (Python refuses to print ints
+    of over 4300 digits)."""
+
+    digits: str
+
+    def __new__(cls, text: str) -> HugeInt:
+        sign = -1 if text.startswith("-") else 1
+        digits = text.lstrip("+-")
+        out = super().__new__(cls, sign * 10 ** (len(digits) - 1))
+        out.digits = text
+        return out
+
+    def __repr__(self) -> str:
+        return f"{self.digits[:20]}... ({len(self.digits.lstrip('+-'))} digits)"
+
+    __str__ = __repr__
+
+
+def _json_int(text: str) -> int:
+    return HugeInt(text) if len(text) > MAX_INT_DIGITS else int(text)
+
+
 def decode_body(body: bytes) -> dict[str, Any]:
     """Raw request body -> JSON object (413 when too large, 400 when not a JSON object)."""
     if len(body) > MAX_BODY_BYTES:
@@ -157,23 +206,21 @@ def decode_body(body: bytes) -> dict[str, Any]:
     if not body.strip():
         raise PlanError(400, "body", "body: empty request body; send a JSON object")
     try:
-        data = json.loads(body.decode("utf-8"))
+        data = json.loads(body.decode("utf-8"), parse_int=_json_int)
     except (ValueError, RecursionError) as exc:
-        raise PlanError(400, "body", f"body: malformed JSON ({exc})") from None
+        raise PlanError(400, "body", f"body: malformed JSON ({clip(str(exc), 200)})") from None
     if not isinstance(data, dict):
         raise PlanError(400, "body", f"body: must be a JSON object, not {type(data).__name__}")
     return data
 
 
 def _beams(value: Any) -> int:
-    from optw.decode.limits import MAX_BEAMS, MIN_BEAMS
+    from optw.decode.limits import check_beams
 
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PlanError(422, "beams", f"beams: expected an integer in {MIN_BEAMS}..{MAX_BEAMS}, "
-                        f"got {describe(value)}")
-    if not MIN_BEAMS <= value <= MAX_BEAMS:
-        raise PlanError(422, "beams", f"beams: {value} is outside {MIN_BEAMS}..{MAX_BEAMS}")
-    return value
+    try:
+        return check_beams(value, "beams")
+    except ValueError as exc:
+        raise PlanError(422, "beams", str(exc)) from None
 
 
 def _check_day(name: str, v: float, region: Region) -> None:
@@ -189,10 +236,13 @@ def parse_request(data: Mapping[str, Any], catalog: Catalog) -> PlanRequest:
     """Validate a decoded request against the catalog; raises :class:`PlanError`."""
     from optw.decode.limits import SERVE_BEAMS
 
-    try:
-        check_fields(data, FIELDS)
-    except TouristError as exc:
-        raise _invalid(exc) from None
+    unknown = sorted(str(k) for k in set(data) - set(FIELDS))
+    if unknown:  # each key cut short: a 200 KB key is not echoed back
+        first = clip(unknown[0])
+        listed = ", ".join(repr(clip(k)) for k in unknown[:5]) + (
+            f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise PlanError(422, first, f"{first}: unknown field(s) [{listed}]; allowed: "
+                        f"{list(FIELDS)}")
     rid = data.get("region")
     if not isinstance(rid, str) or not rid:
         raise PlanError(422, "region", f"region: expected a region id (string), got "

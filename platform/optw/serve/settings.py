@@ -32,10 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: Requests in flight per replica (the deployment's ``max_ongoing_requests``).
-MAX_ONGOING_REQUESTS = 16
-#: More solve slots than requests in flight would never be used.
-MAX_SOLVE_THREADS = MAX_ONGOING_REQUESTS
+from optw.serve.errors import clip
+
+#: Solves at once per replica (``solve_threads``), each in its own worker thread.
+MAX_SOLVE_THREADS = 16
+#: Requests a replica accepts at once (the deployment's ``max_ongoing_requests``). Well above
+#: the solve slots: requests beyond them wait for a slot inside the replica, not in Ray Serve's
+#: queue in front of it, so ``/healthz``, ``/regions`` and bad requests are never queued behind
+#: solves (30 concurrent solves once held ``/healthz`` for 24 s).
+MAX_ONGOING_REQUESTS = 1024
 MAX_REPLICAS = 1024
 #: Seconds between two checks of a region's champion alias.
 DEFAULT_CHECK_INTERVAL = 2.0
@@ -94,15 +99,17 @@ class ServeSettings:
 # ----------------------------------------------------------------------------- numbers
 
 
-def integer(value: Any, name: str, lo: int, hi: int, what: str = "an integer") -> int:
-    """``value`` (an int, or its decimal text from the command line) within ``lo..hi``."""
+def bounded_int(value: Any, name: str, lo: int, hi: int, what: str = "an integer") -> int:
+    """``value`` (an int, or its decimal text from the command line, ASCII digits) within
+    ``lo..hi``; ``ValueError`` naming ``name`` otherwise. (Not to be confused with
+    :func:`optw.train.config.integer`, the predicate "an int that is not a bool".)"""
     out: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         out = value
-    elif isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,30}\s*", value):
+    elif isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,30}\s*", value, re.ASCII):
         out = int(value)
     if out is None or not lo <= out <= hi:
-        raise ValueError(f"{name}: expected {what} in {lo}..{hi}, got {value!r}")
+        raise ValueError(f"{name}: expected {what} in {lo}..{hi}, got {clip(value)!r}")
     return out
 
 
@@ -111,14 +118,14 @@ def seconds(value: Any, name: str, lo: float, hi: float, what: str = "seconds") 
     out: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         out = float(value)
-    elif isinstance(value, str):
+    elif isinstance(value, str) and value.isascii():  # float() also reads Arabic-Indic digits
         try:
             out = float(value)
         except ValueError:
             out = None
     if out is None or not math.isfinite(out) or not lo <= out <= hi:
         raise ValueError(f"{name}: expected {what}, a finite number in {lo:g}..{hi:g}, "
-                         f"got {value!r}")
+                         f"got {clip(value)!r}")
     return out
 
 
@@ -126,7 +133,7 @@ def text(value: Any, name: str, what: str) -> str:
     """A non-empty string without whitespace or control characters."""
     if not isinstance(value, str) or not value or len(value) > 1000 or \
             any(c.isspace() or not c.isprintable() for c in value):
-        raise ValueError(f"{name}: expected {what}, got {value!r}")
+        raise ValueError(f"{name}: expected {what}, got {clip(value)!r}")
     return value
 
 
@@ -272,9 +279,9 @@ def serve_settings(*, host: Any = "127.0.0.1", port: Any = 8000,
         "solve_threads", "solve_options", "ray_address", "ray_cpus", "ready_timeout",
         "request_timeout", "registry_timeout")}
     host = text(host, n["host"], "an address to listen on, such as 127.0.0.1 or 0.0.0.0")
-    port = integer(port, n["port"], 0, 65535, "a TCP port (0: any free port)")
-    replicas = integer(num_replicas, n["num_replicas"], 1, MAX_REPLICAS, "a number of replicas")
-    threads = integer(solve_threads, n["solve_threads"], 1, MAX_SOLVE_THREADS,
+    port = bounded_int(port, n["port"], 0, 65535, "a TCP port (0: any free port)")
+    replicas = bounded_int(num_replicas, n["num_replicas"], 1, MAX_REPLICAS, "a number of replicas")
+    threads = bounded_int(solve_threads, n["solve_threads"], 1, MAX_SOLVE_THREADS,
                       "a number of solves at once per replica")
     cpus = seconds(num_cpus, n["num_cpus"], 0.0, 1024.0, "CPUs per replica")
     interval = seconds(check_interval, n["check_interval"], 0.0, MAX_CHECK_INTERVAL,
@@ -285,7 +292,7 @@ def serve_settings(*, host: Any = "127.0.0.1", port: Any = 8000,
                         "seconds a request may take")
     ready_s = seconds(ready_timeout, n["ready_timeout"], 1.0, 3600.0,
                       "seconds to wait for the planner to answer")
-    ray_cpus_n = None if ray_cpus is None else integer(ray_cpus, n["ray_cpus"], 1, 4096,
+    ray_cpus_n = None if ray_cpus is None else bounded_int(ray_cpus, n["ray_cpus"], 1, 4096,
                                                        "a number of CPUs")
     options = _solve_options(solve_options, n["solve_options"])
     local = text(ray_address, n["ray_address"], "'local', 'auto' or HOST:PORT") == "local"

@@ -15,8 +15,10 @@ scores, tourist}`` (missing keys take the region's benchmark values; ``scores`` 
 node, or per point of interest without the start/end nodes; ``start_xy`` is accepted for
 ``start``), each read and checked by :func:`optw.catalog.read_tourists`. Params: ``method``
 (default ``beam``), ``beams`` (default :data:`optw.decode.limits.SERVE_BEAMS`). Output: a
-DataFrame with ``route, score, seconds`` per tourist; ``solve`` returns ``Solution`` objects whose
-``tourist`` is the given id (e.g. ``"alice"``).
+DataFrame with ``tourist, route, score, seconds`` per tourist, ``tourist`` echoing the given id
+(e.g. ``"alice"``; the position in the input when none is given); ``solve`` returns ``Solution``
+objects whose ``tourist`` is that id. Torch runs with the cores other work leaves free
+(:func:`optw.threads.default_threads`) unless ``threads`` is given, restored after the call.
 """
 
 from __future__ import annotations
@@ -103,12 +105,23 @@ def tourists_from_records(region: Region, data: Any) -> TouristBatch:
     return read_tourists([_alias(r) for r in _records(data)], region, defaults=True)
 
 
+#: The columns of :meth:`OptwSolverModel.predict`'s DataFrame.
+OUTPUT_COLUMNS = ["tourist", "route", "score", "seconds"]
+
+
 def solutions_frame(solutions):
-    """``list[Solution]`` -> DataFrame ``route, score, seconds`` (JSON-friendly cells)."""
-    rows = [{"route": [int(v) for v in getattr(s, "route", [])],
+    """``list[Solution]`` -> DataFrame ``tourist, route, score, seconds`` (JSON-friendly
+    cells; ``tourist`` is each solution's id, as given)."""
+    rows = [{"tourist": _plain(getattr(s, "tourist", None)),
+             "route": [int(v) for v in getattr(s, "route", [])],
              "score": float(getattr(s, "score", math.nan)),
              "seconds": float(getattr(s, "seconds", math.nan))} for s in solutions]
-    return pd.DataFrame(rows, columns=["route", "score", "seconds"])
+    return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
+
+
+def _plain(value: Any) -> Any:
+    """A numpy integer id as a Python int (JSON-friendly); strings and ints as they are."""
+    return int(value) if isinstance(value, numbers.Integral) else value
 
 
 # ----------------------------------------------------------------------------- the model
@@ -152,28 +165,37 @@ class OptwSolverModel(mlflow.pyfunc.PythonModel):
                 self._region = open_catalog().region(self.region_id)
         return self._region
 
-    def solve(self, tourists: Any, method: str = DEFAULT_METHOD, beams: int | None = None):
+    def solve(self, tourists: Any, method: str = DEFAULT_METHOD, beams: int | None = None,
+              threads: int | None = None):
         """``optw.decode.solve`` for these tourists -> ``list[Solution]`` (``tourist``: the
-        given id). ``beams`` defaults to :data:`~optw.decode.limits.SERVE_BEAMS`."""
-        from optw.decode import SERVE_BEAMS, check_width, solve
+        given id). ``beams`` defaults to :data:`~optw.decode.limits.SERVE_BEAMS`; ``threads``
+        (torch threads for this call) to the cores other work leaves free."""
+        import torch
+
+        from optw.decode import solve
+        from optw.decode.limits import SERVE_BEAMS, check_beams
+        from optw.threads import set_torch_threads
 
         if beams is None:
             beams = SERVE_BEAMS
         elif isinstance(beams, numbers.Integral) and not isinstance(beams, (bool, np.bool_)):
             beams = int(beams)  # numpy integers from a DataFrame or MLflow's params
-        try:
-            check_width(beams)  # 4.5 or True is an error, not a silent int()
-        except ValueError as exc:
-            raise ValueError(f"beams: {exc}") from None
+        check_beams(beams, "beams")  # 4.5 or True is an error, not a silent int()
         batch = tourists_from_records(self.region, tourists)
-        sols = solve(self.model, self.region, batch.tourists, method=method, beams=beams)
+        before = torch.get_num_threads()
+        set_torch_threads(threads)
+        try:
+            sols = solve(self.model, self.region, batch.tourists, method=method, beams=beams)
+        finally:
+            torch.set_num_threads(before)
         return [dataclasses.replace(s, tourist=tid) for s, tid in zip(sols, batch.ids,
                                                                         strict=True)]
 
     def predict(self, context, model_input: pd.DataFrame,
                 params: dict[str, Any] | None = None) -> pd.DataFrame:
         """Solve each tourist (a DataFrame row; a list of dicts works too) -> DataFrame
-        ``route, score, seconds``. The DataFrame hint tells MLflow not to coerce the input."""
+        ``tourist, route, score, seconds``. The DataFrame hint tells MLflow not to coerce the
+        input."""
         params = params or {}
         method = params.get("method")
         # only an absent (None) parameter takes the default: beams=0 is an error, not 16

@@ -22,24 +22,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue from OUT/last.pt exactly where it stopped")
     p.add_argument("--out", type=Path, default=None, help="folder (default: runs/train/REGION)")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the weights and of training, 0..4294967295 (default: config)")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--tourists-per-epoch", type=int, default=None)
     p.add_argument("--val-every", type=int, default=None)
     p.add_argument("--checkpoint-every", type=int, default=None)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--device", default=None)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads, 1..256 (default: the cores not busy with other work, "
+                   "see optw.threads)")
+    p.add_argument("--device", default=None,
+                   help="auto (default: cuda when available), cpu, cuda or cuda:N")
     p.add_argument("--catalog", type=Path, default=None)
     p.set_defaults(func=_train)
 
 
-def _train(args) -> int:
-    from optw.catalog import open_catalog
-    from optw.model import read_checkpoint
-    from optw.paths import train_run_dir, write_text_atomic
-    from optw.train.callbacks import Checkpointer, ProgressBar
-    from optw.train.config import TrainConfig
-    from optw.train.loop import check_resume, train
+#: TrainConfig key -> the ``optw train`` option that sets it, for error messages.
+OPTIONS = {"regions": "--region", "epochs": "--epochs", "seed": "--seed",
+           "batch_size": "--batch-size", "tourists_per_epoch": "--tourists-per-epoch",
+           "val_every": "--val-every", "checkpoint_every": "--checkpoint-every",
+           "threads": "--threads", "device": "--device", "finetune": "--finetune"}
+
+
+def _config(args):
+    """The run's :class:`TrainConfig` from ``--config`` and the options; a bad value given as
+    an option is one ``ConfigError`` naming the option (``--seed -5: ...``), one from the file
+    names the file and the key (``cfg.toml: model.d_model = 0: ...``)."""
+    from optw.train.config import ConfigError, TrainConfig, load_mapping
 
     overrides = {k: v for k, v in {
         "regions": args.region, "epochs": args.epochs, "seed": args.seed,
@@ -48,29 +57,63 @@ def _train(args) -> int:
         "threads": args.threads, "device": args.device,
         "finetune": True if args.finetune else None,
     }.items() if v is not None}
+    data, source = {}, "command line"
     if args.config:
-        from optw.train.config import load_mapping
-
         data = load_mapping(args.config)
         data = data.get("train", data)
+        source = str(args.config)
         listed = data.get("regions")
         listed = [listed] if isinstance(listed, str) else listed
         if args.region and listed and list(listed) != args.region:
             raise ValueError(f"--region {' '.join(args.region)} differs from regions = "
                              f"{listed} in {args.config}; give one of them")
-        config = TrainConfig.from_dict({**data, **overrides}, source=str(args.config))
-    else:
-        config = TrainConfig.from_dict(overrides, source="command line")
+    try:
+        return TrainConfig.from_dict({**data, **overrides}, source=source)
+    except ConfigError as exc:
+        if exc.key in overrides and exc.key in OPTIONS:
+            # "SOURCE: seed = -5: must be ..." -> "--seed -5: must be ..."
+            detail = str(exc).split(f"{exc.key} = ", 1)[-1]
+            raise ConfigError(f"{OPTIONS[exc.key]} {detail}", exc.key) from None
+        raise
+
+
+def _check_device(device: str, named: str) -> None:
+    """A CUDA device that this machine has (before anything is written)."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"{named}: {device} asked for, but CUDA is not available on this "
+                         "machine; use cpu or auto")
+    index = int(device[5:]) if device.startswith("cuda:") else 0
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"{named}: {device} asked for, but this machine has "
+                         f"{torch.cuda.device_count()} CUDA device(s)")
+
+
+def _train(args) -> int:
+    from optw.catalog import open_catalog
+    from optw.model import read_checkpoint
+    from optw.paths import train_run_dir, write_text_atomic
+    from optw.threads import set_torch_threads
+    from optw.train.callbacks import Checkpointer, ProgressBar
+    from optw.train.loop import check_resume, train
+
+    # every check first: a refused run writes nothing (no folder, no config.json)
+    config = _config(args)
     if not config.regions:
         raise ValueError("--region: no region to train on (give --region R, or regions in "
                          "the --config file)")
+    _check_device(config.device, "--device" if args.device is not None else
+                  f"device in {args.config}")
     catalog = open_catalog(args.catalog)
     for rid in config.regions:
         catalog.region(rid)  # unknown region: clear error before anything starts
     out = args.out or train_run_dir(config.regions)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out: {out} is a file, not a folder")
-    resume = None
+    resume, done = None, 0
     if args.resume:
         last = out / "last.pt"
         if not last.exists():
@@ -78,19 +121,42 @@ def _train(args) -> int:
         resume = read_checkpoint(last)  # read once: checked here, resumed by train()
         for key, (before, now) in check_resume(resume, config, str(last)).items():
             print(f"resuming {last} with {key} = {now!r} (it was trained with {before!r})")
+        done = int(resume["train"]["epoch"])
+        if done >= config.epochs:
+            print(f"nothing to train: {last} already holds {done} epochs (epochs = "
+                  f"{config.epochs}); give a larger --epochs to train more")
+            return 0
     else:
         if (out / "last.pt").exists():
             raise FileExistsError(f"--out: {out} already holds a run (last.pt); continue it "
                                   "with --resume, or choose a new --out")
         if args.init is not None and not Path(args.init).is_file():
             raise FileNotFoundError(f"--init: model file {args.init} does not exist")
+    if config.threads is None:
+        set_torch_threads(None)  # the cores other work leaves free, not torch's core count
+    created = not out.exists()
+    config_file = out / "config.json"
+    had_config = config_file.exists()
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "config.json", json.dumps(config.to_dict(), indent=2) + "\n")
+    write_text_atomic(config_file, json.dumps(config.to_dict(), indent=2) + "\n")
     checkpointer = Checkpointer(out, every=config.checkpoint_every)
-    result = train(config, catalog, [ProgressBar(), checkpointer], init=args.init, resume=resume)
+    try:
+        result = train(config, catalog, [ProgressBar(), checkpointer], init=args.init,
+                       resume=resume)
+    except BaseException:
+        # a run that failed before its first checkpoint leaves nothing behind
+        if not (out / "last.pt").exists():
+            if not had_config:
+                config_file.unlink(missing_ok=True)
+            if created and not any(out.iterdir()):
+                out.rmdir()
+        raise
     val = result.last_validation
     nan = float("nan")
-    print(f"trained {result.epochs} epochs in {result.seconds:.1f} s; greedy validation score "
+    trained = result.epochs - done
+    what = (f"trained {trained} more epochs ({result.epochs} in all)" if done
+            else f"trained {trained} epochs")
+    print(f"{what} in {result.seconds:.1f} s; greedy validation score "
           f"{val.get('val_score', nan):.2f}, benchmark {val.get('benchmark_score', nan):.2f}; "
           f"checkpoint {checkpointer.last}")
     return 0

@@ -11,19 +11,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optw.model.config import ConfigError, ModelConfig, integer, number, require
+from optw.threads import MAX_THREADS
 
-class ConfigError(ValueError):
-    """A configuration with unknown keys or bad values."""
-
-
-def integer(v: Any) -> bool:
-    """An int that is not a bool (bool is an int in Python, not in a config)."""
-    return type(v) is int
-
-
-def number(v: Any) -> bool:
-    """A finite int or float (not a bool, NaN or infinity)."""
-    return type(v) in (int, float) and math.isfinite(v)
+#: Seeds accepted (numpy's and torch's generators take 0..2**32-1 and 0..2**64-1).
+MAX_SEED = 2**32 - 1
 
 
 @dataclass
@@ -65,7 +57,8 @@ class TrainConfig:
     val_tourists: int = 64  # how many of the region's validation tourists to use
     checkpoint_every: int = 10_000  # epochs between checkpoints (0: only at the end)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    threads: int | None = None  # torch intra-op threads (None: torch's default)
+    #: torch intra-op threads (None: the cores other work leaves free, optw.threads)
+    threads: int | None = None
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides
 
     def __post_init__(self) -> None:
@@ -73,15 +66,15 @@ class TrainConfig:
 
     def validate(self) -> None:
         def need(cond: bool, name: str, what: str) -> None:
-            if not cond:
-                raise ConfigError(f"{name} = {getattr(self, name)!r}: {what}")
+            require(cond, name, getattr(self, name), what)
 
         if isinstance(self.regions, str):
             self.regions = [self.regions]
         need(isinstance(self.regions, list), "regions", "must be a list of region ids")
         need(all(isinstance(r, str) and r for r in self.regions), "regions",
              "must be a list of region ids")
-        need(integer(self.seed), "seed", "must be an integer")
+        need(integer(self.seed) and 0 <= self.seed <= MAX_SEED, "seed",
+             f"must be an integer in 0..{MAX_SEED}")
         for name in ("epochs", "batch_size", "tourists_per_epoch", "lr_decay_every"):
             need(integer(getattr(self, name)) and getattr(self, name) >= 1, name,
                  "must be an integer >= 1")
@@ -111,18 +104,16 @@ class TrainConfig:
         need(isinstance(self.device, str) and (self.device in ("auto", "cpu", "cuda") or (
             self.device.startswith("cuda:") and self.device[5:].isdigit())), "device",
              "must be auto, cpu, cuda or cuda:N")
-        need(self.threads is None or (integer(self.threads) and self.threads >= 1),
-             "threads", "must be an integer >= 1 or unset")
+        need(self.threads is None or (integer(self.threads) and 1 <= self.threads <= MAX_THREADS),
+             "threads", f"must be an integer in 1..{MAX_THREADS} or unset")
         need(isinstance(self.model, dict), "model", "must be a table of model settings")
-        from optw.model.config import ModelConfig
-
         known = sorted(f.name for f in dataclasses.fields(ModelConfig))
         unknown = sorted(set(self.model) - set(known))
         need(not unknown, "model", f"unknown key(s) {unknown}; known keys: {known}")
         try:
             ModelConfig(**self.model)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"model = {self.model!r}: {exc}") from None
+        except ConfigError as exc:  # "d_model = 0: ..." -> "model.d_model = 0: ..."
+            raise ConfigError(f"model.{exc}", f"model.{exc.key}") from None
 
     # -- construction
     @classmethod
@@ -207,7 +198,8 @@ def from_table(cls, data: dict[str, Any], where: str):
         return cls(**data)
     except ConfigError as exc:
         msg = str(exc)
-        raise ConfigError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+        raise ConfigError(msg if msg.startswith(where) else f"{where}: {msg}",
+                          exc.key) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
 

@@ -137,8 +137,13 @@
         pref.appendChild(o);
       }
       pref.value = "balanced";
-      setStatus(`${id}: ${detail.points.length} points, day ${detail.day_clock[0]}-` +
-        `${detail.day_clock[1]}. Click the map to move the start, then press Plan.`);
+      // a Solomon or Cordeau region counts from the depot's opening, not from midnight
+      const day = detail.clock_origin === "opening"
+        ? `day 0-${detail.day[1]} min from the depot's opening (HH:MM counts from it: ` +
+          `09:00 = 540 min after it opens)`
+        : `day ${detail.day_clock[0]}-${detail.day_clock[1]}`;
+      setStatus(`${id}: ${detail.points.length} points, ${day}. Click the map to move ` +
+        `the start, then press Plan.`);
       $("plan").disabled = false;
       state.ready = true;
     } catch (e) {

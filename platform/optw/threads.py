@@ -1,0 +1,103 @@
+"""How many torch threads to use: the cores this process may actually use now, not the
+machine's core count.
+
+torch's default (one thread per core) is 10-13x slower than one thread when the cores are busy
+with other work (measured on a 2-core machine beside two CPU-bound processes). The entry points
+that run torch (``optw solve``, ``optw train``, the MLflow pyfunc's ``solve``) call
+:func:`set_torch_threads` when no thread count is given. Nothing here imports torch before it is
+needed, nor anything else of ``optw``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+
+#: Largest accepted explicit thread count (``--threads``).
+MAX_THREADS = 256
+
+
+def granted_cpus() -> int:
+    """The cores this process may use: the smallest of its CPU affinity, the cgroup CPU quota,
+    Ray's CPU grant when it runs inside a Ray task or actor, and ``$OMP_NUM_THREADS`` when set
+    (Ray sets it in its workers). At least 1."""
+    limits = [len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+              else (os.cpu_count() or 1)]
+    quota = _cgroup_cpus()
+    if quota is not None:
+        limits.append(quota)
+    ray_cpus = _ray_grant()
+    if ray_cpus is not None:
+        limits.append(ray_cpus)
+    omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if omp.isascii() and omp.isdigit() and int(omp) >= 1:
+        limits.append(int(omp))
+    return max(1, min(limits))
+
+
+def default_threads() -> int:
+    """Threads for torch when none is given: the granted cores (:func:`granted_cpus`) less the
+    ones other processes keep busy (the 1-minute load average less this process's own share of
+    it, scaled to the granted share of the machine), rounded, at least 1."""
+    cpus = granted_cpus()
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):  # no load average on this platform
+        return cpus
+    machine = os.cpu_count() or cpus
+    # our own CPU time counts in the load too: at most all of it within the last minute
+    own = min(load, time.process_time() / 60.0)
+    busy = max(0.0, load - own) * min(1.0, cpus / machine)
+    return max(1, min(cpus, math.floor(cpus - busy + 0.5)))
+
+
+def check_threads(value: object, name: str = "threads") -> int:
+    """An explicit thread count: an int in 1..:data:`MAX_THREADS`; ``ValueError`` starting with
+    ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
+        raise ValueError(f"{name}: expected a number of threads in 1..{MAX_THREADS}, got "
+                         f"{value!r}")
+    return value
+
+
+def set_torch_threads(threads: int | None = None) -> int:
+    """Set torch's intra-op threads to ``threads`` (checked), or to :func:`default_threads`
+    when ``None``; returns the number set."""
+    import torch
+
+    n = default_threads() if threads is None else check_threads(threads)
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    return n
+
+
+def _cgroup_cpus() -> int | None:
+    """CPUs of the cgroup v2 quota (``cpu.max``), rounded up; None without a quota."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota == "max":
+            return None
+        return max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        return None
+
+
+def _ray_grant() -> int | None:
+    """CPUs Ray granted the current task or actor (None outside a Ray worker; Ray is never
+    imported here, only asked when this process already uses it)."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return None
+    try:
+        if not ray.is_initialized():
+            return None
+        ctx = ray.get_runtime_context()
+        if ctx.worker.mode != ray.WORKER_MODE:  # the driver: no grant
+            return None
+        cpus = ctx.get_assigned_resources().get("CPU")
+    except Exception:  # an old or partial Ray: no grant known
+        return None
+    return None if not cpus else max(1, math.ceil(cpus))
