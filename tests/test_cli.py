@@ -158,3 +158,20 @@ def test_broken_pipe_is_quiet(argv):
     proc.stdout.close()  # the reader is gone before the first line is written
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 0 and err == "", err
+
+
+def test_solve_tourist_file_nested_too_deep_is_one_line_naming_the_file(tmp_path):
+    """`optw solve --tourist FILE` reads tourist files through the catalog's JSON reader: a file
+    nested 100k deep (or with a 5000-digit number) is a ValueError naming the file, not a
+    RecursionError."""
+    from optw.catalog import open_catalog
+    from optw.decode.cli import read_tourists
+
+    region = open_catalog().region("c101")
+    for name, text in (("deep.json", "[" * 100_000 + "]" * 100_000),
+                       ("huge.json", '{"t_start": ' + "9" * 5000 + "}")):
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(ValueError, match=f"tourist file {path}") as info:
+            read_tourists(path, region)
+        assert "\n" not in str(info.value)

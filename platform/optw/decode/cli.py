@@ -74,15 +74,15 @@ def read_tourists(path: Path, region: Region) -> TouristBatch:
     :class:`~optw.catalog.TouristBatch`; errors name the file, the tourist and the field."""
     from optw.catalog import TouristError
     from optw.catalog import read_tourists as read_records
+    from optw.catalog.tourist_json import load_json
 
     where = f"tourist file {path}"
     try:
-        data = json.loads(Path(path).read_text())
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise FileNotFoundError(f"{where} does not exist (--tourist takes "
                                 f"{', '.join(TOURIST_CHOICES)} or a tourist JSON file)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{where} is not valid JSON: {exc}") from exc
+    data = load_json(raw, where)  # one line for bad JSON, deep nesting, huge numbers
     if isinstance(data, dict) and set(data) == {"tourists"}:
         data = data["tourists"]
     records = [data] if isinstance(data, dict) else data
