@@ -162,9 +162,10 @@ LN_MIN_WEIGHT = 0.05
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                eps: float = 1e-5) -> torch.Tensor:
     """``F.layer_norm`` over the last dimension of ``x[N, d]``; when gradients are recorded
-    the backward is computed from the output (one [N, d] tensor less kept per call), unless
-    some weight is near 0."""
-    if (_grad_needed(x, weight, bias) and x.dim() == 2
+    on the CPU the backward is computed from the output (one [N, d] tensor less kept per
+    call), unless some weight is near 0 (a check that would cost a GPU a host
+    synchronisation per call, so GPUs keep PyTorch's backward)."""
+    if (_grad_needed(x, weight, bias) and x.dim() == 2 and x.device.type == "cpu"
             and bool(weight.detach().abs().min() >= LN_MIN_WEIGHT)):
         return _LayerNormFromOutput.apply(x, weight, bias, eps)
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
