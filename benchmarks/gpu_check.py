@@ -16,7 +16,10 @@ Checks (each PASS or FAIL with its figures; everything also in ``OUT/gpu_check.j
    same routes as each trained alone there, with weights equal within rounding.
 
 Figures, device beside CPU: training epochs/s on t101 (B = 32, from scratch), beam-128 latency on
-t101's benchmark tourist, and the device's peak memory for each; on the device, the summed
+t101's benchmark tourist, and the device's peak memory for each; on the device: per training
+rollout (compact, static, static-free; t101, B = 32, published weights) the ops dispatched and
+kernels launched per epoch, the GPU busy fraction and epochs/s (``ops_t101``); sampled routes/s
+at B = 512 and K = 64 x 32 with the rollout training uses there (``routes_t101``); the summed
 region-epochs/s of all 56 Solomon regions trained in packs (of 14 and of 56). Exit code 1 when
 a check fails, 2 when CUDA is missing. ``tests/test_gpu.py`` runs the same checks under pytest
 where CUDA exists. ``docs/gpu.md`` says how to run it on the lent device.
@@ -176,6 +179,84 @@ def measure_beam(catalog, pretrained: Path, device: torch.device, repeats: int) 
     return {"beam128_ms": best * 1e3, "peak_mb": _peak_mb(device)}
 
 
+def _bench_ops():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_ops
+
+    return bench_ops
+
+
+def _t101_state(pretrained: Path) -> tuple[dict, Any]:
+    from optw.model import load_model
+
+    model = load_model(pretrained / WEIGHTS["t101"])
+    return {k: v.clone() for k, v in model.state_dict().items()}, model.cfg
+
+
+def measure_ops(catalog, pretrained: Path, device: torch.device, epochs: int,
+                warm: int = 2) -> dict:
+    """Per training rollout (``compact``, ``static``, ``static-free``), t101, B = 32, from
+    the published weights: dispatched ops and kernels per epoch, the device's busy fraction
+    over the profiled epochs (summed kernel time / wall time; CUDA only), and epochs/s."""
+    from torch.profiler import ProfilerActivity, profile
+
+    bench = _bench_ops()
+    state, cfg = _t101_state(pretrained)
+    region = catalog.region("t101")
+    out: dict[str, Any] = {}
+    for mode in bench.MODES:
+        runner = bench.Runner(mode, state, cfg, region, 0, 32, 1, device)
+        for _ in range(warm):
+            runner.epoch()
+        row: dict[str, Any] = bench.count_ops(runner, warm)
+        if device.type == "cuda":
+            _sync(device)
+            t0 = time.perf_counter()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(epochs):
+                    runner.epoch()
+                _sync(device)
+            wall = time.perf_counter() - t0
+            gpu = [e for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA]
+            busy_us = sum(e.time_range.elapsed_us() for e in gpu)
+            row["cuda_kernels"] = len(gpu) / epochs
+            row["busy_fraction"] = busy_us * 1e-6 / wall
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(epochs):
+            runner.epoch()
+        _sync(device)
+        row["epochs_per_s"] = epochs / (time.perf_counter() - t0)
+        out[mode] = row
+    return out
+
+
+def measure_routes(catalog, pretrained: Path, device: torch.device, epochs: int,
+                   sizes: tuple[tuple[int, int], ...]) -> dict:
+    """Sampled routes/s of training epochs (rollout + backward + Adam) on t101 with the
+    rollout training uses on ``device``, at K tourists x B routes for each ``(K, B)``."""
+    from optw.decode.static import training_rollout
+
+    bench = _bench_ops()
+    state, cfg = _t101_state(pretrained)
+    mode = training_rollout(device)
+    out: dict[str, Any] = {"mode": mode}
+    for k, b in sizes:
+        runner = bench.Runner(mode, state, cfg, catalog.region("t101"), 0, b, k, device)
+        runner.epoch()
+        _peak_reset(device)
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(epochs):
+            runner.epoch()
+        _sync(device)
+        eps = epochs / (time.perf_counter() - t0)
+        out[f"K{k}xB{b}"] = {"epochs_per_s": eps, "routes_per_s": eps * k * b,
+                             "peak_mb": _peak_mb(device)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json")
@@ -216,6 +297,11 @@ def main(argv: list[str] | None = None) -> int:
                                                         3 if args.quick else 10),
                                  "cpu": measure_beam(catalog, args.pretrained,
                                                      torch.device("cpu"), 2)},
+        "ops_t101": lambda: measure_ops(catalog, args.pretrained, device,
+                                        1 if args.quick else 20, 1 if args.quick else 2),
+        "routes_t101": lambda: measure_routes(
+            catalog, args.pretrained, device, 1 if args.quick else 10,
+            ((1, 64), (4, 32)) if args.quick and device.type == "cpu" else ((1, 512), (64, 32))),
         "packs_solomon": lambda: {
             f"pack_{size}": measure_packs(catalog, device, 5 if args.quick else 30, size)
             for size in ((56,) if args.quick else (14, 56))},

@@ -21,8 +21,9 @@ import torch
 
 from optw.catalog import Catalog, Region, Tourists, sample_tourists
 from optw.decode import rollout, solve
-from optw.decode.reinforce import reinforce_loss
-from optw.env import make_instances, stack_instances
+from optw.decode.reinforce import ReinforceLoss, reinforce_loss
+from optw.decode.static import training_rollout
+from optw.env import Instances, make_instances, stack_instances
 from optw.model import ModelConfig, PointerNet, checkpoint_dict, load_model, read_checkpoint
 from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import TrainConfig
@@ -70,6 +71,24 @@ def validate(
     model.train(was_training)
     return {"val_score": float(np.mean(val)), "benchmark_score": float(np.mean(bench)),
             "val_seconds": time.perf_counter() - t0, **out}
+
+
+def train_step(model: PointerNet, optimizer: torch.optim.Optimizer, instances: Instances,
+               ids: torch.Tensor, generator: torch.Generator, config: TrainConfig, lr: float,
+               mode: str = "compact") -> tuple[ReinforceLoss, torch.Tensor]:
+    """One epoch's learning step: ``config.batch_size`` sampled routes per tourist (route r is
+    of tourist ``ids[r]``; ``mode``: the rollout, :func:`~optw.decode.static.training_rollout`),
+    REINFORCE with the per-tourist mean baseline and the entropy bonus β, the gradient norm
+    clipped, one optimiser step at ``lr``. Returns the loss and the gradient norm."""
+    out = rollout(model, instances, ids, greedy=False, generator=generator, mode=mode)
+    rl = reinforce_loss(out.reward, out.log_prob, out.entropy, config.batch_size, config.beta)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+    rl.loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+    optimizer.step()
+    return rl, grad_norm
 
 
 def end_epoch(model: PointerNet, regions: list[Region], validation: dict[str, Tourists],
@@ -227,6 +246,7 @@ def train(
         cb.on_train_start(ctx)
 
     B, K = config.batch_size, config.tourists_per_epoch
+    mode = training_rollout(device)
     ids = torch.arange(K, device=device).repeat_interleave(B)  # route r -> tourist r // B
     t_run, rate, t_last = time.perf_counter(), None, time.perf_counter()
     train_s, limit_s = 0.0, (config.max_minutes or 0.0) * 60
@@ -244,20 +264,10 @@ def train(
             tourists = sample_tourists(region, K, np_rng, config.score_kind)
             instances = make_instances(region, tourists, device)
 
-        # 2. B sampled routes per tourist
-        out = rollout(model, instances, ids, greedy=False, generator=gen)
-
-        # 3. REINFORCE with the per-tourist mean baseline and an entropy bonus
-        rl = reinforce_loss(out.reward, out.log_prob, out.entropy, B, config.beta)
-        loss, entropy = rl.loss, rl.entropy
-
+        # 2.-3. B sampled routes per tourist, REINFORCE, one Adam step
         lr = config.learning_rate(epoch, train_s)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-        optimizer.step()
+        rl, grad_norm = train_step(model, optimizer, instances, ids, gen, config, lr, mode)
+        loss, entropy = rl.loss, rl.entropy
 
         # 4. report, validate, hand over to callbacks
         ctx.epoch = epoch + 1
