@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     if args.quick:
-        args.epochs, args.rounds, args.profile_epochs = 4, 2, 2
+        args.epochs, args.rounds, args.profile_epochs = 2, 1, 1
     torch.set_num_threads(args.threads)
     from optw.catalog import open_catalog
     from optw.model import ModelConfig, PointerNet, load_model
@@ -143,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{source}, {args.threads} threads, torch {torch.__version__}", flush=True)
     for r in runners.values():  # warm-up: kernels, caches, lazy imports
         r.epoch()
-    ops = {m: count_ops(r, args.profile_epochs) for m, r in runners.items()}
+    ops = {}
+    for m, r in runners.items():
+        ops[m] = count_ops(r, args.profile_epochs)
+        print(f"  {m}: {ops[m]['dispatched']:.0f} ops dispatched, {ops[m]['kernels']:.0f} "
+              f"kernels, {ops[m]['aten_ops']:.0f} aten ops per epoch", flush=True)
     best = {m: float("inf") for m in modes}
     for _ in range(args.rounds):
         for m, r in runners.items():

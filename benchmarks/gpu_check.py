@@ -267,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=200, help="epochs timed on each device")
     p.add_argument("--cpu-epochs", type=int, default=10, help="epochs timed on the CPU")
     p.add_argument("--quick", action="store_true", help="fewer epochs and repeats")
+    p.add_argument("--only", default="", help="comma-separated checks and figures to run "
+                   "(default: all)")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_check: error: CUDA is not available on this machine", file=sys.stderr)
@@ -306,8 +308,18 @@ def main(argv: list[str] | None = None) -> int:
             f"pack_{size}": measure_packs(catalog, device, 5 if args.quick else 30, size)
             for size in ((56,) if args.quick else (14, 56))},
     }
+    todo = {**checks, **figures}
+    if args.only:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = [n for n in names if n not in todo]
+        if unknown:
+            print(f"gpu_check: error: --only: unknown {', '.join(unknown)}; expected of "
+                  f"{', '.join(todo)}", file=sys.stderr)
+            return 2
+        todo = {n: todo[n] for n in names}
+        checks = {n: f for n, f in checks.items() if n in todo}
     failed = []
-    for name, fn in {**checks, **figures}.items():
+    for name, fn in todo.items():
         t0 = time.perf_counter()
         try:
             result = fn()
