@@ -11,8 +11,10 @@ Checks (each PASS or FAIL with its figures; everything also in ``OUT/gpu_check.j
    pr01 -> 308 and t101 -> 399 with the CPU's routes;
 2. ``greedy``: greedy routes on the device equal the CPU's on the 64 validation tourists of pr01
    and t101;
-3. ``learns``: a short training run on the device raises pr01's greedy validation score;
-4. ``pack``: a pack of three per-region models trained side by side on the device samples the
+3. ``static``: the static-shape training rollout samples the compacted decoder's routes on the
+   device from the same generator (pr01, t101);
+4. ``learns``: a short training run on the device raises pr01's greedy validation score;
+5. ``pack``: a pack of three per-region models trained side by side on the device samples the
    same routes as each trained alone there, with weights equal within rounding.
 
 Figures, device beside CPU: training epochs/s on t101 (B = 32, from scratch), beam-128 latency on
@@ -103,6 +105,33 @@ def check_learns(catalog, device: torch.device, epochs: int = 300) -> dict[str, 
     seconds = time.perf_counter() - t0
     return {"before": before, "after": after, "epochs": epochs, "seconds": seconds,
             "ok": after > before * 1.1}
+
+
+def check_static(catalog, pretrained: Path, device: torch.device) -> dict[str, Any]:
+    """On ``device``, the static-shape training rollout (CUDA's default) samples the routes the
+    compacted one samples from the same generator (32 routes of 2 validation tourists, pr01
+    and t101, published weights), log-probs within 1e-3."""
+    from optw.decode import rollout
+    from optw.env import make_instances
+    from optw.model import load_model
+
+    out: dict[str, Any] = {"ok": True}
+    for rid in PUBLISHED_SCORES:
+        model = load_model(pretrained / WEIGHTS[rid], map_location=device)
+        inst = make_instances(catalog.region(rid), catalog.validation(rid)[:2], device)
+        ids = torch.arange(2, device=device).repeat_interleave(16)
+        outs = {}
+        for mode in ("compact", "static"):
+            gen = torch.Generator(device=device).manual_seed(3)
+            with torch.no_grad():
+                outs[mode] = rollout(model, inst, ids, generator=gen, mode=mode)
+        a, b = outs["compact"], outs["static"]
+        same = bool(torch.equal(a.routes, b.routes))
+        diff = float((a.log_prob - b.log_prob).abs().max()) if same else None
+        ok = same and diff is not None and diff < 1e-3
+        out[rid] = {"same_routes": same, "max_log_prob_diff": diff, "ok": ok}
+        out["ok"] &= ok
+    return out
 
 
 def check_pack(catalog, device: torch.device, epochs: int = 4) -> dict[str, Any]:
@@ -289,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     checks = {"published": lambda: check_published(catalog, args.pretrained, device),
               "greedy": lambda: check_greedy(catalog, args.pretrained, device),
+              "static": lambda: check_static(catalog, args.pretrained, device),
               "learns": lambda: check_learns(catalog, device, 100 if args.quick else 300),
               "pack": lambda: check_pack(catalog, device)}
     figures = {
