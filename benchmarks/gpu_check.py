@@ -269,19 +269,24 @@ def measure_routes(catalog, pretrained: Path, device: torch.device, epochs: int,
 
     bench = _bench_ops()
     state, cfg = _t101_state(pretrained)
-    mode = training_rollout(device)
-    out: dict[str, Any] = {"mode": mode}
+    region = catalog.region("t101")
+    out: dict[str, Any] = {}
     for k, b in sizes:
-        runner = bench.Runner(mode, state, cfg, catalog.region("t101"), 0, b, k, device)
-        runner.epoch()
-        _peak_reset(device)
-        _sync(device)
-        t0 = time.perf_counter()
-        for _ in range(epochs):
+        mode = training_rollout(device, k * b * region.n_nodes)
+        try:
+            runner = bench.Runner(mode, state, cfg, region, 0, b, k, device)
             runner.epoch()
-        _sync(device)
+            _peak_reset(device)
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(epochs):
+                runner.epoch()
+            _sync(device)
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory; the other sizes still run
+            out[f"K{k}xB{b}"] = {"mode": mode, "error": f"{type(exc).__name__}: {exc}"}
+            continue
         eps = epochs / (time.perf_counter() - t0)
-        out[f"K{k}xB{b}"] = {"epochs_per_s": eps, "routes_per_s": eps * k * b,
+        out[f"K{k}xB{b}"] = {"mode": mode, "epochs_per_s": eps, "routes_per_s": eps * k * b,
                              "peak_mb": _peak_mb(device)}
     return out
 

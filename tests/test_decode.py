@@ -242,7 +242,8 @@ def test_static_rollout_on_padded_regions_and_free_sampling(catalog, untrained):
         route = [v for v in free[0].routes[r].tolist() if v >= 0]
         check = check_route(catalog.region("pr01"), route, tourists, 0)
         assert check.ok and free[0].reward[r].item() == pytest.approx(check.score, rel=1e-5)
-    assert training_rollout("cpu") == "compact" and training_rollout("cuda") == "static"
+    assert training_rollout("cpu") == "compact" and training_rollout("cuda", 32 * 102) == "static"
+    assert training_rollout("cuda", 64 * 32 * 102) == "compact"  # too many rows to keep
     with pytest.raises(ValueError, match="unknown rollout mode"):
         rollout(untrained, parts[0], mode="dense")
 

@@ -47,16 +47,24 @@ ROLLOUTS = ("compact", "static", "static-free")
 SYNC_EVERY = 8
 
 
-def training_rollout(device: torch.device | str) -> str:
-    """The rollout training uses on ``device``: ``"static"`` on CUDA (launch-bound), else
-    ``"compact"`` (compute-bound CPU); the environment variable ``OPTW_ROLLOUT`` (one of
+#: Most node rows (routes × nodes) the static rollout takes in training: it keeps every row's
+#: activations of every step for the backward (~15 kB per row and step), so larger batches
+#: (e.g. K = 64 × B = 32 on t101, 209k rows) go compacted.
+STATIC_MAX_ROWS = 1 << 16
+
+
+def training_rollout(device: torch.device | str, rows: int = 0) -> str:
+    """The rollout training uses on ``device`` for ``rows`` node rows (routes × nodes):
+    ``"static"`` on CUDA (launch-bound) up to :data:`STATIC_MAX_ROWS`, else ``"compact"``
+    (compute-bound CPU, or too large); the environment variable ``OPTW_ROLLOUT`` (one of
     :data:`ROLLOUTS`) overrides it."""
     forced = os.environ.get("OPTW_ROLLOUT", "").strip()
     if forced:
         if forced not in ROLLOUTS:
             raise ValueError(f"OPTW_ROLLOUT={forced!r}; expected one of {ROLLOUTS}")
         return forced
-    return "static" if torch.device(device).type == "cuda" else "compact"
+    cuda = torch.device(device).type == "cuda"
+    return "static" if cuda and rows <= STATIC_MAX_ROWS else "compact"
 
 
 def static_rollout(

@@ -246,7 +246,6 @@ def train(
         cb.on_train_start(ctx)
 
     B, K = config.batch_size, config.tourists_per_epoch
-    mode = training_rollout(device)
     ids = torch.arange(K, device=device).repeat_interleave(B)  # route r -> tourist r // B
     t_run, rate, t_last = time.perf_counter(), None, time.perf_counter()
     train_s, limit_s = 0.0, (config.max_minutes or 0.0) * 60
@@ -266,6 +265,7 @@ def train(
 
         # 2.-3. B sampled routes per tourist, REINFORCE, one Adam step
         lr = config.learning_rate(epoch, train_s)
+        mode = training_rollout(device, ids.shape[0] * instances.n_nodes)
         rl, grad_norm = train_step(model, optimizer, instances, ids, gen, config, lr, mode)
         loss, entropy = rl.loss, rl.entropy
 
