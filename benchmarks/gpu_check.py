@@ -11,12 +11,17 @@ Checks (each PASS or FAIL with its figures; everything also in ``OUT/gpu_check.j
    pr01 -> 308 and t101 -> 399 with the CPU's routes;
 2. ``greedy``: greedy routes on the device equal the CPU's on the 64 validation tourists of pr01
    and t101;
-3. ``learns``: a short training run on the device raises pr01's greedy validation score;
-4. ``pack``: a pack of three per-region models trained side by side on the device samples the
+3. ``static``: the static-shape training rollout samples the compacted decoder's routes on the
+   device from the same generator (pr01, t101);
+4. ``learns``: a short training run on the device raises pr01's greedy validation score;
+5. ``pack``: a pack of three per-region models trained side by side on the device samples the
    same routes as each trained alone there, with weights equal within rounding.
 
 Figures, device beside CPU: training epochs/s on t101 (B = 32, from scratch), beam-128 latency on
-t101's benchmark tourist, and the device's peak memory for each; on the device, the summed
+t101's benchmark tourist, and the device's peak memory for each; on the device: per training
+rollout (compact, static, static-free; t101, B = 32, published weights) the ops dispatched and
+kernels launched per epoch, the GPU busy fraction and epochs/s (``ops_t101``); sampled routes/s
+at B = 512 and K = 64 x 32 with the rollout training uses there (``routes_t101``); the summed
 region-epochs/s of all 56 Solomon regions trained in packs (of 14 and of 56). Exit code 1 when
 a check fails, 2 when CUDA is missing. ``tests/test_gpu.py`` runs the same checks under pytest
 where CUDA exists. ``docs/gpu.md`` says how to run it on the lent device.
@@ -102,6 +107,33 @@ def check_learns(catalog, device: torch.device, epochs: int = 300) -> dict[str, 
             "ok": after > before * 1.1}
 
 
+def check_static(catalog, pretrained: Path, device: torch.device) -> dict[str, Any]:
+    """On ``device``, the static-shape training rollout (CUDA's default) samples the routes the
+    compacted one samples from the same generator (32 routes of 2 validation tourists, pr01
+    and t101, published weights), log-probs within 1e-3."""
+    from optw.decode import rollout
+    from optw.env import make_instances
+    from optw.model import load_model
+
+    out: dict[str, Any] = {"ok": True}
+    for rid in PUBLISHED_SCORES:
+        model = load_model(pretrained / WEIGHTS[rid], map_location=device)
+        inst = make_instances(catalog.region(rid), catalog.validation(rid)[:2], device)
+        ids = torch.arange(2, device=device).repeat_interleave(16)
+        outs = {}
+        for mode in ("compact", "static"):
+            gen = torch.Generator(device=device).manual_seed(3)
+            with torch.no_grad():
+                outs[mode] = rollout(model, inst, ids, generator=gen, mode=mode)
+        a, b = outs["compact"], outs["static"]
+        same = bool(torch.equal(a.routes, b.routes))
+        diff = float((a.log_prob - b.log_prob).abs().max()) if same else None
+        ok = same and diff is not None and diff < 1e-3
+        out[rid] = {"same_routes": same, "max_log_prob_diff": diff, "ok": ok}
+        out["ok"] &= ok
+    return out
+
+
 def check_pack(catalog, device: torch.device, epochs: int = 4) -> dict[str, Any]:
     """A pack of three per-region models trained side by side on ``device`` samples the same
     routes as each model trained alone on it (equal mean rewards every epoch) and ends with
@@ -176,6 +208,89 @@ def measure_beam(catalog, pretrained: Path, device: torch.device, repeats: int) 
     return {"beam128_ms": best * 1e3, "peak_mb": _peak_mb(device)}
 
 
+def _bench_ops():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_ops
+
+    return bench_ops
+
+
+def _t101_state(pretrained: Path) -> tuple[dict, Any]:
+    from optw.model import load_model
+
+    model = load_model(pretrained / WEIGHTS["t101"])
+    return {k: v.clone() for k, v in model.state_dict().items()}, model.cfg
+
+
+def measure_ops(catalog, pretrained: Path, device: torch.device, epochs: int,
+                warm: int = 2) -> dict:
+    """Per training rollout (``compact``, ``static``, ``static-free``), t101, B = 32, from
+    the published weights: dispatched ops and kernels per epoch, the device's busy fraction
+    over the profiled epochs (summed kernel time / wall time; CUDA only), and epochs/s."""
+    from torch.profiler import ProfilerActivity, profile
+
+    bench = _bench_ops()
+    state, cfg = _t101_state(pretrained)
+    region = catalog.region("t101")
+    out: dict[str, Any] = {}
+    for mode in bench.MODES:
+        runner = bench.Runner(mode, state, cfg, region, 0, 32, 1, device)
+        for _ in range(warm):
+            runner.epoch()
+        row: dict[str, Any] = bench.count_ops(runner, warm)
+        if device.type == "cuda":
+            _sync(device)
+            t0 = time.perf_counter()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(epochs):
+                    runner.epoch()
+                _sync(device)
+            wall = time.perf_counter() - t0
+            gpu = [e for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA]
+            busy_us = sum(e.time_range.elapsed_us() for e in gpu)
+            row["cuda_kernels"] = len(gpu) / epochs
+            row["busy_fraction"] = busy_us * 1e-6 / wall
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(epochs):
+            runner.epoch()
+        _sync(device)
+        row["epochs_per_s"] = epochs / (time.perf_counter() - t0)
+        out[mode] = row
+    return out
+
+
+def measure_routes(catalog, pretrained: Path, device: torch.device, epochs: int,
+                   sizes: tuple[tuple[int, int], ...]) -> dict:
+    """Sampled routes/s of training epochs (rollout + backward + Adam) on t101 with the
+    rollout training uses on ``device``, at K tourists x B routes for each ``(K, B)``."""
+    from optw.decode.static import training_rollout
+
+    bench = _bench_ops()
+    state, cfg = _t101_state(pretrained)
+    region = catalog.region("t101")
+    out: dict[str, Any] = {}
+    for k, b in sizes:
+        mode = training_rollout(device, k * b * region.n_nodes)
+        try:
+            runner = bench.Runner(mode, state, cfg, region, 0, b, k, device)
+            runner.epoch()
+            _peak_reset(device)
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(epochs):
+                runner.epoch()
+            _sync(device)
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory; the other sizes still run
+            out[f"K{k}xB{b}"] = {"mode": mode, "error": f"{type(exc).__name__}: {exc}"}
+            continue
+        eps = epochs / (time.perf_counter() - t0)
+        out[f"K{k}xB{b}"] = {"mode": mode, "epochs_per_s": eps, "routes_per_s": eps * k * b,
+                             "peak_mb": _peak_mb(device)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json")
@@ -186,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=200, help="epochs timed on each device")
     p.add_argument("--cpu-epochs", type=int, default=10, help="epochs timed on the CPU")
     p.add_argument("--quick", action="store_true", help="fewer epochs and repeats")
+    p.add_argument("--only", default="", help="comma-separated checks and figures to run "
+                   "(default: all)")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_check: error: CUDA is not available on this machine", file=sys.stderr)
@@ -206,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     checks = {"published": lambda: check_published(catalog, args.pretrained, device),
               "greedy": lambda: check_greedy(catalog, args.pretrained, device),
+              "static": lambda: check_static(catalog, args.pretrained, device),
               "learns": lambda: check_learns(catalog, device, 100 if args.quick else 300),
               "pack": lambda: check_pack(catalog, device)}
     figures = {
@@ -216,12 +334,27 @@ def main(argv: list[str] | None = None) -> int:
                                                         3 if args.quick else 10),
                                  "cpu": measure_beam(catalog, args.pretrained,
                                                      torch.device("cpu"), 2)},
+        "ops_t101": lambda: measure_ops(catalog, args.pretrained, device,
+                                        1 if args.quick else 20, 1 if args.quick else 2),
+        "routes_t101": lambda: measure_routes(
+            catalog, args.pretrained, device, 1 if args.quick else 10,
+            ((1, 64), (4, 32)) if args.quick and device.type == "cpu" else ((1, 512), (64, 32))),
         "packs_solomon": lambda: {
             f"pack_{size}": measure_packs(catalog, device, 5 if args.quick else 30, size)
             for size in ((56,) if args.quick else (14, 56))},
     }
+    todo = {**checks, **figures}
+    if args.only:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = [n for n in names if n not in todo]
+        if unknown:
+            print(f"gpu_check: error: --only: unknown {', '.join(unknown)}; expected of "
+                  f"{', '.join(todo)}", file=sys.stderr)
+            return 2
+        todo = {n: todo[n] for n in names}
+        checks = {n: f for n, f in checks.items() if n in todo}
     failed = []
-    for name, fn in {**checks, **figures}.items():
+    for name, fn in todo.items():
         t0 = time.perf_counter()
         try:
             result = fn()

@@ -183,6 +183,71 @@ def test_shared_prefixes_change_nothing(catalog, published):
         assert torch.allclose(a, b, atol=1e-3, rtol=1e-3)
 
 
+def _rollout_with_grads(model, inst, ids, mode, seed=3):
+    model.zero_grad()
+    gen = torch.Generator().manual_seed(seed)
+    out = rollout(model, inst, ids, generator=gen, mode=mode)
+    (out.log_prob.sum() + out.entropy.sum()).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    return out, grads, gen.get_state()
+
+
+@pytest.mark.parametrize("weights", ["published", "untrained"])
+def test_static_rollout_equals_the_compacted_one(catalog, published, untrained, weights):
+    """The static-shape rollout (every node a row, done mask; GPUs) samples the same routes as
+    the compacted decoder from the same generator, consuming the same random numbers, with
+    log-probs, entropies and gradients equal within float rounding; greedy routes are equal."""
+    if weights == "published" and not T101.exists():
+        pytest.skip("published weights not found")
+    model = published["t101"] if weights == "published" else untrained
+    region = catalog.region("t101")
+    inst = make_instances(region, catalog.validation("t101")[:2])
+    ids = torch.arange(2).repeat_interleave(16)
+    compact, g_compact, rng_compact = _rollout_with_grads(model, inst, ids, "compact")
+    static, g_static, rng_static = _rollout_with_grads(model, inst, ids, "static")
+    assert torch.equal(compact.routes, static.routes)
+    assert torch.equal(rng_compact, rng_static)
+    assert torch.equal(compact.reward, static.reward)
+    assert torch.allclose(compact.log_prob, static.log_prob, atol=1e-4)
+    assert torch.allclose(compact.entropy, static.entropy, atol=1e-4)
+    for a, b in zip(g_compact, g_static, strict=True):
+        assert torch.allclose(a, b, atol=1e-3, rtol=1e-3)
+    with torch.inference_mode():
+        greedy = [rollout(model, inst, greedy=True, mode=m) for m in ("compact", "static")]
+    assert torch.equal(greedy[0].routes, greedy[1].routes)
+    assert torch.allclose(greedy[0].log_prob, greedy[1].log_prob, atol=1e-4)
+
+
+def test_static_rollout_on_padded_regions_and_free_sampling(catalog, untrained):
+    """On tourists of two regions padded to one node count, the static rollout equals the
+    compacted one; its opt-in Gumbel sampling ("static-free") gives valid routes, with rewards
+    equal to their scores, reproducibly for a seeded generator."""
+    from optw.decode.static import training_rollout
+    from optw.env import stack_instances
+
+    parts = [make_instances(catalog.region(r), catalog.validation(r)[:1]) for r in
+             ("pr01", "c101")]
+    inst = stack_instances(parts)
+    ids = torch.arange(2).repeat_interleave(4)
+    a, _, _ = _rollout_with_grads(untrained, inst, ids, "compact")
+    b, _, _ = _rollout_with_grads(untrained, inst, ids, "static")
+    assert torch.equal(a.routes, b.routes)
+    free = [rollout(untrained, parts[0], torch.zeros(6, dtype=torch.long),
+                    generator=torch.Generator().manual_seed(9), mode="static-free")
+            for _ in range(2)]
+    assert torch.equal(free[0].routes, free[1].routes)
+    tourists = catalog.validation("pr01")[:1]
+    for r in range(6):
+        route = [v for v in free[0].routes[r].tolist() if v >= 0]
+        check = check_route(catalog.region("pr01"), route, tourists, 0)
+        assert check.ok and free[0].reward[r].item() == pytest.approx(check.score, rel=1e-5)
+    assert training_rollout("cpu") == "compact" and training_rollout("cuda", 32 * 102) == "static"
+    assert training_rollout("cuda", 64 * 32 * 102) == "compact"  # too many rows to keep
+    with pytest.raises(ValueError, match="unknown rollout mode"):
+        rollout(untrained, parts[0], mode="dense")
+
+
 def test_active_search_leaves_the_model_untouched(catalog, untrained):
     """Active search tunes a copy: the caller's weights do not change, and its answer is at
     least the greedy route's score."""

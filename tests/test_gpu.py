@@ -34,6 +34,14 @@ def test_greedy_routes_equal_cpu_on_cuda(catalog):
     assert gpu_check.check_greedy(catalog, PRETRAINED, CUDA)["ok"]
 
 
+@needs_weights
+def test_static_rollout_samples_the_compacted_routes_on_cuda(catalog):
+    """On CUDA the static-shape training rollout samples the routes the compacted one samples
+    from the same generator (pr01, t101, published weights)."""
+    res = gpu_check.check_static(catalog, PRETRAINED, CUDA)
+    assert res["ok"], res
+
+
 def test_training_learns_on_cuda(catalog):
     """A short REINFORCE run on CUDA raises pr01's greedy validation score by more than 10%."""
     res = gpu_check.check_learns(catalog, CUDA)

@@ -1,11 +1,11 @@
 """Active search (paper, Algorithm 2): fine-tune a copy of the model on one tourist, then beam.
 
 Each epoch samples ``batch_size`` routes of the tourist with :func:`~optw.decode.core.rollout`
-and takes one Adam step on the REINFORCE loss with the batch-mean baseline
-``-((R - mean R) · log p).mean() - beta · entropy.mean()`` (gradient norm clipped to
-``max_grad_norm``; ``beta`` and the clipping follow the published training arguments, set
-``beta=0`` and ``max_grad_norm=None`` for the bare algorithm). Beam search with the tuned copy
-gives the answer; the caller's model is left untouched.
+and takes one Adam step on the REINFORCE loss of :func:`~optw.decode.reinforce.reinforce_loss`
+with the batch-mean baseline ``-((R - mean R) · log p).mean() - beta · entropy.mean()``
+(gradient norm clipped to ``max_grad_norm``; ``beta`` and the clipping follow the published
+training arguments, set ``beta=0`` and ``max_grad_norm=None`` for the bare algorithm). Beam
+search with the tuned copy gives the answer; the caller's model is left untouched.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 from optw.decode.beam import beam_search
 from optw.decode.core import rollout
 from optw.decode.limits import PAPER_BEAMS
+from optw.decode.reinforce import reinforce_loss
 from optw.env.instances import Instances
 from optw.model.network import PointerNet
 
@@ -30,12 +31,6 @@ class ActiveSearchResult:
     score: float
     beam_route: list[int]
     mean_reward: list[float] = field(default_factory=list)
-
-
-def reinforce_loss(out, beta: float = 0.0) -> torch.Tensor:
-    """REINFORCE with the batch-mean baseline over one tourist's routes (``out``: a Rollout)."""
-    advantage = out.reward - out.reward.mean()
-    return -(advantage * out.log_prob).mean() - beta * out.entropy.mean()
 
 
 def active_search(
@@ -72,7 +67,7 @@ def active_search(
     for _ in range(epochs):
         with torch.enable_grad():
             out = rollout(net, inst, ids, generator=generator)
-            loss = reinforce_loss(out, beta)
+            loss = reinforce_loss(out.reward, out.log_prob, out.entropy, batch_size, beta).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if max_grad_norm is not None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from optw.decode.static import ROLLOUTS, static_rollout
 from optw.env.instances import Instances
 from optw.env.state import State, graph_mask, node_features, reset, step
 from optw.model.network import Bucket, Layout, PointerNet
@@ -382,6 +383,7 @@ def rollout(
     compact: bool = True,
     share_prefixes: bool = True,
     member: torch.Tensor | None = None,
+    mode: str = "compact",
 ) -> Rollout:
     """Build one route per entry of ``ids`` (the tourist index of each route; default one per
     tourist), sampling from the policy (or greedily), keeping the autograd graph when grad
@@ -400,11 +402,24 @@ def rollout(
     tourist's member model, tourists must be grouped by member in ascending order, and
     ``generator`` is a list with each member's generator: every member samples exactly what
     its own model would alone with that generator.
+
+    ``mode="static"`` runs :func:`~optw.decode.static.static_rollout` instead (fixed shapes,
+    every node a row: for GPUs; it draws what this decoder draws), ``"static-free"`` the same
+    with Gumbel sampling and no host synchronisation (another random stream; opt-in). Packs
+    always run compacted.
     """
     dev = instances.device
     if ids is None:
         ids = torch.arange(instances.n_tourists, device=dev)
     ids = ids.to(device=dev, dtype=torch.long)
+    if mode not in ROLLOUTS:
+        raise ValueError(f"unknown rollout mode {mode!r}; expected one of {ROLLOUTS}")
+    if mode != "compact" and not isinstance(model, StackedPointerNet):
+        assert not isinstance(generator, (list, tuple))
+        routes, log_prob, entropy = static_rollout(
+            model, instances, ids, greedy, generator,
+            "free" if mode == "static-free" else "compat")
+        return _finish(instances, ids, routes, log_prob, entropy)
     if isinstance(model, StackedPointerNet):
         if member is None or not isinstance(generator, (list, tuple)) and not greedy:
             raise ValueError("a pack's rollout needs member (per tourist) and a list of "
@@ -469,8 +484,6 @@ def rollout(
             parent = torch.div(key, m, rounding_mode="floor")
             fr = dec.advance(fr, p, parent, key - parent * m)
         col += 1
-    lengths = (routes >= 0).sum(1)
-    routes = routes[:, : int(lengths.max())]
     zero = torch.zeros(r, device=dev)
     if steps_idx:
         idx = torch.cat(steps_idx)
@@ -479,6 +492,14 @@ def rollout(
     else:  # every route was forced: nothing to learn, but keep the training loop's backward valid
         grad = torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())
         log_prob, entropy = (torch.zeros(r, device=dev, requires_grad=grad) for _ in range(2))
+    return _finish(instances, ids, routes, log_prob, entropy)
+
+
+def _finish(instances: Instances, ids: torch.Tensor, routes: torch.Tensor,
+            log_prob: torch.Tensor, entropy: torch.Tensor) -> Rollout:
+    """The :class:`Rollout` of ``routes`` (padded with -1), trimmed to the longest route."""
+    lengths = (routes >= 0).sum(1)
+    routes = routes[:, : int(lengths.max())]
     scores = instances.scores.index_select(0, ids)
     reward = (scores.gather(1, routes.clamp(min=0)) * (routes >= 0)).sum(1)
     return Rollout(routes, reward, log_prob, entropy, lengths)

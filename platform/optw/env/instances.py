@@ -83,11 +83,6 @@ class Instances:
     def latest_u(self) -> torch.Tensor:
         return self.node_u[..., 3]
 
-    @property
-    def span_u(self) -> torch.Tensor:
-        """``T_end - T_start`` per tourist (the dynamic features' normaliser), in units."""
-        return self.t_end_u - self.t_start_u
-
     # Float views in minutes (for people and tests; the maths uses the unit tensors).
     @property
     def distances(self) -> torch.Tensor:

@@ -20,6 +20,7 @@ the backward (deriving them from outputs that are kept anyway, or recomputing ch
 from __future__ import annotations
 
 import os
+import weakref
 
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")
 os.environ.setdefault("LRU_CACHE_CAPACITY", "256")
@@ -159,13 +160,32 @@ class _LayerNormFromOutput(torch.autograd.Function):
 LN_MIN_WEIGHT = 0.05
 
 
+_LN_OK: dict[int, tuple[weakref.ref, int, bool]] = {}
+
+
+def _ln_weight_ok(weight: torch.Tensor) -> bool:
+    """``min |weight| >= LN_MIN_WEIGHT``, remembered per parameter until it changes (its
+    version counter), so a decoding step does not recompute it for every layer norm."""
+    if not isinstance(weight, torch.nn.Parameter):
+        return bool(weight.detach().abs().min() >= LN_MIN_WEIGHT)
+    entry = _LN_OK.get(id(weight))
+    if entry is not None and entry[0]() is weight and entry[1] == weight._version:
+        return entry[2]
+    ok = bool(weight.detach().abs().min() >= LN_MIN_WEIGHT)
+    if len(_LN_OK) > 4096:  # parameters of models long gone
+        _LN_OK.clear()
+    _LN_OK[id(weight)] = (weakref.ref(weight), weight._version, ok)
+    return ok
+
+
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                eps: float = 1e-5) -> torch.Tensor:
     """``F.layer_norm`` over the last dimension of ``x[N, d]``; when gradients are recorded
-    the backward is computed from the output (one [N, d] tensor less kept per call), unless
-    some weight is near 0."""
-    if (_grad_needed(x, weight, bias) and x.dim() == 2
-            and bool(weight.detach().abs().min() >= LN_MIN_WEIGHT)):
+    on the CPU the backward is computed from the output (one [N, d] tensor less kept per
+    call), unless some weight is near 0 (a check that would cost a GPU a host
+    synchronisation per call, so GPUs keep PyTorch's backward)."""
+    if (_grad_needed(x, weight, bias) and x.dim() == 2 and x.device.type == "cpu"
+            and _ln_weight_ok(weight)):
         return _LayerNormFromOutput.apply(x, weight, bias, eps)
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 

@@ -143,6 +143,23 @@ class EncoderLayer(nn.Module):
         return layer_norm(z, self.norm2.weight, self.norm2.bias, self.norm2.eps)
 
 
+    def dense(self, x: torch.Tensor, keys: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """The same layer on full tables: ``x`` and ``keys`` [R·n, d] (route-major rows of R
+        routes of n nodes), ``bias`` [R, 1, n, n]; no gathers, one attention call."""
+        r, n = bias.shape[0], bias.shape[-1]
+        d = x.shape[1]
+        h = self.n_heads
+        qv = linear(x, self.qv.weight)
+        q = qv[:, :d].reshape(r, n, h, d // h).transpose(1, 2)
+        v = qv[:, d:].reshape(r, n, h, d // h).transpose(1, 2)
+        k = keys.reshape(r, n, h, d // h).transpose(1, 2)
+        o = attention(q, k, v, bias, 1.0 / math.sqrt(d // h)).transpose(1, 2).reshape(r * n, d)
+        z = linear(o, self.out.weight, self.out.bias, add=x)
+        y = layer_norm(z, self.norm1.weight, self.norm1.bias, self.norm1.eps)
+        z = feed_forward(y, self.ff1.weight, self.ff1.bias, self.ff2.weight, self.ff2.bias)
+        return layer_norm(z, self.norm2.weight, self.norm2.bias, self.norm2.eps)
+
+
 class PointerNet(nn.Module):
     """The model; see the module docstring. Build with a :class:`ModelConfig`."""
 
@@ -211,6 +228,20 @@ class PointerNet(nn.Module):
         else:
             for layer in layers:
                 x = layer(x, linear(x, layer.k.weight).index_select(0, layout.gather), layout)
+        return x
+
+    def encode_dense(self, x: torch.Tensor, rec: torch.Tensor, bias: torch.Tensor,
+                     ) -> torch.Tensor:
+        """:meth:`encode` on full tables (every node a row, the static rollout): ``x`` and
+        ``rec`` [R·n, d] route-major, ``bias`` [R, 1, n, n] the graph's attention bias."""
+        d = x.shape[1]
+        if self.cfg.recursion:
+            keys = linear(rec, torch.cat([layer.k.weight for layer in self.layers]))
+            for i, layer in enumerate(self.layers):
+                x = layer.dense(x, keys[:, i * d:(i + 1) * d], bias)
+        else:
+            for layer in self.layers:
+                x = layer.dense(x, linear(x, layer.k.weight), bias)
         return x
 
     def initial_state(self, r: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ import torch
 
 from optw.catalog import Catalog, Region, Tourists, sample_tourists
 from optw.decode import rollout, solve
-from optw.env import make_instances, stack_instances
+from optw.decode.reinforce import ReinforceLoss, reinforce_loss
+from optw.decode.static import training_rollout
+from optw.env import Instances, make_instances, stack_instances
 from optw.model import ModelConfig, PointerNet, checkpoint_dict, load_model, read_checkpoint
 from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import TrainConfig
@@ -68,6 +71,45 @@ def validate(
     model.train(was_training)
     return {"val_score": float(np.mean(val)), "benchmark_score": float(np.mean(bench)),
             "val_seconds": time.perf_counter() - t0, **out}
+
+
+def train_step(model: PointerNet, optimizer: torch.optim.Optimizer, instances: Instances,
+               ids: torch.Tensor, generator: torch.Generator, config: TrainConfig, lr: float,
+               mode: str = "compact") -> tuple[ReinforceLoss, torch.Tensor]:
+    """One epoch's learning step: ``config.batch_size`` sampled routes per tourist (route r is
+    of tourist ``ids[r]``; ``mode``: the rollout, :func:`~optw.decode.static.training_rollout`),
+    REINFORCE with the per-tourist mean baseline and the entropy bonus β, the gradient norm
+    clipped, one optimiser step at ``lr``. Returns the loss and the gradient norm."""
+    out = rollout(model, instances, ids, greedy=False, generator=generator, mode=mode)
+    rl = reinforce_loss(out.reward, out.log_prob, out.entropy, config.batch_size, config.beta)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+    rl.loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+    optimizer.step()
+    return rl, grad_norm
+
+
+def end_epoch(model: PointerNet, regions: list[Region], validation: dict[str, Tourists],
+              benchmark: dict[str, Tourists], ctx: TrainContext, callbacks: Sequence[Callback],
+              metrics: dict[str, float], last: bool) -> bool:
+    """The end of one of a run's epochs (``ctx.epoch`` already counts it): the callbacks get
+    ``metrics``; then, every ``val_every`` epochs and after the ``last`` one, the greedy
+    validation (kept in ``ctx``, best score too) goes to the callbacks. Returns whether it
+    validated. Shared by :func:`train` and each member of :func:`~optw.train.pack.train_pack`."""
+    for cb in callbacks:
+        cb.on_epoch_end(ctx, metrics)
+    c = ctx.config
+    if not ((c.val_every and ctx.epoch % c.val_every == 0) or last):
+        return False
+    val = validate(model, regions, validation, benchmark)
+    ctx.last_validation = val
+    if ctx.best_validation is None or val["val_score"] > ctx.best_validation:
+        ctx.best_validation = val["val_score"]
+    for cb in callbacks:
+        cb.on_validation(ctx, val)
+    return True
 
 
 #: Settings a resumed run may change: they do not change what the next epochs compute.
@@ -221,23 +263,11 @@ def train(
             tourists = sample_tourists(region, K, np_rng, config.score_kind)
             instances = make_instances(region, tourists, device)
 
-        # 2. B sampled routes per tourist
-        out = rollout(model, instances, ids, greedy=False, generator=gen)
-        reward = out.reward.view(K, B)
-
-        # 3. REINFORCE with the per-tourist mean baseline and an entropy bonus
-        advantage = (reward - reward.mean(dim=1, keepdim=True)).view(-1)
-        policy_loss = -(advantage.detach() * out.log_prob).mean()
-        entropy = out.entropy.mean()
-        loss = policy_loss - config.beta * entropy
-
+        # 2.-3. B sampled routes per tourist, REINFORCE, one Adam step
         lr = config.learning_rate(epoch, train_s)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-        optimizer.step()
+        mode = training_rollout(device, ids.shape[0] * instances.n_nodes)
+        rl, grad_norm = train_step(model, optimizer, instances, ids, gen, config, lr, mode)
+        loss, entropy = rl.loss, rl.entropy
 
         # 4. report, validate, hand over to callbacks
         ctx.epoch = epoch + 1
@@ -245,22 +275,13 @@ def train(
         inst_rate = 1.0 / max(now - t_last, 1e-9)
         rate = inst_rate if rate is None else 0.9 * rate + 0.1 * inst_rate
         train_s += now - t_last
-        metrics = {"mean_reward": float(reward.mean()), "loss": float(loss.detach()),
+        metrics = {"mean_reward": float(rl.reward.mean()), "loss": float(loss.detach()),
                    "entropy": float(entropy.detach()), "grad_norm": float(grad_norm), "lr": lr,
                    "epochs_per_s": rate}
-        for cb in callbacks:
-            cb.on_epoch_end(ctx, metrics)
-        t_last = time.perf_counter()  # callbacks (checkpoints, logging) are not training time
         out_of_time = bool(limit_s) and train_s >= limit_s
         last = ctx.epoch == config.epochs or out_of_time
-        if (config.val_every and ctx.epoch % config.val_every == 0) or last:
-            val = validate(model, regions, validation, benchmark)
-            ctx.last_validation = val
-            if ctx.best_validation is None or val["val_score"] > ctx.best_validation:
-                ctx.best_validation = val["val_score"]
-            for cb in callbacks:
-                cb.on_validation(ctx, val)
-            t_last = time.perf_counter()  # validation time is not training speed
+        end_epoch(model, regions, validation, benchmark, ctx, callbacks, metrics, last)
+        t_last = time.perf_counter()  # callbacks and validation are not training time
         if ctx.stop or out_of_time:
             break
 

@@ -29,6 +29,7 @@ import torch
 
 from optw.catalog import Catalog, Region, Tourists, sample_tourists
 from optw.decode import rollout
+from optw.decode.reinforce import reinforce_loss
 from optw.env import make_instances, stack_instances
 from optw.model import PointerNet, read_checkpoint
 from optw.model.stacked import StackedPointerNet
@@ -37,11 +38,11 @@ from optw.train.config import TrainConfig
 from optw.train.loop import (
     TrainResult,
     check_resume,
+    end_epoch,
     resolve_device,
     restore_run,
     start_model,
     training_snapshot,
-    validate,
 )
 
 #: Adam's defaults, as :func:`optw.train.train` uses them.
@@ -261,13 +262,11 @@ def train_pack(
             # moments and step count) untouched, so the pack does not step it either
             if bool((out.lengths[sl] > 2).any()):
                 stepped.append(mb.index)
-            reward = out.reward[sl].view(c.tourists_per_epoch, c.batch_size)
-            advantage = (reward - reward.mean(dim=1, keepdim=True)).view(-1)
-            policy_loss = -(advantage.detach() * out.log_prob[sl]).mean()
-            entropy = out.entropy[sl].mean()
-            losses.append(policy_loss - c.beta * entropy)
-            rewards.append(reward)
-            entropies.append(entropy)
+            rl = reinforce_loss(out.reward[sl], out.log_prob[sl], out.entropy[sl],
+                                c.batch_size, c.beta)
+            losses.append(rl.loss)
+            rewards.append(rl.reward)
+            entropies.append(rl.entropy)
         for w in stacked.weights:
             w.grad = None
         lrs = [mb.config.learning_rate(mb.ctx.epoch, train_s) for mb in members]
@@ -290,17 +289,9 @@ def train_pack(
             metrics = {"mean_reward": float(reward.mean()), "loss": float(loss.detach()),
                        "entropy": float(entropy.detach()), "grad_norm": float(norms[mb.index]),
                        "lr": lrs[mb.index], "epochs_per_s": rate}
-            for cb in mb.callbacks:
-                cb.on_epoch_end(ctx, metrics)
             last = ctx.epoch == c.epochs or bool(c.max_minutes and train_s >= 60 * c.max_minutes)
-            if (c.val_every and ctx.epoch % c.val_every == 0) or last:
-                val = validate(stacked.member(mb.index), [mb.region], mb.validation,
-                               mb.benchmark)
-                ctx.last_validation = val
-                if ctx.best_validation is None or val["val_score"] > ctx.best_validation:
-                    ctx.best_validation = val["val_score"]
-                for cb in mb.callbacks:
-                    cb.on_validation(ctx, val)
+            end_epoch(stacked.member(mb.index), [mb.region], mb.validation, mb.benchmark, ctx,
+                      mb.callbacks, metrics, last)
             if ctx.stop or last:
                 finish(mb)
         t_last = time.perf_counter()  # validation and callbacks are not training time

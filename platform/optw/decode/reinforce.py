@@ -1,0 +1,33 @@
+"""The REINFORCE loss, written once for training, packs and active search.
+
+Each tourist's routes use that tourist's mean reward as the baseline (the paper's Algorithm 1;
+with one tourist, the batch mean of active search, Algorithm 2), and an entropy bonus ``beta``
+is subtracted: ``-((R - mean_tourist R) · log p).mean() - beta · entropy.mean()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ReinforceLoss:
+    """The loss to minimise, with the parts a training loop reports: ``reward[K, B]`` (per
+    tourist and route) and the mean step-policy ``entropy`` (both differentiable)."""
+
+    loss: torch.Tensor
+    reward: torch.Tensor
+    entropy: torch.Tensor
+
+
+def reinforce_loss(reward: torch.Tensor, log_prob: torch.Tensor, entropy: torch.Tensor,
+                   routes_per_tourist: int, beta: float = 0.0) -> ReinforceLoss:
+    """REINFORCE over routes grouped by tourist (``routes_per_tourist`` consecutive routes each;
+    ``reward``, ``log_prob``, ``entropy`` [R], as a :class:`~optw.decode.core.Rollout` gives)."""
+    per_tourist = reward.view(-1, routes_per_tourist)
+    advantage = (per_tourist - per_tourist.mean(dim=1, keepdim=True)).view(-1)
+    policy_loss = -(advantage.detach() * log_prob).mean()
+    mean_entropy = entropy.mean()
+    return ReinforceLoss(policy_loss - beta * mean_entropy, per_tourist, mean_entropy)
