@@ -61,7 +61,7 @@ def ray_cluster(store):
     """A local Ray for the job and the planner; the tracking store is in the environment
     before Ray starts, so the planner's replicas read the same registry."""
     ray = pytest.importorskip("ray")
-    from optw.distributed.ray_train import configure_ray_env
+    from optw.distributed.rayenv import configure_ray_env
     from optw.tracking import get_client
 
     mp = pytest.MonkeyPatch()

@@ -36,7 +36,7 @@ def tiny_profile(name: str, mode: str = "scratch", regions=TINY, pack: int = 1,
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
-    from optw.distributed.ray_train import configure_ray_env
+    from optw.distributed.rayenv import configure_ray_env
 
     configure_ray_env()
     # The dashboard serves the State API that Ray Train's placement-group cleaner relies on:
@@ -238,11 +238,43 @@ def test_region_workers_ask_for_their_gpu_share():
 def test_packs_keep_every_worker_slot_busy():
     """A stage's units go into packs of at most regions_per_worker, smaller when there are
     fewer units than that per worker slot (3 global models on 2 slots: 2 + 1)."""
-    from optw.distributed.job import packs
+    from optw.distributed.plan import Member, Unit, packs
+    from optw.train import TrainConfig
 
-    assert [len(p) for p in packs(list(range(3)), 14, capacity=2)] == [2, 1]
-    assert [len(p) for p in packs(list(range(109)), 14, capacity=4)] == [14] * 7 + [11]
-    assert [len(p) for p in packs(list(range(5)), 1, capacity=8)] == [1] * 5
+    def members(n: int) -> list[Member]:
+        return [Member(Unit("scratch", f"r{i}", [f"r{i}"]), TrainConfig(regions=[f"r{i}"]))
+                for i in range(n)]
+
+    assert [len(p) for p in packs(members(3), 14, capacity=2)] == [2, 1]
+    assert [len(p) for p in packs(members(109), 14, capacity=4)] == [14] * 7 + [11]
+    assert [len(p) for p in packs(members(5), 1, capacity=8)] == [1] * 5
+
+
+def test_plan_resolves_configs_and_pack_mode_once(catalog):
+    """The plan resolves each unit's TrainConfig once (config_for: [train], [finetune] or
+    [global.<group>]) and decides per pack whether it trains batched: per-region models of one
+    shape batch, a pack of global models or of mixed model shapes is planned sequential, and
+    the sequential profile never batches. The specs are frozen."""
+    import dataclasses
+
+    from optw.distributed.plan import Member, PackSpec, packs
+
+    profile = tiny_profile("plan", mode="global-ft", pack=4, pack_mode="batched")
+    g, f = plan("global-ft", catalog, ["c101", "c102", "pr01"])
+    first = [Member(u, profile.config_for(u)) for u in g]
+    second = [Member(u, profile.config_for(u)) for u in f]
+    assert [m.config.regions for m in second] == [["c101"], ["c102"], ["pr01"]]
+    assert all(m.config.finetune for m in second)
+    assert first[0].config.regions == g[0].train_regions and not first[0].config.finetune
+    assert [p.batched for p in packs(second, 4, 1, "batched")] == [True]
+    assert [p.batched for p in packs(second, 4, 1, "sequential")] == [False]
+    assert [p.batched for p in packs(first, 4, 1, "batched")] == [False]  # global models
+    wide = Member(second[0].unit, second[0].config.replace(model={"d_model": 64}))
+    assert [p.batched for p in packs([wide, *second[1:]], 4, 1, "batched")] == [False]
+    pack = packs(second, 4, 1, "batched")[0]
+    assert isinstance(pack, PackSpec) and pack.keys == ["c101", "c102", "pr01"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pack.batched = False  # type: ignore[misc]
 
 
 def test_plan_per_mode(catalog):
@@ -363,10 +395,15 @@ def test_tune_sweep_few_trials(ray_cluster, tiny_catalog, store, tmp_path):
                     catalog_dir=tiny_catalog.path, tracking_uri=store,
                     storage=tmp_path / "tune", progress=False)
     assert len(res.trials) == 2 and res.best_config["lr"] in (1e-4, 1e-3)
-    out = write_profile(profile, res.best_config, tmp_path / "best.toml")
+    assert set(res.best_trial) == {"lr", "model.clip"}
+    base = tiny_profile("sweep", epochs=40, val_every=10)  # the budget a written profile keeps
+    out = write_profile(base, res.best_trial, tmp_path / "best.toml")
     best = load_profile(out)
     assert best.train.lr == res.best_config["lr"]
     assert best.train.model.get("clip") == res.best_config["model"]["clip"]
+    assert best.job.name == "best" and best.train.epochs == 40 and best.train.val_every == 10
+    with pytest.raises(FileExistsError):
+        write_profile(base, res.best_trial, out)  # never overwritten
 
 
 def test_global_ft_mode_fine_tunes_from_the_global_model(ray_cluster, tiny_catalog, store,
