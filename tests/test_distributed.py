@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -17,6 +18,7 @@ from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import ConfigError
 
 TINY = ["r199", "pr99"]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_profile(name: str, mode: str = "scratch", regions=TINY, pack: int = 1,
@@ -277,6 +279,56 @@ def test_plan_resolves_configs_and_pack_mode_once(catalog):
         pack.batched = False  # type: ignore[misc]
 
 
+def test_comma_lists_refuse_empty_and_repeated_entries():
+    """`--regions c101,,c102` and `c101,c101` are refused naming the option and the entry
+    (they were silently dropped); spaces around names stay allowed."""
+    from optw.distributed.cli import comma_list
+
+    assert comma_list(" c101, c102 ", "--regions") == ["c101", "c102"]
+    with pytest.raises(ValueError, match=r"--regions: 'c101,,c102' has an empty entry \(entry 2"):
+        comma_list("c101,,c102", "--regions")
+    with pytest.raises(ValueError, match="--groups: 'a,b,a' names 'a' twice"):
+        comma_list("a,b,a", "--groups")
+
+
+def test_tune_refuses_a_grace_period_past_the_budget(tiny_catalog, tmp_path):
+    """`optw tune --val-every 100 --epochs 10` (ASHA's grace period past max_t) is refused
+    before Ray starts or anything is written, naming both options."""
+    import ray
+
+    from optw.distributed.tune import run_sweep
+
+    with pytest.raises(ValueError, match="--val-every 100 is more than --epochs 10"):
+        run_sweep(tiny_profile("grace", epochs=10, val_every=100), ["r199"], num_samples=1,
+                  catalog_dir=tiny_catalog.path, tracking_uri=f"sqlite:///{tmp_path}/m.db",
+                  storage=tmp_path / "tune", progress=False)
+    assert not ray.is_initialized() and not (tmp_path / "tune").exists()
+
+
+def _job_cli(tiny_catalog, tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, float]:
+    """`jobs/train_all.py` on the tiny catalog in a fresh process (no RAY_ADDRESS)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "train_all.py"), "--profile", "smoke",
+         "--regions", "r199", "--catalog", str(tiny_catalog.path), "--out", str(tmp_path / "out"),
+         "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", *extra],
+        env=env, capture_output=True, text=True, timeout=300)
+    return proc, time.perf_counter() - t0
+
+
+def test_a_dead_ray_address_fails_fast_and_creates_nothing(tiny_catalog, tmp_path):
+    """`--address 127.0.0.1:1` (nothing listens there) is one line naming --address within
+    seconds (Ray itself retried every 30 s for minutes), and nothing is created: no output or
+    Ray Train folder, no MLflow store."""
+    proc, seconds = _job_cli(tiny_catalog, tmp_path, "--address", "127.0.0.1:1")
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and err.startswith("optw job run: error: --address 127.0.0.1:1")
+    assert "\n" not in err and "Traceback" not in err
+    assert seconds < 60, seconds  # the process's own start (torch, ray) is most of it
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_plan_per_mode(catalog):
     """scratch: one model per region; global-ft: a global model per group then fine-tunes;
     transfer: global models without the subset of 28, fine-tuned on the left-out regions."""
@@ -333,6 +385,18 @@ def test_job_end_to_end_and_idempotent_rerun(ray_cluster, tiny_catalog, store, t
     assert summary.report.read_bytes() == report and again.results_path == summary.results_path
     for rid in TINY:
         assert len(client.search_model_versions(f"name = 'optw-{rid}'")) == 1
+
+
+def test_a_job_beside_another_local_ray_names_the_address(ray_cluster, tiny_catalog, tmp_path):
+    """A job started without --address while another local Ray instance runs (this module's)
+    would start a second one beside it and hang ("Found multiple active Ray instances"): it is
+    refused in one line naming --address and the running instance's address."""
+    address = ray_cluster.get_runtime_context().gcs_address
+    proc, _ = _job_cli(tiny_catalog, tmp_path)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and err.startswith("optw job run: error: --address"), err
+    assert address in err and "--address local" in err and "\n" not in err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("pack,pack_mode", [(1, "sequential"), (2, "sequential"),

@@ -259,7 +259,8 @@ def run_job(
     from optw.tracking import check_tracking_uri, log_tables, start_job_run
 
     t0 = time.perf_counter()
-    # -- everything that can be wrong fails here, before any training
+    # -- everything that can be wrong fails here, before any training (and before anything is
+    # created: a bad --address is refused in seconds)
     catalog_loc = st.normalize(catalog_dir or paths.catalog_location())
     catalog = open_catalog(local_catalog(catalog_loc))  # a URI: mirrored on this node
     selected = select_regions(catalog, profile.job.groups, profile.job.regions)

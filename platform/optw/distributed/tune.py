@@ -31,7 +31,7 @@ from optw.train.config import ConfigError, TrainConfig
 
 METRIC = "val_gap_ils"
 #: The setting that chooses the sweep's storage, as errors name it.
-STORAGE_SETTING = "--storage (or OPTW_STORAGE)"
+STORAGE_SETTING = "--storage or --out (or OPTW_STORAGE)"
 
 #: Default search space: keys of TrainConfig, or model.<key> for ModelConfig.
 DEFAULT_SPACE = {
@@ -121,7 +121,7 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
     from ray.tune.search import BasicVariantGenerator
 
     from optw.baselines import run_ils_baseline
-    from optw.distributed.rayenv import connect
+    from optw.distributed.rayenv import check_address, connect
     from optw.tracking import check_tracking_uri, log_params, log_tables, set_tags, start_job_run
     from optw.tracking.runs import end_run, start_child_run
 
@@ -141,10 +141,12 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
     train = profile.train.replace(regions=list(regions))
     if not train.val_every:
         raise ValueError("tuning needs periodic validation: set [train] val_every > 0")
-    check_schedule(train.epochs, grace_epochs or train.val_every)
     check_space(train, space)
+    check_schedule(train.epochs, grace_epochs or train.val_every)
     search = search_space(space)
     uri = check_tracking_uri(tracking_uri)
+    if not ray.is_initialized():
+        check_address(ray_address)  # a bad --address: refused in seconds
     st.check_folders([(STORAGE_SETTING, storage)])
     if st.exists(st.join(storage, name)):
         raise FileExistsError(f"--name: a sweep {name!r} already exists in "
