@@ -397,3 +397,28 @@ def test_two_node_job_with_killed_remote_worker(cluster, monkeypatch):
         assert len(solver.solve([good_tourist(solver.region)], method="greedy")) == 1
     assert [a.path for a in client.list_artifacts(summary.parent_run_id, "report")]
     assert any(p.is_file() for p in (cluster["head"] / "mlartifacts").rglob("*"))
+
+
+def test_tune_runs_against_the_jobs_storage_uri(cluster, monkeypatch):
+    """`optw tune` on the two-node cluster (issue 25, item 4): Ray Tune's and every trial's
+    Ray Train files go to the job's storage URI (``$OPTW_STORAGE``, S3), the catalog is given
+    by URI (each trial's worker mirrors it on its own node), the early check passes, and the
+    trials report their gap to ILS."""
+    import dataclasses
+
+    import pyarrow.fs
+
+    from optw.distributed.tune import METRIC, run_sweep
+
+    s3, server = cluster["s3"], cluster["server"]
+    monkeypatch.setenv("OPTW_STORAGE", s3)
+    base = profile("two-node-tune", epochs=4)
+    base = dataclasses.replace(base, train=base.train.replace(val_every=2))
+    res = run_sweep(base, ["r199"], num_samples=2, space={"lr": ("choice", [1e-4, 1e-3])},
+                    catalog_dir=cluster["catalog"], tracking_uri=server, progress=False,
+                    name="two-node-tune")
+    assert len(res.trials) == 2 and res.trials[METRIC].notna().all()
+    fs, root = st.filesystem(st.join(s3, "ray_tune"))
+    files = [i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))]
+    assert any(p.startswith(f"{root}/two-node-tune/") for p in files), files  # Tune's state
+    assert any(p.endswith("/pack.json") for p in files), files  # the trials' checkpoints

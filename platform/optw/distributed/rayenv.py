@@ -33,6 +33,9 @@ RAY_ENV: dict[str, str] = {
 #: local cluster with a token; saying so explicitly makes ``ray job submit`` send it too
 #: (:func:`optw.raylocal.ensure_token` makes it once).
 HEAD_ENV: dict[str, str] = {"RAY_AUTH_MODE": "token"}
+#: The job-level runtime environment of every cluster the project connects to: each worker
+#: process of the job pins the cluster's address (:func:`pin_address`).
+RUNTIME_ENV: dict[str, str] = {"worker_process_setup_hook": "optw.distributed.rayenv.pin_address"}
 #: Seconds an address gets to answer before the job is refused.
 CONNECT_TIMEOUT_S = 5.0
 
@@ -45,6 +48,20 @@ def configure_ray_env() -> None:
     """Set :data:`RAY_ENV`'s defaults in this process (call before a local ``ray.init``)."""
     for name, value in RAY_ENV.items():
         os.environ.setdefault(name, value)
+
+
+def pin_address() -> None:
+    """In each worker process of the job (Ray's ``worker_process_setup_hook``): ``RAY_ADDRESS``
+    becomes this cluster's address, so that Ray's own look-ups of "the" cluster inside the job
+    (Ray Train's placement-group cleaner asks the State API with no address) find it even
+    when other Ray instances run on the machine; without it they fail with "Found multiple
+    active Ray instances" and the run waits forever for its resources."""
+    try:
+        import ray
+
+        os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    except Exception:  # noqa: BLE001 - best effort: Ray's own guess stays
+        pass
 
 
 def shell_exports() -> str:
@@ -73,9 +90,10 @@ def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> st
 
     - ``host:port`` (or ``ray://``): something must accept a connection there within
       ``timeout`` seconds (Ray itself retries for minutes);
-    - no address (and no ``$RAY_ADDRESS``): a Ray instance already running on this machine is
-      joined when it is the one ``ray start`` left (Ray's own choice); several, or one that
-      Ray would not join (it would start a second beside it), are refused naming them.
+    - no address (and no ``$RAY_ADDRESS``): a new local cluster when no Ray runs here; a Ray
+      instance already running on this machine is joined when it is the one ``ray start``
+      left (Ray's own choice); several, or one that Ray would not join (it would start a
+      second beside it and hang), are refused naming them.
     - ``local`` and ``auto``: as Ray does.
     """
     if address in (None, "") and not os.environ.get("RAY_ADDRESS"):
@@ -97,13 +115,14 @@ def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> st
 
 
 def _local_choice() -> str | None:
-    """No address given: None (start a local cluster) when none runs here, the cluster
-    ``ray start`` left when it is the only one; :class:`RayAddressError` otherwise."""
+    """No address given: ``local`` (start a local cluster) when none runs here (never the
+    stale address a stopped ``ray start`` left, where Ray would wait), the cluster ``ray
+    start`` left when it is the only one; :class:`RayAddressError` otherwise."""
     from ray._private import services
 
     running = sorted(services.find_gcs_addresses())
     if not running:
-        return None
+        return "local"
     try:
         latest = services.find_bootstrap_address(None)
     except Exception:  # noqa: BLE001 - an unreadable record: no cluster chosen by Ray
@@ -130,7 +149,7 @@ def connect(address: str | None = None) -> None:
     if address in (None, "local"):
         ensure_token()  # a local cluster started with RAY_AUTH_MODE=token needs one
     ray.init(address=address, configure_logging=True, logging_level="WARNING",
-             log_to_driver=True)
+             log_to_driver=True, runtime_env=RUNTIME_ENV)
 
 
 def main() -> int:

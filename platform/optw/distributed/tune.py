@@ -25,6 +25,7 @@ from optw import paths
 from optw.catalog import open_catalog
 from optw.distributed import storage as st
 from optw.distributed.mirror import local_catalog
+from optw.distributed.preflight import Setting, check_cluster
 from optw.distributed.profile import JobProfile, ResourcesSection, load_profile
 from optw.distributed.ray_train import WorkerSpec, make_trainer
 from optw.train.config import ConfigError, TrainConfig
@@ -32,6 +33,7 @@ from optw.train.config import ConfigError, TrainConfig
 METRIC = "val_gap_ils"
 #: The setting that chooses the sweep's storage, as errors name it.
 STORAGE_SETTING = "--storage or --out (or OPTW_STORAGE)"
+CATALOG_SETTING = "--catalog (or OPTW_CATALOG)"
 
 #: Default search space: keys of TrainConfig, or model.<key> for ModelConfig.
 DEFAULT_SPACE = {
@@ -155,6 +157,11 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
     if not ray.is_initialized():
         connect(ray_address)
     st.prepare_folders([(STORAGE_SETTING, storage)])
+    # on a cluster of several nodes: the job's early check (every node reaches the storage and
+    # gets the catalog's mirror, which the ILS tasks open; the tracking store is a server)
+    check_cluster([Setting(STORAGE_SETTING, storage), Setting(CATALOG_SETTING, catalog_loc)],
+                  uri, stage_catalogs={catalog_loc: str(catalog.path)}
+                  if st.is_uri(catalog_loc) else None)
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     run_ils_baseline(catalog.path, regions=regions, tourists="validation", progress=progress)
     job = start_job_run(name, {"profile": profile.to_dict(), "space": {
