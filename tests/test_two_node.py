@@ -157,7 +157,7 @@ def cluster(tmp_path_factory, tiny_catalog):
         pytest.skip(reason)
     import ray
 
-    from optw.distributed.rayenv import RAY_ENV
+    from optw.distributed.rayenv import RAY_ENV, RUNTIME_ENV
     from optw.tracking.server import free_port, local_server
 
     base = tmp_path_factory.getbasetemp()  # hidden on the second node: head-only
@@ -230,7 +230,7 @@ def cluster(tmp_path_factory, tiny_catalog):
             mp.delenv(key, raising=False)
         if ray.is_initialized():  # an earlier module's local Ray: one instance at a time
             ray.shutdown()
-        ray.init(address=f"127.0.0.1:{gcs}", logging_level="WARNING")
+        ray.init(address=f"127.0.0.1:{gcs}", logging_level="WARNING", runtime_env=RUNTIME_ENV)
         stack.callback(ray.shutdown)
         deadline = time.monotonic() + 120
         while len(pf.alive_nodes()) < 2:
