@@ -9,15 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The job's `python` is the one on the PATH of the process that starts the head.
 export PATH="$PWD/.venv/bin:$PATH"
-export RAY_USAGE_STATS_ENABLED=0
-# Ray >= 2.59 protects local clusters with a token (kept in ~/.ray/auth_token); say so
-# explicitly so that `ray job submit` sends it too. `ray start` needs the token to exist: it is
-# made once (Ray's generator, never printed) and reused afterwards (optw/raylocal.py).
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
-# a Ray Train worker importing torch on a busy 2-core machine may need more than 60 s to start
-export RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="${RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S:-600}"
-# one machine, no preemptible nodes: no preemption watcher actor per training run
-export RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="${RAY_TRAIN_ENABLE_PREEMPTION_WATCHER:-0}"
+# Ray's defaults (usage stats off, token auth so that `ray job submit` sends the token too,
+# worker start timeout, no preemption watcher) are written once, in optw/distributed/rayenv.py;
+# a value already set wins. `ray start` needs the token to exist: it is made once (Ray's
+# generator, never printed) and reused afterwards (optw/raylocal.py).
+eval "$(python -m optw.distributed.rayenv)"
 address="http://127.0.0.1:8265"
 started=0
 if ! ray status >/dev/null 2>&1; then
@@ -54,40 +50,7 @@ grep -E '[[:space:]](WARNING|ERROR)[[:space:]]' "$logs/optw-submit-$id.log" \
 echo "job $id submitted; Ray's logs: $logs (this job's output: job-driver-$id.log)"
 # Follow the job's output as `ray job submit` does, without the job manager's own lines; the
 # exit status says whether the job succeeded.
-python - "$address" "$id" <<'EOF'
-import asyncio
-import logging
-import re
-import sys
-
-from ray.job_submission import JobStatus, JobSubmissionClient
-
-for name in [n for n in logging.root.manager.loggerDict if n.split(".")[0] == "ray"]:
-    logging.getLogger(name).setLevel(logging.WARNING)  # e.g. the SDK's "WebSocket closed"
-
-address, job = sys.argv[1:3]
-ray_lines = re.compile(r"\d{4}-\d\d-\d\d [\d:,]+\s+(INFO|DEBUG) \w+\.py:\d+ -- "
-                       r"|Running entrypoint for job ")
-client = JobSubmissionClient(address)
-
-
-async def follow() -> None:
-    async for chunk in client.tail_job_logs(job):
-        lines = re.split(r"(?<=\n)", chunk)
-        sys.stdout.write("".join(line for line in lines if not ray_lines.match(line)))
-        sys.stdout.flush()
-
-
-try:
-    asyncio.run(follow())
-except KeyboardInterrupt:
-    sys.exit(130)
-info = client.get_job_info(job)
-if info.status != JobStatus.SUCCEEDED:
-    # the message's first line (the rest repeats the job's last output lines)
-    why = (info.message or "").strip().splitlines()[:1]
-    sys.exit(f"job {job} {info.status.value}: {''.join(why).rstrip(':')}")
-EOF
+python -m optw.distributed.follow "$address" "$id"
 echo
 echo "done in $(( $(date +%s) - start )) s."
 echo "  Ray dashboard:  $address (jobs, actors, metrics; while the head runs: KEEP_RAY=1)"

@@ -95,7 +95,7 @@ def test_file_mounts_ship_project_and_built_catalog(raw):
     catalog = _exports(next(c for c in raw["head_start_ray_commands"] if "ray start" in c))[
         "OPTW_CATALOG"]
     upload = " ".join(raw["head_setup_commands"])
-    assert "optw.distributed.storage upload-catalog" in upload
+    assert "optw.distributed.mirror upload-catalog" in upload
     assert f"{catalog_target} {catalog}" in upload
     for excluded in (".venv", "mlflow.db", "mlartifacts", "runs"):
         assert excluded in raw["rsync_exclude"]

@@ -61,7 +61,7 @@ def ray_cluster(store):
     """A local Ray for the job and the planner; the tracking store is in the environment
     before Ray starts, so the planner's replicas read the same registry."""
     ray = pytest.importorskip("ray")
-    from optw.distributed.ray_train import configure_ray_env
+    from optw.distributed.rayenv import RUNTIME_ENV, configure_ray_env
     from optw.tracking import get_client
 
     mp = pytest.MonkeyPatch()
@@ -69,7 +69,7 @@ def ray_cluster(store):
     get_client(store)
     configure_ray_env()
     ray.init(address="local", num_cpus=2, include_dashboard=True, configure_logging=False,
-             object_store_memory=200 * 1024**2)
+             object_store_memory=200 * 1024**2, runtime_env=RUNTIME_ENV)
     yield ray
     ray.shutdown()
     mp.undo()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -17,6 +18,7 @@ from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import ConfigError
 
 TINY = ["r199", "pr99"]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_profile(name: str, mode: str = "scratch", regions=TINY, pack: int = 1,
@@ -36,13 +38,14 @@ def tiny_profile(name: str, mode: str = "scratch", regions=TINY, pack: int = 1,
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
-    from optw.distributed.ray_train import configure_ray_env
+    from optw.distributed.rayenv import RUNTIME_ENV, configure_ray_env
 
     configure_ray_env()
     # The dashboard serves the State API that Ray Train's placement-group cleaner relies on:
-    # without it a finished Tune trial can leave its worker's placement group behind.
+    # without it a finished Tune trial can leave its worker's placement group behind; the
+    # cleaner finds this cluster's API even beside other Ray instances (RUNTIME_ENV).
     ray.init(address="local", num_cpus=2, include_dashboard=True, configure_logging=False,
-             object_store_memory=200 * 1024**2)
+             object_store_memory=200 * 1024**2, runtime_env=RUNTIME_ENV)
     yield ray
     ray.shutdown()
 
@@ -238,11 +241,93 @@ def test_region_workers_ask_for_their_gpu_share():
 def test_packs_keep_every_worker_slot_busy():
     """A stage's units go into packs of at most regions_per_worker, smaller when there are
     fewer units than that per worker slot (3 global models on 2 slots: 2 + 1)."""
-    from optw.distributed.job import packs
+    from optw.distributed.plan import Member, Unit, packs
+    from optw.train import TrainConfig
 
-    assert [len(p) for p in packs(list(range(3)), 14, capacity=2)] == [2, 1]
-    assert [len(p) for p in packs(list(range(109)), 14, capacity=4)] == [14] * 7 + [11]
-    assert [len(p) for p in packs(list(range(5)), 1, capacity=8)] == [1] * 5
+    def members(n: int) -> list[Member]:
+        return [Member(Unit("scratch", f"r{i}", [f"r{i}"]), TrainConfig(regions=[f"r{i}"]))
+                for i in range(n)]
+
+    assert [len(p) for p in packs(members(3), 14, capacity=2)] == [2, 1]
+    assert [len(p) for p in packs(members(109), 14, capacity=4)] == [14] * 7 + [11]
+    assert [len(p) for p in packs(members(5), 1, capacity=8)] == [1] * 5
+
+
+def test_plan_resolves_configs_and_pack_mode_once(catalog):
+    """The plan resolves each unit's TrainConfig once (config_for: [train], [finetune] or
+    [global.<group>]) and decides per pack whether it trains batched: per-region models of one
+    shape batch, a pack of global models or of mixed model shapes is planned sequential, and
+    the sequential profile never batches. The specs are frozen."""
+    import dataclasses
+
+    from optw.distributed.plan import Member, PackSpec, packs
+
+    profile = tiny_profile("plan", mode="global-ft", pack=4, pack_mode="batched")
+    g, f = plan("global-ft", catalog, ["c101", "c102", "pr01"])
+    first = [Member(u, profile.config_for(u)) for u in g]
+    second = [Member(u, profile.config_for(u)) for u in f]
+    assert [m.config.regions for m in second] == [["c101"], ["c102"], ["pr01"]]
+    assert all(m.config.finetune for m in second)
+    assert first[0].config.regions == g[0].train_regions and not first[0].config.finetune
+    assert [p.batched for p in packs(second, 4, 1, "batched")] == [True]
+    assert [p.batched for p in packs(second, 4, 1, "sequential")] == [False]
+    assert [p.batched for p in packs(first, 4, 1, "batched")] == [False]  # global models
+    wide = Member(second[0].unit, second[0].config.replace(model={"d_model": 64}))
+    assert [p.batched for p in packs([wide, *second[1:]], 4, 1, "batched")] == [False]
+    pack = packs(second, 4, 1, "batched")[0]
+    assert isinstance(pack, PackSpec) and pack.keys == ["c101", "c102", "pr01"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pack.batched = False  # type: ignore[misc]
+
+
+def test_comma_lists_refuse_empty_and_repeated_entries():
+    """`--regions c101,,c102` and `c101,c101` are refused naming the option and the entry
+    (they were silently dropped); spaces around names stay allowed."""
+    from optw.distributed.cli import comma_list
+
+    assert comma_list(" c101, c102 ", "--regions") == ["c101", "c102"]
+    with pytest.raises(ValueError, match=r"--regions: 'c101,,c102' has an empty entry \(entry 2"):
+        comma_list("c101,,c102", "--regions")
+    with pytest.raises(ValueError, match="--groups: 'a,b,a' names 'a' twice"):
+        comma_list("a,b,a", "--groups")
+
+
+def test_tune_refuses_a_grace_period_past_the_budget(tiny_catalog, tmp_path):
+    """`optw tune --val-every 100 --epochs 10` (ASHA's grace period past max_t) is refused
+    before Ray starts or anything is written, naming both options."""
+    import ray
+
+    from optw.distributed.tune import run_sweep
+
+    with pytest.raises(ValueError, match="--val-every 100 is more than --epochs 10"):
+        run_sweep(tiny_profile("grace", epochs=10, val_every=100), ["r199"], num_samples=1,
+                  catalog_dir=tiny_catalog.path, tracking_uri=f"sqlite:///{tmp_path}/m.db",
+                  storage=tmp_path / "tune", progress=False)
+    assert not ray.is_initialized() and not (tmp_path / "tune").exists()
+
+
+def _job_cli(tiny_catalog, tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, float]:
+    """`jobs/train_all.py` on the tiny catalog in a fresh process (no RAY_ADDRESS)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "train_all.py"), "--profile", "smoke",
+         "--regions", "r199", "--catalog", str(tiny_catalog.path), "--out", str(tmp_path / "out"),
+         "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", *extra],
+        env=env, capture_output=True, text=True, timeout=300)
+    return proc, time.perf_counter() - t0
+
+
+def test_a_dead_ray_address_fails_fast_and_creates_nothing(tiny_catalog, tmp_path):
+    """`--address 127.0.0.1:1` (nothing listens there) is one line naming --address within
+    seconds (Ray itself retried every 30 s for minutes), and nothing is created: no output or
+    Ray Train folder, no MLflow store."""
+    proc, seconds = _job_cli(tiny_catalog, tmp_path, "--address", "127.0.0.1:1")
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and err.startswith("optw job run: error: --address 127.0.0.1:1")
+    assert "\n" not in err and "Traceback" not in err
+    assert seconds < 60, seconds  # the process's own start (torch, ray) is most of it
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_plan_per_mode(catalog):
@@ -301,6 +386,18 @@ def test_job_end_to_end_and_idempotent_rerun(ray_cluster, tiny_catalog, store, t
     assert summary.report.read_bytes() == report and again.results_path == summary.results_path
     for rid in TINY:
         assert len(client.search_model_versions(f"name = 'optw-{rid}'")) == 1
+
+
+def test_a_job_beside_another_local_ray_names_the_address(ray_cluster, tiny_catalog, tmp_path):
+    """A job started without --address while another local Ray instance runs (this module's)
+    would start a second one beside it and hang ("Found multiple active Ray instances"): it is
+    refused in one line naming --address and the running instance's address."""
+    address = ray_cluster.get_runtime_context().gcs_address
+    proc, _ = _job_cli(tiny_catalog, tmp_path)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and err.startswith("optw job run: error: --address"), err
+    assert address in err and "--address local" in err and "\n" not in err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("pack,pack_mode", [(1, "sequential"), (2, "sequential"),
@@ -363,10 +460,15 @@ def test_tune_sweep_few_trials(ray_cluster, tiny_catalog, store, tmp_path):
                     catalog_dir=tiny_catalog.path, tracking_uri=store,
                     storage=tmp_path / "tune", progress=False)
     assert len(res.trials) == 2 and res.best_config["lr"] in (1e-4, 1e-3)
-    out = write_profile(profile, res.best_config, tmp_path / "best.toml")
+    assert set(res.best_trial) == {"lr", "model.clip"}
+    base = tiny_profile("sweep", epochs=40, val_every=10)  # the budget a written profile keeps
+    out = write_profile(base, res.best_trial, tmp_path / "best.toml")
     best = load_profile(out)
     assert best.train.lr == res.best_config["lr"]
     assert best.train.model.get("clip") == res.best_config["model"]["clip"]
+    assert best.job.name == "best" and best.train.epochs == 40 and best.train.val_every == 10
+    with pytest.raises(FileExistsError):
+        write_profile(base, res.best_trial, out)  # never overwritten
 
 
 def test_global_ft_mode_fine_tunes_from_the_global_model(ray_cluster, tiny_catalog, store,

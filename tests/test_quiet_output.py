@@ -164,15 +164,13 @@ def test_worker_restart_still_shows(capsys):
 
 
 def test_driver_drops_only_rays_worker_start_warning():
-    """jobs/train_all.py's output filter drops the raylet's worker-start warning line, even
+    """The one filter of Ray's lines (optw.distributed.raylogs, used by `optw job run`,
+    jobs/train_all.py and the follower) drops the raylet's worker-start warning line, even
     when written in pieces and across threads' flushes, and passes everything else."""
-    sys.path.insert(0, str(ROOT / "jobs"))
-    try:
-        import train_all
-    finally:
-        sys.path.remove(str(ROOT / "jobs"))
+    from optw.distributed.raylogs import DropLines
+
     sink = io.StringIO()
-    out = train_all.DropLines(sink, train_all.RAY_NOISE)
+    out = DropLines(sink)
     warning = ("\x1b[33m(raylet)\x1b[0m WARNING: 8 PYTHON worker processes have been started "
                "on node: 9093 with address: 192.0.2.2, which is 4x the maximum expected "
                "startup concurrency (2).")

@@ -1,6 +1,7 @@
-"""Job storage locations (optw.distributed.storage) against a real S3-compatible server on
-loopback (moto), and the early cluster checks that need no cluster: a single node, an
-autoscaling cluster, the tracking store and artifact location rules."""
+"""Job storage locations (optw.distributed.storage, the catalog mirror) against a real
+S3-compatible server on loopback (moto), and the early cluster checks (preflight) that need
+no cluster: a single node, an autoscaling cluster, the tracking store and artifact location
+rules."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import stop_process
+from optw.distributed import mirror as mr
+from optw.distributed import preflight as pf
 from optw.distributed import storage as st
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -122,34 +125,37 @@ def test_catalog_by_uri_is_mirrored_and_kept_current(s3, tiny_catalog, tmp_path)
     from optw.catalog import open_catalog
 
     uri = st.join(s3, "catalog")
-    assert st.upload_catalog(tiny_catalog.path, uri) is True
-    assert st.upload_catalog(tiny_catalog.path, uri) is False  # the same build: nothing to do
-    st.write_bytes(st.join(uri, f"{st.PROBE_PREFIX}x"), b"probe")
-    mirror = Path(st.local_catalog(uri, tmp_path / "mirror"))
+    assert mr.upload_catalog(tiny_catalog.path, uri) is True
+    assert mr.upload_catalog(tiny_catalog.path, uri) is False  # the same build: nothing to do
+    st.write_bytes(st.join(uri, f"{mr.PROBE_PREFIX}x"), b"probe")
+    mirror = Path(mr.local_catalog(uri, tmp_path / "mirror"))
     assert open_catalog(mirror).regions_table.index.tolist() == \
         tiny_catalog.regions_table.index.tolist()
-    assert not list(mirror.glob(f"{st.PROBE_PREFIX}*"))
+    assert not list(mirror.glob(f"{mr.PROBE_PREFIX}*"))
     # a job adds ILS results in its own mirror and pushes them back; another mirror gets them
     (mirror / "baselines").mkdir(exist_ok=True)
     (mirror / "baselines" / "ils.parquet").write_bytes(b"new results")
-    st.push_baselines(mirror, uri)
-    other = Path(st.local_catalog(uri, tmp_path / "other"))
+    mr.push_baselines(mirror, uri)
+    other = Path(mr.local_catalog(uri, tmp_path / "other"))
     assert (other / "baselines" / "ils.parquet").read_bytes() == b"new results"
     st.delete(st.join(uri, "baselines", "ils.parquet"))
-    st.local_catalog(uri, other)
+    mr.local_catalog(uri, other)
     assert not (other / "baselines" / "ils.parquet").exists()
     with pytest.raises(FileNotFoundError, match="no files"):
-        st.local_catalog(st.join(s3, "nothing-here"), tmp_path / "none")
+        mr.local_catalog(st.join(s3, "nothing-here"), tmp_path / "none")
 
 
 def test_trainer_gets_remote_storage_and_worker_resources(s3):
     """make_trainer hands Ray Train an S3 location as (path, pyarrow filesystem), adds custom
-    resources to the worker's request, and switches to the worker that fetches a catalog
-    given by URI on its node; a local folder and catalog path stay as before."""
+    resources to the worker's request, and runs the one worker function on the typed pack
+    (no config dict): a catalog given by URI travels as the URI (the worker mirrors it on its
+    own node on entry); a local folder stays a path."""
+    import functools
+
     import pyarrow.fs
 
     from optw.distributed.profile import ResourcesSection
-    from optw.distributed.ray_train import WorkerSpec, make_trainer, train_worker
+    from optw.distributed.ray_train import WorkerPack, WorkerSpec, make_trainer, train_worker
     from optw.train import TrainConfig
 
     spec = WorkerSpec(TrainConfig(regions=["r199"]), "r199", "scratch", "/data/catalog",
@@ -161,10 +167,14 @@ def test_trainer_gets_remote_storage_and_worker_resources(s3):
     assert run.storage_path == "optw-unit/ray_train"
     assert isinstance(run.storage_filesystem, pyarrow.fs.S3FileSystem)
     assert trainer.scaling_config.resources_per_worker == {"CPU": 1, "optw_remote": 1.0}
-    assert trainer.train_loop_per_worker is train_worker
-    remote = make_trainer(spec.replace(catalog=st.join(s3, "catalog")), "/tmp/x", "n", res,
-                          use_gpu=False)
-    assert remote.train_loop_per_worker is st.train_worker_anywhere
+    worker = trainer.train_loop_per_worker
+    assert isinstance(worker, functools.partial) and worker.func is train_worker
+    assert worker.args == (WorkerPack((spec,), batched=False),)
+    assert not trainer.train_loop_config
+    uri = st.join(s3, "catalog")
+    remote = make_trainer(spec.replace(catalog=uri), "/tmp/x", "n", res, use_gpu=False)
+    assert remote.train_loop_per_worker.func is train_worker
+    assert remote.train_loop_per_worker.args[0].specs[0].catalog == uri
     assert remote.run_config.storage_path == "/tmp/x"
     assert remote.run_config.storage_filesystem is None
 
@@ -176,22 +186,22 @@ def test_cluster_checks_without_a_cluster(tmp_path):
     from optw.tracking import TrackingUnavailableError
 
     one = [{"NodeID": "a" * 56, "NodeManagerAddress": "127.0.0.1", "Alive": True}]
-    local = [st.Setting("--storage (or OPTW_STORAGE)", str(tmp_path))]
+    local = [pf.Setting("--storage (or OPTW_STORAGE)", str(tmp_path))]
     sqlite = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert st.check_cluster(local, sqlite, nodes=one, autoscaling=0) == 1
+    assert pf.check_cluster(local, sqlite, nodes=one, autoscaling=0) == 1
     with pytest.raises(TrackingUnavailableError, match="MLFLOW_TRACKING_URI"):
-        st.check_cluster(local, sqlite, nodes=one, autoscaling=3)
-    with pytest.raises(st.ClusterStorageError) as exc:
-        st.check_cluster(local, "http://127.0.0.1:5000", nodes=one, autoscaling=3)
+        pf.check_cluster(local, sqlite, nodes=one, autoscaling=3)
+    with pytest.raises(pf.ClusterStorageError) as exc:
+        pf.check_cluster(local, "http://127.0.0.1:5000", nodes=one, autoscaling=3)
     msg = str(exc.value)
     assert "\n" not in msg and "--storage (or OPTW_STORAGE)" in msg and "up to 3" in msg
-    remote = [st.Setting("--storage", "s3://bucket/optw")]
-    assert st.check_cluster(remote, "http://127.0.0.1:5000", nodes=one, autoscaling=3) == 4
+    remote = [pf.Setting("--storage", "s3://bucket/optw")]
+    assert pf.check_cluster(remote, "http://127.0.0.1:5000", nodes=one, autoscaling=3) == 4
     config = tmp_path / "ray_bootstrap_config.yaml"
-    assert st.autoscaling_workers(config) == 0
+    assert pf.autoscaling_workers(config) == 0
     config.write_text("cluster_name: x\nmax_workers: 8\n")
-    assert st.autoscaling_workers(config) == 8
-    assert st.network_fs(tmp_path) is None
+    assert pf.autoscaling_workers(config) == 8
+    assert pf.network_fs(tmp_path) is None
 
 
 def test_tracking_rules_for_a_cluster(tmp_path):

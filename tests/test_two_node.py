@@ -33,6 +33,8 @@ from ray import cloudpickle
 
 from conftest import copy_catalog, good_tourist
 from optw.distributed import JobProfile
+from optw.distributed import mirror as mr
+from optw.distributed import preflight as pf
 from optw.distributed import storage as st
 from optw.paths import PROJECT_ROOT
 from optw.train.callbacks import Callback, TrainContext
@@ -155,7 +157,7 @@ def cluster(tmp_path_factory, tiny_catalog):
         pytest.skip(reason)
     import ray
 
-    from optw.distributed.ray_train import WORKER_START_TIMEOUT_ENV
+    from optw.distributed.rayenv import RAY_ENV, RUNTIME_ENV
     from optw.tracking.server import free_port, local_server
 
     base = tmp_path_factory.getbasetemp()  # hidden on the second node: head-only
@@ -166,8 +168,7 @@ def cluster(tmp_path_factory, tiny_catalog):
     ray_bin = str(Path(sys.executable).with_name("ray"))
     # the nodes authenticate like this process does (Ray reads it once, at its first use)
     auth = os.environ.get("RAY_AUTH_MODE") or "disabled"
-    env = {**os.environ, **AWS, "RAY_AUTH_MODE": auth, "RAY_USAGE_STATS_ENABLED": "0",
-           "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", WORKER_START_TIMEOUT_ENV[0]: "600",
+    env = {**os.environ, **AWS, **RAY_ENV, "RAY_AUTH_MODE": auth,
            "OPTW_CACHE": str(head / "cache"), "OPTW_RUNS": str(head / "runs"),
            "PYTHONUNBUFFERED": "1"}
     for key in ("RAY_ADDRESS", "OPTW_STORAGE", "OPTW_CATALOG", "MLFLOW_TRACKING_URI"):
@@ -229,18 +230,18 @@ def cluster(tmp_path_factory, tiny_catalog):
             mp.delenv(key, raising=False)
         if ray.is_initialized():  # an earlier module's local Ray: one instance at a time
             ray.shutdown()
-        ray.init(address=f"127.0.0.1:{gcs}", logging_level="WARNING")
+        ray.init(address=f"127.0.0.1:{gcs}", logging_level="WARNING", runtime_env=RUNTIME_ENV)
         stack.callback(ray.shutdown)
         deadline = time.monotonic() + 120
-        while len(st.alive_nodes()) < 2:
+        while len(pf.alive_nodes()) < 2:
             if time.monotonic() > deadline or procs[-1].poll() is not None:
                 raise RuntimeError("the second node did not join: "
                                    + (shared / "ray-node.log").read_text()[-2000:])
             time.sleep(0.5)
-        remote = next(n for n in st.alive_nodes() if RESOURCE in n["Resources"])
+        remote = next(n for n in pf.alive_nodes() if RESOURCE in n["Resources"])
         s3 = st.join(bucket, "optw")
         catalog = st.join(s3, "catalog")
-        st.upload_catalog(tiny_catalog.path, catalog)
+        mr.upload_catalog(tiny_catalog.path, catalog)
         yield {"s3": s3, "catalog": catalog, "server": server, "head": head, "shared": shared,
                "remote_node": remote["NodeID"], "local_catalog": tiny_catalog.path}
 
@@ -294,13 +295,13 @@ def test_cluster_refuses_node_local_storage_sqlite_and_head_catalog(cluster, tmp
         return msg
 
     # the defaults: runs/ray_train and runs/<job> on the head ($OPTW_RUNS is head-only here)
-    msg = refused("refuse-default", st.ClusterStorageError,
+    msg = refused("refuse-default", pf.ClusterStorageError,
                   ["--storage (or OPTW_STORAGE)", cluster["remote_node"][:8], "2-node"],
                   storage=None, out_dir=None)
     assert str(head / "runs" / "ray_train") in msg
-    refused("refuse-out", st.ClusterStorageError, ["--out (or OPTW_STORAGE)"],
+    refused("refuse-out", pf.ClusterStorageError, ["--out (or OPTW_STORAGE)"],
             out_dir=tmp_path / "out")
-    refused("refuse-catalog", st.ClusterStorageError, ["--catalog (or OPTW_CATALOG)"],
+    refused("refuse-catalog", pf.ClusterStorageError, ["--catalog (or OPTW_CATALOG)"],
             catalog_dir=cluster["local_catalog"])
     db = tmp_path / "mlflow.db"
     refused("refuse-sqlite", TrackingUnavailableError,
@@ -315,9 +316,9 @@ def test_cluster_refuses_node_local_storage_sqlite_and_head_catalog(cluster, tmp
                                .experiment_id]) == []
     # folders both nodes see (the NFS stand-in: storage, a catalog) and the S3 bucket pass
     shared_catalog = copy_catalog(tiny_catalog, cluster["shared"] / "catalog")
-    assert st.check_cluster([st.Setting("--storage", str(cluster["shared"] / "ray_train")),
-                             st.Setting("--out", st.join(s3, "x")),
-                             st.Setting("--catalog", str(shared_catalog))], server) == 2
+    assert pf.check_cluster([pf.Setting("--storage", str(cluster["shared"] / "ray_train")),
+                             pf.Setting("--out", st.join(s3, "x")),
+                             pf.Setting("--catalog", str(shared_catalog))], server) == 2
 
 
 def test_two_node_job_with_killed_remote_worker(cluster, monkeypatch):
@@ -396,3 +397,28 @@ def test_two_node_job_with_killed_remote_worker(cluster, monkeypatch):
         assert len(solver.solve([good_tourist(solver.region)], method="greedy")) == 1
     assert [a.path for a in client.list_artifacts(summary.parent_run_id, "report")]
     assert any(p.is_file() for p in (cluster["head"] / "mlartifacts").rglob("*"))
+
+
+def test_tune_runs_against_the_jobs_storage_uri(cluster, monkeypatch):
+    """`optw tune` on the two-node cluster (issue 25, item 4): Ray Tune's and every trial's
+    Ray Train files go to the job's storage URI (``$OPTW_STORAGE``, S3), the catalog is given
+    by URI (each trial's worker mirrors it on its own node), the early check passes, and the
+    trials report their gap to ILS."""
+    import dataclasses
+
+    import pyarrow.fs
+
+    from optw.distributed.tune import METRIC, run_sweep
+
+    s3, server = cluster["s3"], cluster["server"]
+    monkeypatch.setenv("OPTW_STORAGE", s3)
+    base = profile("two-node-tune", epochs=4)
+    base = dataclasses.replace(base, train=base.train.replace(val_every=2))
+    res = run_sweep(base, ["r199"], num_samples=2, space={"lr": ("choice", [1e-4, 1e-3])},
+                    catalog_dir=cluster["catalog"], tracking_uri=server, progress=False,
+                    name="two-node-tune")
+    assert len(res.trials) == 2 and res.trials[METRIC].notna().all()
+    fs, root = st.filesystem(st.join(s3, "ray_tune"))
+    files = [i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))]
+    assert any(p.startswith(f"{root}/two-node-tune/") for p in files), files  # Tune's state
+    assert any(p.endswith("/pack.json") for p in files), files  # the trials' checkpoints

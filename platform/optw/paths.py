@@ -106,9 +106,9 @@ def cache_dir() -> Path:
     return _env("OPTW_CACHE", runs_dir() / ".cache")
 
 
-def tune_storage() -> Path:
-    """Ray Tune storage of the sweeps."""
-    return runs_dir() / "ray_tune"
+def tune_storage() -> str:
+    """Ray Tune storage of the sweeps: ``<storage root>/ray_tune`` (a folder or a URI)."""
+    return join_location(storage_root(), "ray_tune")
 
 
 def train_run_dir(regions: list[str]) -> Path:
@@ -119,11 +119,6 @@ def train_run_dir(regions: list[str]) -> Path:
 def mlflow_db() -> Path:
     """The default MLflow sqlite store."""
     return PROJECT_ROOT / "mlflow.db"
-
-
-def mlflow_artifacts() -> Path:
-    """The default MLflow artifact root."""
-    return PROJECT_ROOT / "mlartifacts"
 
 
 def replace_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:

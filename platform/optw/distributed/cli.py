@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -62,22 +63,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--write-profile", default=None, help="write the best config as a profile")
     t.add_argument("--name", default=None,
                    help="sweep (= MLflow experiment) name (default: <job>-tune-<time>)")
-    t.add_argument("--out", type=Path, default=None,
-                   help="Ray Tune storage folder (default runs/ray_tune)")
-    t.add_argument("--catalog", type=Path, default=None)
+    t.add_argument("--storage", "--out", dest="storage", default=None,
+                   help="Ray Tune storage: a folder or a URI such as s3://bucket/prefix, as the "
+                   "job's (default $OPTW_STORAGE/ray_tune or runs/ray_tune)")
+    t.add_argument("--catalog", default=None,
+                   help="catalog folder or URI (default $OPTW_CATALOG or region_catalog/)")
     t.add_argument("--tracking-uri", default=None)
+    t.add_argument("--address", default=None, help="Ray address (default: auto/local)")
     t.set_defaults(func=_tune)
 
 
 def comma_list(text: str | None, option: str) -> list[str] | None:
-    """``"a, b"`` -> ``["a", "b"]``; None stays None; an empty list is an error naming
-    ``option`` (an empty ``--regions ''`` must not silently mean "all")."""
+    """``"a, b"`` -> ``["a", "b"]``; None stays None; an empty list, an empty entry
+    (``a,,b``) or a name given twice is an error naming ``option`` and the entry (an empty
+    ``--regions ''`` must not silently mean "all", nor ``a,,b`` silently drop one)."""
     if text is None:
         return None
-    items = [x.strip() for x in text.split(",") if x.strip()]
-    if not items:
+    items = [x.strip() for x in text.split(",")]
+    if not any(items):
         raise ValueError(f"{option}: empty list {text!r}; give comma-separated names or leave "
                          "the option out")
+    if "" in items:
+        raise ValueError(f"{option}: {text!r} has an empty entry (entry {items.index('') + 1}); "
+                         "give comma-separated names")
+    seen = [x for i, x in enumerate(items) if x in items[:i]]
+    if seen:
+        raise ValueError(f"{option}: {text!r} names {seen[0]!r} twice; give each name once")
     return items
 
 
@@ -160,37 +171,44 @@ def format_summary(summary) -> str:
 
 def _run_job(args: argparse.Namespace) -> int:
     from optw.distributed.job import run_job
+    from optw.distributed.raylogs import quiet_ray_output
 
     profile = profile_from_args(args)
-    summary = run_job(profile, catalog_dir=args.catalog, tracking_uri=args.tracking_uri,
-                      storage=args.storage, out_dir=args.out, force=args.force,
-                      progress=not args.quiet, ray_address=args.address,
-                      worker_resources=resource_amounts(args.worker_resources))
+    with quiet_ray_output():  # Ray's internals stay in its log folder
+        summary = run_job(profile, catalog_dir=args.catalog, tracking_uri=args.tracking_uri,
+                          storage=args.storage, out_dir=args.out, force=args.force,
+                          progress=not args.quiet, ray_address=args.address,
+                          worker_resources=resource_amounts(args.worker_resources))
     print(format_summary(summary))
     return 0
 
 
 def _tune(args: argparse.Namespace) -> int:
     from optw.distributed.profile import load_profile
-    from optw.distributed.tune import run_sweep, write_profile
+    from optw.distributed.tune import profile_name, run_sweep, write_profile
 
     if args.samples < 1:
         raise ValueError(f"--samples: {args.samples} trials; give an integer >= 1")
-    profile = load_profile(args.profile)
+    base = load_profile(args.profile)
+    # the sweep's budget (--epochs, --val-every) only ranks the trials; a written profile
+    # keeps the base profile's
     changes = {k: v for k, v in {"epochs": args.epochs, "val_every": args.val_every}.items()
                if v is not None}
-    if changes:
-        profile.train = profile.train.replace(**changes)
-    if not profile.train.val_every:
-        profile.train = profile.train.replace(val_every=max(1, profile.train.epochs // 4))
+    train = base.train.replace(**changes)
+    if not train.val_every:
+        train = train.replace(val_every=max(1, train.epochs // 4))
+    sweep = dataclasses.replace(base, train=train)
     regions = comma_list(args.regions, "--regions")
     if args.write_profile and Path(args.write_profile).exists():
         raise FileExistsError(f"--write-profile: {args.write_profile} exists; choose a new "
                               "file so it is not overwritten")
-    res = run_sweep(profile, regions, num_samples=args.samples, catalog_dir=args.catalog,
-                    tracking_uri=args.tracking_uri, storage=args.out, name=args.name)
+    res = run_sweep(sweep, regions, num_samples=args.samples, catalog_dir=args.catalog,
+                    tracking_uri=args.tracking_uri, storage=args.storage, name=args.name,
+                    ray_address=args.address)
     print(res.trials.sort_values("val_gap_ils").to_string(index=False))
-    print(f"\nbest gap to ILS {res.best_gap:.2f}% with {res.best_config}")
+    print(f"\nbest gap to ILS {res.best_gap:.2f}% with {res.best_trial}")
     if args.write_profile:
-        print(f"profile written to {write_profile(profile, res.best_config, args.write_profile)}")
+        out = write_profile(base, res.best_trial, args.write_profile)
+        print(f"profile written to {out} ([job] name = {profile_name(out)!r}; [train] is "
+              f"{base.profile}'s with the best trial's values, its epochs = {base.train.epochs})")
     return 0

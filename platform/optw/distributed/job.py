@@ -8,7 +8,11 @@ Where things go (:mod:`optw.distributed.storage`): Ray Train's checkpoints under
 the final models, results and report under ``out``; each a local folder (the single-node
 default, under ``runs/``), a folder every node mounts, or a URI such as ``s3://bucket/optw``
 (``$OPTW_STORAGE`` moves both). The catalog is a folder or a URI, mirrored on each node that
-reads it.
+reads it (:mod:`optw.distributed.mirror`).
+
+The plan is resolved once, before any training: each model's TrainConfig
+(:meth:`~optw.distributed.profile.JobProfile.config_for`) and each pack's way of training
+(:func:`optw.distributed.plan.packs`) travel to the worker as frozen specs.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ from typing import Any
 from optw import paths
 from optw.catalog import CATALOG_VERSION, open_catalog
 from optw.distributed import storage as st
-from optw.distributed.plan import Unit, plan, select_regions
+from optw.distributed.mirror import local_catalog, push_baselines
+from optw.distributed.plan import Member, PackSpec, Unit, packs, plan, select_regions
+from optw.distributed.preflight import Setting, check_cluster
 from optw.distributed.profile import JobProfile
-from optw.raylocal import ensure_token
 
 
 @dataclass
@@ -68,46 +73,39 @@ class JobSummary:
 # ----------------------------------------------------------------------------- one pack
 
 
-def run_pack(units: list[Unit], ctx: JobContext, inits: dict[str, str | None],
+def run_pack(pack: PackSpec, ctx: JobContext, inits: dict[str, str | None],
              ) -> dict[str, dict[str, Any]]:
-    """Train a pack of models (one Ray Train worker trains them one after another), then
+    """Train a pack of models (one Ray Train worker trains them, as the plan decided), then
     evaluate, log and register each; one MLflow child run per model. Runs on any node: the
     catalog, models and storage are reached through their locations."""
     import hashlib
 
     import ray
 
-    from optw.distributed.ray_train import WorkerSpec, fit_pack
+    from optw.distributed.ray_train import WorkerPack, WorkerSpec, fit_pack
     from optw.tracking import end_run
 
     profile, mode = ctx.profile, ctx.profile.job.mode
-    catalog = st.local_catalog(ctx.catalog_dir)  # a URI: this node's mirror
-    specs, configs = [], {}
-    for unit in units:
-        if unit.finetune:
-            config = profile.finetune_config(unit.train_regions)
-        elif unit.group is not None:
-            config = profile.global_config(unit.group, unit.train_regions)
-        else:
-            config = profile.train.replace(regions=unit.train_regions)
+    units = pack.units
+    specs = []
+    for member in pack.members:
+        unit, config = member.unit, member.config
         run_id = ctx.job.child(unit.stage, unit.key, config={
             "train": config.to_dict(), "evaluate": asdict(profile.evaluate), "mode": mode,
             "init_from": unit.init_from or "", "catalog_version": CATALOG_VERSION,
-            "pack": [u.key for u in units]}, tags={"mode": mode, "profile": profile.profile})
-        configs[unit.key] = config
-        spec = WorkerSpec.build(config, unit.key, unit.stage, catalog=catalog,
-                                tracking_uri=ctx.tracking_uri, run_id=run_id,
-                                init=inits.get(unit.key), callbacks=ctx.callbacks.get(unit.key, ()))
-        # a catalog URI: the worker mirrors it on its own node
-        specs.append(spec.replace(catalog=ctx.catalog_dir) if st.is_uri(ctx.catalog_dir)
-                     else spec)
+            "pack": pack.keys}, tags={"mode": mode, "profile": profile.profile})
+        specs.append(WorkerSpec.build(config, unit.key, unit.stage, catalog=ctx.catalog_dir,
+                                      tracking_uri=ctx.tracking_uri, run_id=run_id,
+                                      init=inits.get(unit.key),
+                                      callbacks=ctx.callbacks.get(unit.key, ())))
     keys = "+".join(u.key for u in units)
     tag = units[0].key if len(units) == 1 else (
         f"{units[0].key}-pack{len(units)}-{hashlib.sha1(keys.encode()).hexdigest()[:8]}")
     name = f"{ctx.job_name}-{ctx.config_hash}-{units[0].stage}-{tag}"
     outs = {u.key: st.join(ctx.models_dir, f"{u.stage}-{u.key}.pt") for u in units}
     try:
-        fitted = fit_pack(specs, ctx.storage, name, profile.resources, ctx.use_gpu, outs,
+        fitted = fit_pack(WorkerPack(tuple(specs), pack.batched), ctx.storage, name,
+                          profile.resources, ctx.use_gpu, outs,
                           worker_resources=ctx.worker_resources)
     except BaseException:
         for spec in specs:
@@ -130,13 +128,14 @@ def run_pack(units: list[Unit], ctx: JobContext, inits: dict[str, str | None],
             end_run(spec.run_id, "FAILED", ctx.tracking_uri)
         raise
     share["eval_seconds"] = (time.perf_counter() - t_eval) / len(units)
-    regions = open_catalog(catalog)
+    regions = open_catalog(local_catalog(ctx.catalog_dir))  # a URI: this node's mirror
     done: dict[str, dict[str, Any]] = {}
-    for u, spec in zip(units, specs, strict=True):
+    for member, spec in zip(pack.members, specs, strict=True):
+        u = member.unit
         region = regions.region(u.key) if u.key in regions.regions_table.index else None
         with st.local_file(fitted.models[u.key]) as local:  # remote storage: a download
             done[u.key] = {**_finish_unit(u, spec.run_id, fitted.models[u.key], local,
-                                          configs[u.key], ctx, evals.get(u.key, ([], [])),
+                                          member.config, ctx, evals.get(u.key, ([], [])),
                                           region), **share}
     return done
 
@@ -148,7 +147,7 @@ def evaluate_anywhere(model: str, regions: list[str], method: str, settings: Any
     from optw.evaluate.protocol import evaluate_model
 
     with st.local_file(model) as path:
-        return evaluate_model(str(path), regions, method, settings, st.local_catalog(catalog))
+        return evaluate_model(str(path), regions, method, settings, local_catalog(catalog))
 
 
 def _finish_unit(unit: Unit, run_id: str, checkpoint: str, local: Path, config: Any,
@@ -256,13 +255,14 @@ def run_job(
     import ray
 
     from optw.baselines import load_ils_results, run_ils_baseline
-    from optw.distributed.ray_train import configure_ray_env
+    from optw.distributed.rayenv import connect
     from optw.tracking import check_tracking_uri, log_tables, start_job_run
 
     t0 = time.perf_counter()
-    # -- everything that can be wrong fails here, before any training
+    # -- everything that can be wrong fails here, before any training (and before anything is
+    # created: a bad --address is refused in seconds)
     catalog_loc = st.normalize(catalog_dir or paths.catalog_location())
-    catalog = open_catalog(st.local_catalog(catalog_loc))  # a URI: mirrored on this node
+    catalog = open_catalog(local_catalog(catalog_loc))  # a URI: mirrored on this node
     selected = select_regions(catalog, profile.job.groups, profile.job.regions)
     stages = plan(profile.job.mode, catalog, selected, profile.job.from_groups)
     uri = check_tracking_uri(tracking_uri)
@@ -271,18 +271,15 @@ def run_job(
     # with --out everything the job writes goes there, Ray Train's checkpoints included
     storage = st.normalize(storage) if storage else (st.join(out, "ray_train") if out_dir
                                                      else paths.train_storage())
-    st.prepare_folders([(OUT_SETTING, out), (STORAGE_SETTING, storage)])
-
+    folders = [(OUT_SETTING, out), (STORAGE_SETTING, storage)]
+    st.check_folders(folders)
     if not ray.is_initialized():
-        configure_ray_env()
-        if ray_address in (None, "", "local"):
-            ensure_token()  # a local cluster started with RAY_AUTH_MODE=token needs one
-        ray.init(address=ray_address, configure_logging=True, logging_level="WARNING",
-                 log_to_driver=True)
+        connect(ray_address)  # a bad --address: refused in seconds, nothing created yet
+    st.prepare_folders(folders)
     # -- on a cluster of several nodes every node must reach all of it (else: refused here)
-    nodes = st.check_cluster(
-        [st.Setting(STORAGE_SETTING, storage), st.Setting(OUT_SETTING, out),
-         st.Setting(CATALOG_SETTING, catalog_loc)], uri,
+    nodes = check_cluster(
+        [Setting(STORAGE_SETTING, storage), Setting(OUT_SETTING, out),
+         Setting(CATALOG_SETTING, catalog_loc)], uri,
         stage_catalogs={catalog_loc: str(catalog.path)} if st.is_uri(catalog_loc) else None)
     if nodes > 1:
         from optw.tracking import check_artifact_location, experiment_id
@@ -301,7 +298,7 @@ def run_job(
     if eval_regions:
         t_ils = time.perf_counter()
         run_ils_baseline(catalog.path, regions=eval_regions, tourists="all", progress=progress)
-        st.push_baselines(catalog.path, catalog_loc)  # a catalog URI gets the new results
+        push_baselines(catalog.path, catalog_loc)  # a catalog URI gets the new results
         timings = {"ils": time.perf_counter() - t_ils}
     else:
         timings = {"ils": 0.0}
@@ -316,6 +313,8 @@ def run_job(
                  f"and catalog: skipped ({', '.join(skipped[:8])}{more})")
     if not any(stages):
         return _nothing_to_do(name, uri, out, selected, skipped, time.perf_counter() - t0)
+    # -- the plan, resolved once: each model's TrainConfig (typed, checked)
+    members = [[Member(u, profile.config_for(u)) for u in s] for s in stages]
     job = start_job_run(name, profile.to_dict(), tags={
         "mode": profile.job.mode, "profile": profile.profile, "config_hash": config_hash,
         "catalog_version": CATALOG_VERSION, "regions": len(selected)}, uri=uri)
@@ -326,9 +325,9 @@ def run_job(
     results: dict[str, dict[str, Any]] = {}
     trained: list[str] = []
     try:
-        for units in stages:
-            results.update(_run_stage(remote, units, ctx, results, capacity, progress))
-            trained += [u.key for u in units]
+        for stage in members:
+            results.update(_run_stage(remote, stage, ctx, results, capacity, progress))
+            trained += [m.unit.key for m in stage]
         rows = [row for r in results.values() for row in r["rows"]]
         results_path, tables = None, {}
         if rows:
@@ -384,34 +383,28 @@ def _nothing_to_do(name: str, uri: str, out: str, selected: list[str], skipped: 
                       {}, _shown(report) if st.exists(report) else None)
 
 
-def packs(units: list[Unit], size: int, capacity: int = 1) -> list[list[Unit]]:
-    """A stage's units in packs of at most ``size`` (in order; one Ray Train worker each),
-    smaller when that keeps all ``capacity`` worker slots busy (3 global models on 2 slots:
-    packs of 2 and 1, not one pack of 3)."""
-    size = max(1, min(size, -(-len(units) // max(capacity, 1))))
-    return [units[i:i + size] for i in range(0, len(units), size)]
-
-
-def _run_stage(remote, units: list[Unit], ctx: JobContext, done: dict[str, dict[str, Any]],
+def _run_stage(remote, members: list[Member], ctx: JobContext, done: dict[str, dict[str, Any]],
                capacity: int, progress: bool) -> dict[str, dict[str, Any]]:
-    """Run the stage's packs with at most ``capacity`` in flight; a failed pack fails the job
-    at the end of the stage (the others finish and are kept)."""
+    """Run the stage's packs (planned by :func:`optw.distributed.plan.packs`) with at most
+    ``capacity`` in flight; a failed pack fails the job at the end of the stage (the others
+    finish and are kept)."""
     import ray
 
     bar = None
-    if progress and units:
+    if progress and members:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(units), desc=f"stage {units[0].stage}", unit="model")
-    pending = packs(units, ctx.profile.resources.regions_per_worker, capacity)
-    in_flight: dict[Any, list[Unit]] = {}
+        bar = tqdm(total=len(members), desc=f"stage {members[0].unit.stage}", unit="model")
+    resources = ctx.profile.resources
+    pending = packs(members, resources.regions_per_worker, capacity, resources.pack_mode)
+    in_flight: dict[Any, PackSpec] = {}
     results: dict[str, dict[str, Any]] = {}
     errors: list[str] = []
     while pending or in_flight:
         while pending and len(in_flight) < capacity:
             pack = pending.pop(0)
             inits = {u.key: done[u.init_from]["checkpoint"] if u.init_from else None
-                     for u in pack}
+                     for u in pack.units}
             in_flight[remote.remote(pack, ctx, inits)] = pack
         ready, _ = ray.wait(list(in_flight), num_returns=1)
         for ref in ready:
@@ -419,10 +412,10 @@ def _run_stage(remote, units: list[Unit], ctx: JobContext, done: dict[str, dict[
             try:
                 results.update(ray.get(ref))
             except Exception as exc:  # noqa: BLE001 - reported with the pack's names
-                errors.append(f"{pack[0].stage} {'+'.join(u.key for u in pack)}: {exc}")
+                errors.append(f"{pack.units[0].stage} {'+'.join(pack.keys)}: {exc}")
             if bar is not None:
                 bar.update(len(pack))
-                bar.set_postfix_str(pack[-1].key)
+                bar.set_postfix_str(pack.keys[-1])
     if bar is not None:
         bar.close()
     if errors:

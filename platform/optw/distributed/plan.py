@@ -18,12 +18,15 @@ Groups are the benchmark groups, ``custom`` or any custom group of the job's cat
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from optw.catalog import CUSTOM_GROUP, GROUPS, PAPER_SUBSET, Catalog
+from optw.train.config import TrainConfig
 
 
-@dataclass
+@dataclass(frozen=True)
 class Unit:
     """One Ray Train run (one actor): a model trained on ``train_regions``."""
 
@@ -131,3 +134,63 @@ def plan(mode: str, catalog: Catalog, selected: list[str],
                            for r in selected]]
     raise ValueError(f"unknown mode {mode!r}; expected scratch, global-ft, transfer or "
                      "transfer-to")
+
+
+# ----------------------------------------------------------------------------- packs
+
+
+@dataclass(frozen=True)
+class Member:
+    """One model of a pack: its unit and its TrainConfig (resolved once, by
+    :meth:`optw.distributed.profile.JobProfile.config_for`)."""
+
+    unit: Unit
+    config: TrainConfig
+
+
+@dataclass(frozen=True)
+class PackSpec:
+    """The models one Ray Train worker trains, and how, decided when the job plans: side by
+    side in one batched step (``batched``) or one after another."""
+
+    members: tuple[Member, ...]
+    batched: bool = False
+
+    @property
+    def units(self) -> list[Unit]:
+        return [m.unit for m in self.members]
+
+    @property
+    def keys(self) -> list[str]:
+        return [m.unit.key for m in self.members]
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+
+def batchable(configs: Sequence[TrainConfig]) -> bool:
+    """Can these models train side by side in one batched step (several per-region models of
+    one model shape, on one device with one thread setting)?"""
+    from optw.model import ModelConfig
+
+    def shape(c: TrainConfig) -> tuple:
+        return (json.dumps(ModelConfig.from_dict(c.model).to_dict(), sort_keys=True),
+                c.device, c.threads)
+
+    return (len(configs) > 1 and all(len(c.regions) == 1 for c in configs)
+            and len({shape(c) for c in configs}) == 1)
+
+
+def packs(members: Sequence[Member], size: int, capacity: int = 1,
+          pack_mode: str = "sequential") -> list[PackSpec]:
+    """A stage's models in packs of at most ``size`` (in order; one Ray Train worker each),
+    smaller when that keeps all ``capacity`` worker slots busy (3 global models on 2 slots:
+    packs of 2 and 1, not one pack of 3). With ``pack_mode`` "batched" a pack whose models
+    can train side by side (:func:`batchable`) is planned so; any other goes one by one."""
+    size = max(1, min(size, -(-len(members) // max(capacity, 1))))
+    out = []
+    for i in range(0, len(members), size):
+        chunk = tuple(members[i:i + size])
+        out.append(PackSpec(chunk, pack_mode == "batched"
+                            and batchable([m.config for m in chunk])))
+    return out

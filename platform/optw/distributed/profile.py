@@ -18,7 +18,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optw.catalog import CUSTOM_GROUP, GROUPS
 from optw.evaluate.protocol import EvaluateSettings
@@ -30,6 +30,9 @@ from optw.train.config import (
     load_mapping,
     number,
 )
+
+if TYPE_CHECKING:
+    from optw.distributed.plan import Unit
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 MODES = ("scratch", "global-ft", "transfer", "transfer-to")
@@ -108,7 +111,8 @@ class ResourcesSection:
     regions_per_worker: int = 1
     #: how a worker trains its pack: "sequential" (one region after another) or "batched"
     #: (side by side in one batched step, weights stacked per region; same models, within
-    #: rounding); packs that cannot batch (global models, mixed model shapes) go one by one
+    #: rounding); the job's plan decides per pack (:func:`optw.distributed.plan.packs`): packs
+    #: that cannot batch (global models, mixed model shapes) are planned one by one
     pack_mode: str = "sequential"
 
     def __post_init__(self) -> None:
@@ -185,6 +189,16 @@ class JobProfile:
         otherwise)."""
         merged = {**self.train.to_dict(), "finetune": True, **self.finetune, "regions": regions}
         return TrainConfig.from_dict(merged, source=f"{self.profile} [finetune]")
+
+    def config_for(self, unit: Unit) -> TrainConfig:
+        """The TrainConfig of one planned model, resolved once when the job plans its packs:
+        ``[finetune]`` for a fine-tuned unit, ``[global.<group>]`` for a group's global model,
+        else ``[train]``; always with the unit's training regions."""
+        if unit.finetune:
+            return self.finetune_config(unit.train_regions)
+        if unit.group is not None:
+            return self.global_config(unit.group, unit.train_regions)
+        return self.train.replace(regions=list(unit.train_regions))
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": asdict(self.job), "train": self.train.to_dict(),

@@ -1,19 +1,21 @@
-"""One pack of models (one region or one global model, or several trained one after another)
-= one Ray Train run: a TorchTrainer with one worker.
+"""One pack of models (one region or one global model, or several trained one after another
+or side by side) = one Ray Train run: a TorchTrainer with one worker.
 
-The worker gets a typed :class:`WorkerSpec` and runs :func:`optw.train.train` with two extra
-callbacks: :class:`RayReport` (metrics and checkpoints to Ray Train, so a restarted worker
-resumes from its last checkpoint) and the MLflow callback (metrics to the stage's child run),
-plus the spec's own. Ray metrics for the dashboard are exported through ``ray.util.metrics``
-(see ``dashboards/``).
+The worker gets a typed :class:`WorkerPack` (a frozen :class:`WorkerSpec` per model, and
+whether they train side by side, decided by the job's plan), makes the catalog and start
+models local on its own node on entry, and runs :func:`optw.train.train` (or
+:func:`optw.train.pack.train_pack`) with two extra callbacks: :class:`RayReport` (metrics and
+checkpoints to Ray Train, so a restarted worker resumes from its last checkpoint) and the
+MLflow callback (metrics to the stage's child run), plus the spec's own. Ray metrics for the
+dashboard are exported through ``ray.util.metrics`` (see ``dashboards/``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import json
-import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -22,7 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optw.distributed import storage as st
+from optw.distributed.mirror import local_catalog
 from optw.distributed.profile import ResourcesSection
+from optw.distributed.raylogs import quiet_train_worker, train_log_level
 from optw.evaluate.protocol import gap_to_ils, ils_validation_means
 from optw.model import write_checkpoint
 from optw.train.callbacks import Callback, TrainContext
@@ -32,59 +37,6 @@ CHECKPOINT_FILE = "last.pt"
 PACK_FILE = "pack.json"
 #: epochs between metric reports to Ray Train / MLflow log points in a worker
 REPORT_EVERY, LOG_EVERY = 50, 10
-#: A worker that imports torch on a busy 2-core machine can take more than Ray Train's default
-#: 60 s to join its group; a timed-out start can leak its placement group. Set before Ray starts
-#: (processes of a local cluster inherit it; `jobs/embedded.sh` sets it for `ray start`).
-WORKER_START_TIMEOUT_ENV = ("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "600")
-
-
-#: Ray Train's preemption watcher (one more actor process per run) only matters on clusters of
-#: preemptible nodes; a local cluster started by the job switches it off.
-LOCAL_PREEMPTION_ENV = ("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-
-
-#: Ray Train's own console log level (``RunConfig(logging_config=...)``): its INFO lines (every
-#: report, checkpoint path and worker-group start) stay in the session's log files
-#: (``<session>/logs/train/``); warnings and errors still reach the job's output.
-TRAIN_LOG_LEVEL_ENV = ("OPTW_RAY_TRAIN_LOG_LEVEL", "WARNING")
-
-
-def train_log_level() -> str:
-    level = os.environ.get(TRAIN_LOG_LEVEL_ENV[0], "").strip().upper()
-    return level if level in logging.getLevelNamesMapping() else TRAIN_LOG_LEVEL_ENV[1]
-
-
-class _TrainConsoleFilter(logging.Filter):
-    """Drops Ray Train's records below ``level`` from a console handler."""
-
-    def __init__(self, level: str):
-        super().__init__()
-        self.level = logging.getLevelNamesMapping()[level]
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return (record.levelno >= self.level
-                or "/ray/train/" not in record.name.replace(os.sep, "/"))
-
-
-def quiet_train_worker(level: str | None = None) -> None:
-    """In a Ray Train worker: Ray Train 2.60 logs every report ("Reporting training result
-    ...") from a logger named by its file's path, outside ``ray.train``, so RunConfig's log
-    level misses it; the console handlers get that level for such records too (Ray Train's
-    log files under ``<session>/logs/train/`` keep them)."""
-    level = level or train_log_level()
-    for handler in logging.getLogger().handlers:
-        console = (isinstance(handler, logging.StreamHandler)
-                   and not isinstance(handler, logging.FileHandler))
-        if console and not any(isinstance(f, _TrainConsoleFilter) for f in handler.filters):
-            handler.addFilter(_TrainConsoleFilter(level))
-
-
-def configure_ray_env() -> None:
-    """Environment Ray Train reads in its controller; call before a local ``ray.init``."""
-    os.environ.setdefault(*WORKER_START_TIMEOUT_ENV)
-    os.environ.setdefault(*LOCAL_PREEMPTION_ENV)
-
-
 class RayReport(Callback):
     """Reports metrics every ``every`` epochs and a checkpoint every ``checkpoint_every``
     epochs and at the end through ``ray.train.report``; exports Ray metrics (gauges).
@@ -220,7 +172,7 @@ def restart_notice(name: str, max_failures: int):
     """A Ray Train callback (it runs in the run's controller) that prints one warning line
     when a worker of run ``name`` fails: what failed, and whether Ray Train restarts it from
     the last checkpoint or the run fails. Ray Train itself logs this only at INFO, which the
-    job keeps off the console (:data:`TRAIN_LOG_LEVEL_ENV`)."""
+    job keeps off the console (:data:`optw.distributed.raylogs.TRAIN_LOG_LEVEL_ENV`)."""
     from ray.train import UserCallback
 
     class RestartNotice(UserCallback):
@@ -257,10 +209,10 @@ class WorkerSpec:
     config: TrainConfig
     key: str  # region id, or global-<group> / transfer-<group>, or the Tune regions
     stage: str  # scratch | global | finetune | tune
-    catalog: str
+    catalog: str  # a folder or a URI (the worker mirrors a URI on its node)
     tracking_uri: str
     run_id: str | None  # the MLflow child run the worker logs to (None: Tune sets it per trial)
-    init: str | None = None  # a model file to start from (fine-tuning)
+    init: str | None = None  # a model file to start from (fine-tuning): a path or a URI
     ils_means: Mapping[str, float] = field(default_factory=dict)
     report_every: int = REPORT_EVERY
     log_every: int = LOG_EVERY
@@ -270,34 +222,48 @@ class WorkerSpec:
     def build(cls, config: TrainConfig, key: str, stage: str, *, catalog: str,
               tracking_uri: str, run_id: str | None, init: str | None = None,
               callbacks: Sequence[Callback] = ()) -> WorkerSpec:
-        """The spec of a model trained with ``config`` (its regions' ILS means looked up)."""
-        means = ils_validation_means(catalog, config.regions, config.val_tourists)
-        return cls(config, key, stage, str(catalog), tracking_uri, run_id, init, means,
+        """The spec of a model trained with ``config`` (its regions' ILS means looked up in
+        this node's copy of ``catalog``, a folder or a URI)."""
+        means = ils_validation_means(local_catalog(catalog), config.regions,
+                                     config.val_tourists)
+        return cls(config, key, stage, st.normalize(catalog), tracking_uri, run_id, init, means,
                    callbacks=tuple(callbacks))
 
     def replace(self, **changes: Any) -> WorkerSpec:
         return dataclasses.replace(self, **changes)
 
 
-def batchable(specs: Sequence[WorkerSpec]) -> bool:
-    """Can these members train side by side in one batched step (per-region models of one
-    model shape, on one device with one thread setting)?"""
-    from optw.model import ModelConfig
+@dataclass(frozen=True)
+class WorkerPack:
+    """What one Ray Train worker trains: its specs, and whether they train side by side in one
+    batched step (``batched``, decided by the job's plan: :func:`optw.distributed.plan.packs`)
+    or one after another."""
 
-    def shape(c: TrainConfig) -> tuple:
-        return (json.dumps(ModelConfig.from_dict(c.model).to_dict(), sort_keys=True),
-                c.device, c.threads)
-
-    return (len(specs) > 1 and all(len(s.config.regions) == 1 for s in specs)
-            and len({shape(s.config) for s in specs}) == 1)
+    specs: tuple[WorkerSpec, ...]
+    batched: bool = False
 
 
-def train_worker(loop_config: dict[str, Any]) -> None:
-    """The Ray Train worker function: trains the pack's regions in this one process (one
-    TorchTrainer worker), side by side in one batched step (``batched`` and
-    :func:`batchable`; :func:`optw.train.pack.train_pack`) or one after another, each with its
-    own config, RNG streams, checkpoints and MLflow run; a restarted worker skips finished
-    members and resumes the running ones."""
+def train_worker(pack: WorkerPack) -> None:
+    """The Ray Train worker function: makes the catalog and start models local on this node
+    (a URI: this node's mirror, a download), then trains the pack's models in this one process
+    (one TorchTrainer worker), side by side in one batched step (``pack.batched``;
+    :func:`optw.train.pack.train_pack`) or one after another, each with its own config, RNG
+    streams, checkpoints and MLflow run; a restarted worker skips finished members and resumes
+    the running ones."""
+    with contextlib.ExitStack() as stack:
+        catalogs: dict[str, str] = {}
+        specs = []
+        for spec in pack.specs:
+            if spec.catalog not in catalogs:
+                catalogs[spec.catalog] = local_catalog(spec.catalog)
+            init = (str(stack.enter_context(st.local_file(spec.init))) if spec.init
+                    else None)
+            specs.append(spec.replace(catalog=catalogs[spec.catalog], init=init))
+        _train_local(tuple(specs), pack.batched)
+
+
+def _train_local(specs: tuple[WorkerSpec, ...], batched: bool) -> None:
+    """:func:`train_worker` once every spec names local files."""
     import time
 
     import ray.train
@@ -310,7 +276,6 @@ def train_worker(loop_config: dict[str, Any]) -> None:
 
     started = time.time()
     quiet_train_worker()
-    specs = loop_config["specs"]
     pack = PackCheckpoint(Path(tempfile.mkdtemp(prefix="optw-pack-")))
     resume: dict[str, dict] = {}
     checkpoint = ray.train.get_checkpoint()
@@ -329,7 +294,8 @@ def train_worker(loop_config: dict[str, Any]) -> None:
         ]
 
     todo = [(m, s) for m, s in enumerate(specs) if s.key not in pack.done]
-    if loop_config.get("batched") and batchable([s for _, s in todo]):
+    # a restarted batched worker with one member left trains it alone
+    if batched and len(todo) > 1:
         train_pack([s.config for _, s in todo], open_catalog(todo[0][1].catalog),
                    [callbacks(m, s) for m, s in todo], [s.init for _, s in todo],
                    [resume.get(s.key) for _, s in todo])
@@ -341,34 +307,27 @@ def train_worker(loop_config: dict[str, Any]) -> None:
               resume=resume.get(spec.key))
 
 
-def make_trainer(specs: WorkerSpec | Sequence[WorkerSpec], storage: str, name: str,
+def make_trainer(pack: WorkerPack | WorkerSpec, storage: str, name: str,
                  resources: ResourcesSection, use_gpu: bool, max_failures: int | None = None,
                  callbacks: list | None = None,
                  worker_resources: Mapping[str, float] | None = None):
-    """A TorchTrainer with one worker running :func:`train_worker` on a pack of specs (or
-    one spec).
+    """A TorchTrainer with one worker running :func:`train_worker` on a pack (or one spec).
 
     ``storage`` is a folder (shared on a cluster) or a URI such as ``s3://bucket/prefix``
-    (see :mod:`optw.distributed.storage`); specs that name their catalog or start model by URI
-    get them on the worker's node first. ``worker_resources`` adds custom Ray resources to the
-    worker's request (e.g. ``{"trainer": 1}`` for the nodes that have it)."""
+    (see :mod:`optw.distributed.storage`). ``worker_resources`` adds custom Ray resources to
+    the worker's request (e.g. ``{"trainer": 1}`` for the nodes that have it)."""
     from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from optw.distributed.storage import needs_localizing, ray_storage, train_worker_anywhere
-
-    specs = (specs,) if isinstance(specs, WorkerSpec) else tuple(specs)
+    pack = WorkerPack((pack,)) if isinstance(pack, WorkerSpec) else pack
     per_worker = {"CPU": resources.cpus_per_region}
     if use_gpu:
         per_worker["GPU"] = resources.gpu_fraction
     per_worker.update({k: float(v) for k, v in (worker_resources or {}).items()})
     failures = resources.max_failures if max_failures is None else max_failures
-    storage_path, storage_fs = ray_storage(storage)
-    worker = train_worker_anywhere if any(needs_localizing(s) for s in specs) else train_worker
-    batched = getattr(resources, "pack_mode", "sequential") == "batched"
+    storage_path, storage_fs = st.ray_storage(storage)
     return TorchTrainer(
-        worker,
-        train_loop_config={"specs": specs, "batched": batched},
+        functools.partial(train_worker, pack),  # the typed pack, no config dict
         scaling_config=ScalingConfig(num_workers=1, use_gpu=use_gpu,
                                      resources_per_worker=per_worker),
         run_config=RunConfig(name=name, storage_path=storage_path,
@@ -389,7 +348,7 @@ class PackResult:
     train_seconds: float  # from the worker's start to the end of fit()
 
 
-def fit_pack(specs: Sequence[WorkerSpec], storage: str, name: str, resources: ResourcesSection,
+def fit_pack(pack: WorkerPack, storage: str, name: str, resources: ResourcesSection,
              use_gpu: bool, outs: Mapping[str, str],
              worker_resources: Mapping[str, float] | None = None) -> PackResult:
     """Run one TorchTrainer over a pack to completion and copy each member's final model to
@@ -400,20 +359,19 @@ def fit_pack(specs: Sequence[WorkerSpec], storage: str, name: str, resources: Re
     """
     import time
 
-    from optw.distributed.storage import put_file
-
     t0 = time.time()
-    result = make_trainer(specs, storage, name, resources, use_gpu,
+    result = make_trainer(pack, storage, name, resources, use_gpu,
                           worker_resources=worker_resources).fit()
     t1 = time.time()
     if result.checkpoint is None:
         raise RuntimeError(f"{name}: training finished without a checkpoint")
     with result.checkpoint.as_directory() as folder:  # a download, for remote storage
-        for spec in specs:
+        for spec in pack.specs:
             src = Path(folder) / f"{spec.key}.pt"
             if not src.exists():
                 raise RuntimeError(f"{name}: no final model of {spec.key} in the checkpoint")
-            put_file(src, outs[spec.key])
+            st.put_file(src, outs[spec.key])
     started = float((result.metrics or {}).get("worker_started_at", t0))
     started = min(max(started, t0), t1)
-    return PackResult({s.key: str(outs[s.key]) for s in specs}, started - t0, t1 - started)
+    return PackResult({s.key: str(outs[s.key]) for s in pack.specs}, started - t0,
+                      t1 - started)

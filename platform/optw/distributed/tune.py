@@ -5,25 +5,35 @@ Tuner); Train's reports reach Tune through ``TuneReportCallback``. Trials are co
 ``val_gap_ils``: the mean over the chosen regions of the gap of the greedy validation score to
 the ILS score of the same validation tourists (raw scores differ by region). ASHA stops the
 poor ones early. Results and the best config go to MLflow; the best config can be written as a
-profile file.
+profile file (:func:`write_profile`: the base profile with the best trial's drawn values, the
+base profile's epoch budget and a job name of its own).
+
+Storage is a location like the job's (a folder, shared on a cluster, or a URI such as
+``s3://bucket/optw``; default ``$OPTW_STORAGE/ray_tune`` or ``runs/ray_tune``), and a catalog
+given by URI is mirrored by every worker on entry (:mod:`optw.distributed.mirror`).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from optw import paths
 from optw.catalog import open_catalog
+from optw.distributed import storage as st
+from optw.distributed.mirror import local_catalog
+from optw.distributed.preflight import Setting, check_cluster
 from optw.distributed.profile import JobProfile, ResourcesSection, load_profile
 from optw.distributed.ray_train import WorkerSpec, make_trainer
-from optw.raylocal import ensure_token
 from optw.train.config import ConfigError, TrainConfig
 
 METRIC = "val_gap_ils"
+#: The setting that chooses the sweep's storage, as errors name it.
+STORAGE_SETTING = "--storage or --out (or OPTW_STORAGE)"
+CATALOG_SETTING = "--catalog (or OPTW_CATALOG)"
 
 #: Default search space: keys of TrainConfig, or model.<key> for ModelConfig.
 DEFAULT_SPACE = {
@@ -86,22 +96,26 @@ def trial_fn(spec: WorkerSpec, trial: dict[str, Any], storage: str, name: str,
 
 @dataclass
 class SweepResult:
-    best_config: dict[str, Any]
+    best_config: dict[str, Any]  # the best trial's whole [train] table (the sweep's epochs)
     best_gap: float
     trials: Any  # pandas DataFrame
     parent_run_id: str
+    #: only the values the best trial drew (what :func:`write_profile` applies)
+    best_trial: dict[str, Any] = field(default_factory=dict)
 
 
 def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
               space: dict[str, tuple] | None = None, grace_epochs: int | None = None,
               catalog_dir: str | Path | None = None, tracking_uri: str | None = None,
               storage: str | Path | None = None, seed: int = 0,
-              progress: bool = True, name: str | None = None) -> SweepResult:
+              progress: bool = True, name: str | None = None,
+              ray_address: str | None = None) -> SweepResult:
     """ASHA sweep over ``space`` on ``regions`` with the profile's [train] as the base.
 
     ``name`` (default ``<job>-tune-<time>``) names the sweep's MLflow experiment and its
-    folder under ``storage`` (default ``runs/ray_tune``); an existing sweep is never
-    overwritten."""
+    folder under ``storage`` (a folder or a URI; default :func:`optw.paths.tune_storage`); an
+    existing sweep is never overwritten. ``catalog_dir`` may be a URI (each worker mirrors
+    it). Everything the options can get wrong fails before Ray starts."""
     import pandas as pd
     import ray
     from ray import tune
@@ -109,7 +123,7 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
     from ray.tune.search import BasicVariantGenerator
 
     from optw.baselines import run_ils_baseline
-    from optw.distributed.ray_train import configure_ray_env
+    from optw.distributed.rayenv import check_address, connect
     from optw.tracking import check_tracking_uri, log_params, log_tables, set_tags, start_job_run
     from optw.tracking.runs import end_run, start_child_run
 
@@ -120,13 +134,9 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
     name = name or f"{profile.job.name}-tune-{time.strftime('%Y%m%d-%H%M%S')}"
     if not name or any(c in name for c in "/\\ "):
         raise ValueError(f"--name: {name!r} must be a non-empty word")
-    storage = Path(storage) if storage else paths.tune_storage()
-    if storage.exists() and not storage.is_dir():
-        raise NotADirectoryError(f"--out: {storage} is a file, not a folder")
-    if (storage / name).exists():
-        raise FileExistsError(f"--name: a sweep {name!r} already exists in {storage}; choose "
-                              "another --name (or --out) so it is not overwritten")
-    catalog = open_catalog(catalog_dir)
+    storage = st.normalize(storage or paths.tune_storage())
+    catalog_loc = st.normalize(catalog_dir or paths.catalog_location())
+    catalog = open_catalog(local_catalog(catalog_loc))
     for rid in regions:
         catalog.region(rid)
     space = space or DEFAULT_SPACE
@@ -134,19 +144,30 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
     if not train.val_every:
         raise ValueError("tuning needs periodic validation: set [train] val_every > 0")
     check_space(train, space)
+    check_schedule(train.epochs, grace_epochs or train.val_every)
     search = search_space(space)
     uri = check_tracking_uri(tracking_uri)
-    storage.mkdir(parents=True, exist_ok=True)
     if not ray.is_initialized():
-        configure_ray_env()
-        ensure_token()
-        ray.init(configure_logging=True, logging_level="WARNING")
+        check_address(ray_address)  # a bad --address: refused in seconds
+    st.check_folders([(STORAGE_SETTING, storage)])
+    if st.exists(st.join(storage, name)):
+        raise FileExistsError(f"--name: a sweep {name!r} already exists in "
+                              f"{st.shown(storage)}; choose another --name (or --storage) so it "
+                              "is not overwritten")
+    if not ray.is_initialized():
+        connect(ray_address)
+    st.prepare_folders([(STORAGE_SETTING, storage)])
+    # on a cluster of several nodes: the job's early check (every node reaches the storage and
+    # gets the catalog's mirror, which the ILS tasks open; the tracking store is a server)
+    check_cluster([Setting(STORAGE_SETTING, storage), Setting(CATALOG_SETTING, catalog_loc)],
+                  uri, stage_catalogs={catalog_loc: str(catalog.path)}
+                  if st.is_uri(catalog_loc) else None)
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     run_ils_baseline(catalog.path, regions=regions, tourists="validation", progress=progress)
     job = start_job_run(name, {"profile": profile.to_dict(), "space": {
         k: list(map(str, v)) for k, v in space.items()}, "regions": list(regions)},
         tags={"kind": "tune"}, uri=uri)
-    base = WorkerSpec.build(train, "+".join(regions), "tune", catalog=str(catalog.path),
+    base = WorkerSpec.build(train, "+".join(regions), "tune", catalog=catalog_loc,
                             tracking_uri=uri, run_id=None)
 
     def trial_with_run(config: dict[str, Any]) -> None:
@@ -154,7 +175,7 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
         trial_id = tune.get_context().get_trial_id()
         run_id = start_child_run(job, "trial", trial_id, config=config["trial"], uri=uri)
         try:
-            trial_fn(base.replace(run_id=run_id), config["trial"], str(storage), name,
+            trial_fn(base.replace(run_id=run_id), config["trial"], storage, name,
                      profile.resources, use_gpu)
             end_run(run_id, "FINISHED", uri)
         except BaseException:
@@ -167,6 +188,7 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     # the trial function only waits on its TorchTrainer, whose worker holds the real resources
     trial_cpu = 0.01
+    storage_path, storage_fs = st.ray_storage(storage)
     capacity = max(1, int((ray.cluster_resources().get("CPU", 1) - trial_cpu * num_samples)
                           // profile.resources.cpus_per_region))
     tuner = tune.Tuner(
@@ -176,8 +198,8 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
                                     num_samples=num_samples,
                                     search_alg=BasicVariantGenerator(
                                         random_state=seed, max_concurrent=capacity)),
-        run_config=tune.RunConfig(name=name, storage_path=str(storage),
-                                  verbose=1 if progress else 0),
+        run_config=tune.RunConfig(name=name, storage_path=storage_path,
+                                  storage_filesystem=storage_fs, verbose=1 if progress else 0),
     )
     grid = tuner.fit()
     rows = []
@@ -200,18 +222,47 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
     log_params(job.run_id, {f"best.{k}": v for k, v in best_trial.items()}, uri)
     set_tags(job.run_id, {"best_val_gap_ils": float(best[METRIC])}, uri)
     job.finish("FINISHED")
-    return SweepResult(best_train, float(best[METRIC]), trials, job.run_id)
+    return SweepResult(best_train, float(best[METRIC]), trials, job.run_id, best_trial)
 
 
-def write_profile(profile: JobProfile, best_train: dict[str, Any], path: str | Path) -> Path:
-    """The profile with [train] replaced by the sweep's best config, as TOML."""
-    data = profile.to_dict()
-    data.pop("profile")
-    data["train"] = {**data["train"], **best_train}
-    data["train"].pop("regions", None)
+def check_schedule(epochs: int, grace: int) -> None:
+    """ASHA stops a trial no earlier than ``grace`` epochs (the first validation) and no later
+    than ``epochs``: a grace period past the budget is refused naming the options."""
+    if grace > epochs:
+        raise ValueError(f"--val-every {grace} is more than --epochs {epochs}: a trial would "
+                         "end before its first validation; give --val-every <= --epochs")
+
+
+def profile_name(path: str | Path) -> str:
+    """The job name a written profile gets: its file's stem as a word (``best.toml`` ->
+    ``best``; characters a job name may not hold become ``-``)."""
+    stem = Path(path).stem.strip()
+    name = "".join("-" if c in "/\\ " else c for c in stem).strip("-")
+    return name or "tuned"
+
+
+def write_profile(base: JobProfile, best_trial: dict[str, Any], path: str | Path,
+                  name: str | None = None) -> Path:
+    """Write ``base`` (the profile the sweep started from, before ``--epochs`` /
+    ``--val-every``) with the best trial's drawn values applied to its ``[train]`` table, as
+    TOML: the training budget (epochs, validation interval) stays the base profile's (a sweep's
+    short budget only ranks the trials) and ``[job] name`` becomes ``name`` (default: the
+    file's stem, :func:`profile_name`) so the tuned models are not registered as the base
+    job's. Refuses an existing file."""
     path = Path(path)
-    path.write_text(_toml(data))
-    load_profile(path)  # what we wrote must load back as a valid profile
+    data = base.to_dict()
+    data.pop("profile")
+    data["job"]["name"] = name or profile_name(path)
+    data["train"] = apply_trial(base.train, best_trial).to_dict()
+    data["train"].pop("regions", None)
+    text = _toml(data)
+    with open(path, "x") as f:  # never overwrites (the CLI checks first, too)
+        f.write(text)
+    try:
+        load_profile(path)  # what we wrote must load back as a valid profile
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -1,0 +1,162 @@
+"""Ray's settings for the project's clusters, written once, and connecting to a cluster.
+
+:data:`RAY_ENV` holds the environment defaults every local Ray the project starts gets
+(:func:`configure_ray_env` before ``ray.init``; ``jobs/embedded.sh`` exports the same table,
+printed by ``python -m optw.distributed.rayenv``, before ``ray start``). A value already in the
+environment wins.
+
+:func:`connect` joins the cluster at an address or starts a local one, and refuses in
+seconds, with one line naming ``--address``, what would otherwise hang: an address where no
+Ray answers, or several Ray instances on this machine to choose from.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import urllib.parse
+
+#: Environment defaults of the project's Ray clusters (processes of a local cluster inherit
+#: them from the process that starts it).
+RAY_ENV: dict[str, str] = {
+    # a Ray Train worker importing torch on a busy 2-core machine can take more than Ray
+    # Train's default 60 s to join its group; a timed-out start can leak its placement group
+    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600",
+    # Ray Train's preemption watcher (one more actor process per run) only matters on clusters
+    # of preemptible nodes
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    # no usage statistics are sent, and Ray says nothing about them
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+#: What the embedded head (``ray start`` in jobs/embedded.sh) adds: Ray >= 2.59 protects a
+#: local cluster with a token; saying so explicitly makes ``ray job submit`` send it too
+#: (:func:`optw.raylocal.ensure_token` makes it once).
+HEAD_ENV: dict[str, str] = {"RAY_AUTH_MODE": "token"}
+#: The job-level runtime environment of every cluster the project connects to: each worker
+#: process of the job pins the cluster's address (:func:`pin_address`).
+RUNTIME_ENV: dict[str, str] = {"worker_process_setup_hook": "optw.distributed.rayenv.pin_address"}
+#: Seconds an address gets to answer before the job is refused.
+CONNECT_TIMEOUT_S = 5.0
+
+
+class RayAddressError(ConnectionError):
+    """A Ray address (or the lack of one) that cannot be used; one line naming ``--address``."""
+
+
+def configure_ray_env() -> None:
+    """Set :data:`RAY_ENV`'s defaults in this process (call before a local ``ray.init``)."""
+    for name, value in RAY_ENV.items():
+        os.environ.setdefault(name, value)
+
+
+def pin_address() -> None:
+    """In each worker process of the job (Ray's ``worker_process_setup_hook``): ``RAY_ADDRESS``
+    becomes this cluster's address, so that Ray's own look-ups of "the" cluster inside the job
+    (Ray Train's placement-group cleaner asks the State API with no address) find it even
+    when other Ray instances run on the machine; without it they fail with "Found multiple
+    active Ray instances" and the run waits forever for its resources."""
+    try:
+        import ray
+
+        os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    except Exception:  # noqa: BLE001 - best effort: Ray's own guess stays
+        pass
+
+
+def shell_exports() -> str:
+    """``export NAME="${NAME:-value}"`` lines of :data:`RAY_ENV` and :data:`HEAD_ENV`, for a
+    shell's ``eval`` before ``ray start``."""
+    return "\n".join(f'export {name}="${{{name}:-{value}}}"'
+                     for name, value in {**RAY_ENV, **HEAD_ENV}.items())
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """The host and port of ``host:port``, ``ray://host:port`` or ``http://host:port``;
+    None for ``auto``, ``local`` and anything without a port."""
+    text = address if "://" in address else f"tcp://{address}"
+    try:
+        parts = urllib.parse.urlsplit(text)
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname or port is None:
+        return None
+    return parts.hostname, port
+
+
+def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
+    """The address ``ray.init`` should get, or :class:`RayAddressError` in seconds.
+
+    - ``host:port`` (or ``ray://``): something must accept a connection there within
+      ``timeout`` seconds (Ray itself retries for minutes);
+    - no address (and no ``$RAY_ADDRESS``): a new local cluster when no Ray runs here; a Ray
+      instance already running on this machine is joined when it is the one ``ray start``
+      left (Ray's own choice); several, or one that Ray would not join (it would start a
+      second beside it and hang), are refused naming them.
+    - ``local`` and ``auto``: as Ray does.
+    """
+    if address in (None, "") and not os.environ.get("RAY_ADDRESS"):
+        return _local_choice()
+    if address in (None, "", "local", "auto"):
+        return address or None
+    where = _host_port(address)
+    if where is None:
+        raise RayAddressError(f"--address {address!r}: expected HOST:PORT (e.g. "
+                              "127.0.0.1:6379), ray://HOST:PORT, auto or local")
+    try:
+        socket.create_connection(where, timeout=timeout).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise RayAddressError(f"--address {address}: no Ray cluster answers there ({reason}); "
+                              "give the address of a running head (`ray status` on it) or "
+                              "leave --address out to start a local one") from None
+    return address
+
+
+def _local_choice() -> str | None:
+    """No address given: ``local`` (start a local cluster) when none runs here (never the
+    stale address a stopped ``ray start`` left, where Ray would wait), the cluster ``ray
+    start`` left when it is the only one; :class:`RayAddressError` otherwise."""
+    from ray._private import services
+
+    running = sorted(services.find_gcs_addresses())
+    if not running:
+        return "local"
+    try:
+        latest = services.find_bootstrap_address(None)
+    except Exception:  # noqa: BLE001 - an unreadable record: no cluster chosen by Ray
+        latest = None
+    if len(running) == 1 and latest in running:
+        return latest
+    shown = ", ".join(running)
+    return_hint = f"--address {running[0]}" if len(running) == 1 else "--address HOST:PORT"
+    raise RayAddressError(
+        f"--address: {len(running)} Ray instance(s) already run on this machine ({shown}) "
+        f"and none was chosen; pass {return_hint} to run on one of them, or --address local "
+        "to start a cluster of this job's own beside them")
+
+
+def connect(address: str | None = None) -> None:
+    """``ray.init`` on the checked address (:func:`check_address`); a local cluster gets
+    :data:`RAY_ENV` and its token first. Ray's own log lines stay at WARNING."""
+    import ray
+
+    from optw.raylocal import ensure_token
+
+    address = check_address(address)
+    configure_ray_env()
+    if address in (None, "local"):
+        ensure_token()  # a local cluster started with RAY_AUTH_MODE=token needs one
+    ray.init(address=address, configure_logging=True, logging_level="WARNING",
+             log_to_driver=True, runtime_env=RUNTIME_ENV)
+
+
+def main() -> int:
+    """``python -m optw.distributed.rayenv``: print the export lines (for ``eval``)."""
+    print(shell_exports())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The one filter of Ray's lines: what of Ray's internals reaches a terminal.
+
+Ray prints lines nobody has to act on into a driver's output and its loggers' console
+handlers. :class:`RayLogFilter` drops them, everywhere the project shows Ray's output:
+
+- in a driver (``optw job run``, ``jobs/train_all.py``): :func:`quiet_ray_output` wraps
+  stdout in :class:`DropLines`, which drops the raylet's "N PYTHON worker processes have been
+  started" warning (raylet.out keeps it);
+- in ``jobs/embedded.sh``'s follower (:mod:`optw.distributed.follow`): the job manager's own
+  INFO/DEBUG lines and "Running entrypoint for job" (job-driver-<id>.log keeps them);
+- in a Ray Train worker (:func:`quiet_train_worker`): Ray Train's records below
+  ``$OPTW_RAY_TRAIN_LOG_LEVEL`` (default WARNING; its files under ``<session>/logs/train/``
+  keep them). Ray Train 2.60 logs every report from a logger named by its file's path, outside
+  ``ray.train``, so RunConfig's log level misses it.
+
+Warnings and errors always pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+import threading
+from collections.abc import Iterator
+from typing import TextIO
+
+#: Lines of Ray's internals dropped from every output the project shows.
+RAY_NOISE = re.compile(
+    r"\(raylet\).*PYTHON worker processes have been started on node"
+    r"|^\d{4}-\d\d-\d\d [\d:,]+\s+(INFO|DEBUG) \w+\.py:\d+ -- "
+    r"|^Running entrypoint for job ")
+#: Ray Train's console log level in the job (``RunConfig(logging_config=...)`` and the worker's
+#: console handlers): its INFO lines (every report, checkpoint path and worker-group start)
+#: stay in the session's log files; ``OPTW_RAY_TRAIN_LOG_LEVEL=INFO`` brings them back.
+TRAIN_LOG_LEVEL_ENV = ("OPTW_RAY_TRAIN_LOG_LEVEL", "WARNING")
+
+
+def train_log_level() -> str:
+    level = os.environ.get(TRAIN_LOG_LEVEL_ENV[0], "").strip().upper()
+    return level if level in logging.getLevelNamesMapping() else TRAIN_LOG_LEVEL_ENV[1]
+
+
+class RayLogFilter(logging.Filter):
+    """Keeps a line or a log record unless it is Ray's noise: a line matching
+    :data:`RAY_NOISE`, or a Ray Train record below ``train_level``."""
+
+    def __init__(self, train_level: str | None = None):
+        super().__init__()
+        self.train_level = logging.getLevelNamesMapping()[train_level or train_log_level()]
+
+    def keep(self, line: str) -> bool:
+        """Should this output line be shown?"""
+        return not RAY_NOISE.search(line)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            return True
+        train = "/ray/train/" in record.name.replace(os.sep, "/")
+        if train and record.levelno < self.train_level:
+            return False
+        return self.keep(record.getMessage())
+
+
+class DropLines:
+    """A text stream that passes every line to ``stream`` except those ``keep`` refuses (Ray
+    prints each worker line with its own ``print``: whole lines, from several threads)."""
+
+    def __init__(self, stream: TextIO, log_filter: RayLogFilter | None = None):
+        self._stream, self._filter = stream, log_filter or RayLogFilter()
+        self._partial, self._lock = "", threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            *lines, self._partial = (self._partial + text).split("\n")
+            kept = "".join(f"{line}\n" for line in lines if self._filter.keep(line))
+            if kept:
+                self._stream.write(kept)
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._partial and self._filter.keep(self._partial):
+                self._stream.write(self._partial)
+            self._partial = ""
+            self._stream.flush()
+
+    def __getattr__(self, name: str):  # encoding, isatty, fileno, ...
+        return getattr(self._stream, name)
+
+
+def quiet_ray_loggers() -> None:
+    """Ray's Python loggers at WARNING (e.g. the job SDK's "WebSocket closed")."""
+    for name in [n for n in logging.root.manager.loggerDict if n.split(".")[0] == "ray"]:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for name in ("ray", "ray.train", "ray.tune", "ray.data"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def quiet_ray_output() -> Iterator[None]:
+    """In a driver, for the block: stdout through :class:`DropLines` and Ray's loggers at
+    WARNING (Ray's warnings and errors still show)."""
+    quiet_ray_loggers()
+    before = sys.stdout
+    sys.stdout = DropLines(before)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stdout = before
+
+
+def quiet_train_worker(level: str | None = None) -> None:
+    """In a Ray Train worker: the console handlers get a :class:`RayLogFilter`."""
+    for handler in logging.getLogger().handlers:
+        console = (isinstance(handler, logging.StreamHandler)
+                   and not isinstance(handler, logging.FileHandler))
+        if console and not any(isinstance(f, RayLogFilter) for f in handler.filters):
+            handler.addFilter(RayLogFilter(level))
