@@ -27,21 +27,20 @@ import sys
 import time
 from pathlib import Path
 
+from benchutil import WEIGHTS as PUBLISHED_WEIGHTS
+from benchutil import sync
+
 ROOT = Path(__file__).resolve().parents[1]
 #: where the published weights are, and the device (``--pretrained``, ``--device``; passed on
 #: to the training worker processes through the environment)
 PRETRAINED = Path(os.environ.get("OPTW_BENCH_PRETRAINED",
                                  ROOT.parent / "shared" / "reference" / "pretrained"))
 DEVICE = os.environ.get("OPTW_BENCH_DEVICE", "cpu")
-WEIGHTS = {"pr01": PRETRAINED / "pr01_uni_samp_500000.pt",
-           "t101": PRETRAINED / "t101_corr_samp_500000.pt"}
+WEIGHTS = {rid: PRETRAINED / name for rid, name in PUBLISHED_WEIGHTS.items()}
 
 
 def _sync() -> None:
-    import torch
-
-    if DEVICE.startswith("cuda"):
-        torch.cuda.synchronize()
+    sync(DEVICE)
 
 #: The authors' implementation on this machine (torch CPU).
 AUTHORS = {

@@ -34,9 +34,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchutil import WEIGHTS
+
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAINED = ROOT.parent / "shared" / "reference" / "pretrained"
-WEIGHTS = {"pr01": "pr01_uni_samp_500000.pt", "t101": "t101_corr_samp_500000.pt"}
 MODES = ("compact", "static", "static-free")
 #: aten ops that launch no kernel (views, metadata, allocation).
 METADATA_OPS = {

@@ -30,14 +30,11 @@ from typing import Any
 
 import torch
 
+from benchutil import sync
+
 ROOT = Path(__file__).resolve().parents[1]
 #: a mix of the six Solomon classes (clustered/random/both, short/long days)
 DEFAULT_REGIONS = ["c101", "c201", "r101", "r201", "rc101", "rc201", "c102", "r102"]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _configs(regions: list[str], epochs: int, device: str, threads: int | None, batch: int):
@@ -68,22 +65,22 @@ def measure_packs(catalog, regions: list[str], epochs: int, device: str = "cpu",
     if dev.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(dev)
     if sequential:
-        _sync(dev)
+        sync(dev)
         t0 = time.perf_counter()
         val = sum(train(c, catalog).last_validation["val_seconds"] for c in configs)
-        _sync(dev)
+        sync(dev)
         seconds = time.perf_counter() - t0 - val
         out["sequential"] = {"seconds": seconds,
                              "region_epochs_per_s": len(regions) * epochs / seconds}
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    _sync(dev)
+    sync(dev)
     t0 = time.perf_counter()
     val = 0.0
     for start in range(0, len(configs), size):
         results = train_pack(configs[start:start + size], catalog)
         val += sum(r.last_validation["val_seconds"] for r in results)
-    _sync(dev)
+    sync(dev)
     seconds = time.perf_counter() - t0 - val
     out["batched"] = {"seconds": seconds, "region_epochs_per_s": len(regions) * epochs / seconds}
     if dev.type == "cuda":

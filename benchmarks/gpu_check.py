@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,14 +39,9 @@ from typing import Any
 
 import torch
 
+from benchutil import PUBLISHED_SCORES, WEIGHTS, sync
+
 ROOT = Path(__file__).resolve().parents[1]
-WEIGHTS = {"pr01": "pr01_uni_samp_500000.pt", "t101": "t101_corr_samp_500000.pt"}
-PUBLISHED_SCORES = {"pr01": 308, "t101": 399}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _peak_reset(device: torch.device) -> None:
@@ -146,7 +142,17 @@ def check_pack(catalog, device: torch.device, epochs: int = 4) -> dict[str, Any]
                for i, r in enumerate(["c101", "pr01", "r102"])]
     alone_hist = [MetricsHistory() for _ in configs]
     pack_hist = [MetricsHistory() for _ in configs]
-    alone = [train(c, catalog, [h]) for c, h in zip(configs, alone_hist, strict=True)]
+    # packs train with the compacted rollout; alone, CUDA's default is the static one, which
+    # samples the same routes but rounds differently (the 'static' check): compare like with like
+    saved = os.environ.get("OPTW_ROLLOUT")
+    os.environ["OPTW_ROLLOUT"] = "compact"
+    try:
+        alone = [train(c, catalog, [h]) for c, h in zip(configs, alone_hist, strict=True)]
+    finally:
+        if saved is None:
+            del os.environ["OPTW_ROLLOUT"]
+        else:
+            os.environ["OPTW_ROLLOUT"] = saved
     pack = train_pack(configs, catalog, [[h] for h in pack_hist])
     out: dict[str, Any] = {"ok": True}
     for c, a, p, ha, hp in zip(configs, alone, pack, alone_hist, pack_hist, strict=True):
@@ -165,7 +171,6 @@ def check_pack(catalog, device: torch.device, epochs: int = 4) -> dict[str, Any]
 def measure_packs(catalog, device: torch.device, epochs: int, pack_size: int) -> dict[str, Any]:
     """Summed region-epochs/s of all 56 Solomon regions in packs of ``pack_size`` (paper
     recipe, B = 32), and peak memory (``bench_packs.py``)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_packs import measure_packs as bench
 
     regions = catalog.list_regions("solomon")
@@ -181,10 +186,10 @@ def measure_training(catalog, device: torch.device, epochs: int) -> dict[str, An
                       val_tourists=1, checkpoint_every=0, seed=3, device=str(device))
     train(cfg.replace(epochs=3), catalog)  # kernels, allocator, lazy imports
     _peak_reset(device)
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     res = train(cfg, catalog)
-    _sync(device)
+    sync(device)
     seconds = time.perf_counter() - t0 - res.last_validation.get("val_seconds", 0.0)
     return {"epochs_per_s": epochs / seconds, "epochs": epochs, "peak_mb": _peak_mb(device)}
 
@@ -200,16 +205,15 @@ def measure_beam(catalog, pretrained: Path, device: torch.device, repeats: int) 
     _peak_reset(device)
     best = float("inf")
     for _ in range(repeats):
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         solve(model, region, bench, "beam", beams=PAPER_BEAMS, keep_greedy=False)
-        _sync(device)
+        sync(device)
         best = min(best, time.perf_counter() - t0)
     return {"beam128_ms": best * 1e3, "peak_mb": _peak_mb(device)}
 
 
 def _bench_ops():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import bench_ops
 
     return bench_ops
@@ -239,23 +243,23 @@ def measure_ops(catalog, pretrained: Path, device: torch.device, epochs: int,
             runner.epoch()
         row: dict[str, Any] = bench.count_ops(runner, warm)
         if device.type == "cuda":
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 for _ in range(epochs):
                     runner.epoch()
-                _sync(device)
+                sync(device)
             wall = time.perf_counter() - t0
             gpu = [e for e in prof.events()
                    if e.device_type == torch.autograd.DeviceType.CUDA]
             busy_us = sum(e.time_range.elapsed_us() for e in gpu)
             row["cuda_kernels"] = len(gpu) / epochs
             row["busy_fraction"] = busy_us * 1e-6 / wall
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         for _ in range(epochs):
             runner.epoch()
-        _sync(device)
+        sync(device)
         row["epochs_per_s"] = epochs / (time.perf_counter() - t0)
         out[mode] = row
     return out
@@ -277,11 +281,11 @@ def measure_routes(catalog, pretrained: Path, device: torch.device, epochs: int,
             runner = bench.Runner(mode, state, cfg, region, 0, b, k, device)
             runner.epoch()
             _peak_reset(device)
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             for _ in range(epochs):
                 runner.epoch()
-            _sync(device)
+            sync(device)
         except Exception as exc:  # noqa: BLE001 - e.g. out of memory; the other sizes still run
             out[f"K{k}xB{b}"] = {"mode": mode, "error": f"{type(exc).__name__}: {exc}"}
             continue

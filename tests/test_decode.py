@@ -388,12 +388,12 @@ def test_beam_widths_have_one_home():
     """Beam-width bounds and defaults come only from optw.decode.limits: no module of the
     package writes its own MAX_BEAMS or a numeric beams/width default (RegionSolver once said
     16, beam.py 128); solve, beam search and active search default to PAPER_BEAMS, the
-    registry's solver and the pyfunc to SERVE_BEAMS; check_width takes MIN_BEAMS..MAX_BEAMS;
+    registry's solver and the pyfunc to SERVE_BEAMS; check_beams takes MIN_BEAMS..MAX_BEAMS;
     Solution.tourist may hold a caller's string id."""
     import inspect
     import typing
 
-    from optw.decode import active_search, check_width, limits
+    from optw.decode import active_search, check_beams, limits
     from optw.decode.solve import Solution
     from optw.tracking import RegionSolver
 
@@ -405,9 +405,9 @@ def test_beam_widths_have_one_home():
         assert inspect.signature(fn).parameters[name].default == limits.PAPER_BEAMS
     for method in (RegionSolver.solve, RegionSolver.predict):
         assert inspect.signature(method).parameters["beams"].default == limits.SERVE_BEAMS
-    assert check_width(limits.MIN_BEAMS) == limits.MIN_BEAMS
-    assert check_width(limits.MAX_BEAMS) == limits.MAX_BEAMS
+    assert check_beams(limits.MIN_BEAMS) == limits.MIN_BEAMS
+    assert check_beams(limits.MAX_BEAMS) == limits.MAX_BEAMS
     for bad in (limits.MIN_BEAMS - 1, limits.MAX_BEAMS + 1):
         with pytest.raises(ValueError, match=f"{limits.MIN_BEAMS}..{limits.MAX_BEAMS}"):
-            check_width(bad)
+            check_beams(bad)
     assert typing.get_type_hints(Solution)["tourist"] == int | str

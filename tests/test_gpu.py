@@ -5,18 +5,23 @@ machine with CUDA; skipped elsewhere (CI has no GPU). They need only torch, nump
 
 from __future__ import annotations
 
-import sys
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import gpu_check  # noqa: E402
+import gpu_check  # benchmarks/ is on pytest's pythonpath (pyproject.toml)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")]
-PRETRAINED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "pretrained"
+#: the published weights: $OPTW_PRETRAINED, ../shared beside the project, or what `make
+#: device-prep` copied for a device run
+PRETRAINED = next((p for p in (Path(os.environ.get("OPTW_PRETRAINED", "/nonexistent")),
+                               Path(__file__).resolve().parents[2] / "shared" / "reference"
+                               / "pretrained",
+                               Path(__file__).resolve().parents[1] / ".device" / "pretrained")
+                   if p.is_dir()), Path("/nonexistent"))
 needs_weights = pytest.mark.skipif(not (PRETRAINED / gpu_check.WEIGHTS["pr01"]).exists(),
                                    reason="published weights not found")
 CUDA = torch.device("cuda")

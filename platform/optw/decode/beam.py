@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from optw.decode.core import Decoder, Frontier, Pass
-from optw.decode.limits import MAX_BEAMS, MIN_BEAMS, PAPER_BEAMS
+from optw.decode.limits import PAPER_BEAMS, check_beams
 from optw.env.instances import Instances
 from optw.model.network import PointerNet
 
@@ -36,22 +36,11 @@ class BeamResult:
     finished: list[int]
 
 
-def check_width(width: int) -> int:
-    """Validate a beam width (:data:`~optw.decode.limits.MIN_BEAMS` ..
-    :data:`~optw.decode.limits.MAX_BEAMS`)."""
-    if isinstance(width, bool) or not isinstance(width, int):
-        raise ValueError(f"beam width must be an integer in {MIN_BEAMS}..{MAX_BEAMS}, "
-                         f"got {width!r}")
-    if not MIN_BEAMS <= width <= MAX_BEAMS:
-        raise ValueError(f"beam width must be in {MIN_BEAMS}..{MAX_BEAMS}, got {width}")
-    return width
-
-
 def beam_search(
     model: PointerNet, inst: Instances, width: int = PAPER_BEAMS, compact: bool = True
 ) -> BeamResult:
     """Beam search of ``width`` beams for every tourist of ``inst`` (no gradients)."""
-    check_width(width)
+    check_beams(width, "width")
     with torch.inference_mode():
         return _beam_search(model, inst, width, compact)
 
