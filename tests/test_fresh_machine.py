@@ -6,14 +6,14 @@ and never print it."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from optw.raylocal import default_token_path, ensure_token, token_source
-from test_quiet_output import ROOT, ray_running, stop_ray, tiny_job
+from test_quiet_output import ray_running, run_embedded, tiny_job
 
 
 def fresh_env(base: dict, home: Path, ray_tmp: Path) -> dict:
@@ -37,15 +37,9 @@ def test_embedded_job_runs_with_an_empty_home(tmp_path):
         pytest.skip("a Ray cluster is already running here; its ports are taken")
     env = fresh_env(env, tmp_path / "home", Path(f"/tmp/optw-fresh-{os.getpid()}"))
     try:
-        proc = subprocess.run(["bash", str(ROOT / "jobs" / "embedded.sh"), *args], env=env,
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=600)
+        out = run_embedded(tmp_path, env, args)
     finally:
-        stop_ray(env)
-        subprocess.run(["rm", "-rf", env["RAY_TMPDIR"]], check=False)
-    out = proc.stdout
-    (tmp_path / "output.txt").write_text(out)
-    assert proc.returncode == 0, out[-4000:]
+        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
     assert "job fresh-home: 3 model(s) trained" in out, out[-4000:]
     token_file = tmp_path / "home" / ".ray" / "auth_token"
     token = token_file.read_text().strip()

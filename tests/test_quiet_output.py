@@ -91,6 +91,20 @@ def stop_ray(env: dict) -> None:
                    timeout=120)
 
 
+def run_embedded(tmp_path: Path, env: dict, args: list) -> str:
+    """Run `jobs/embedded.sh` with ``env`` and ``args``, stop the Ray head it leaves, keep its
+    output in ``tmp_path/output.txt``; the output once the script succeeded."""
+    try:
+        proc = subprocess.run(["bash", str(ROOT / "jobs" / "embedded.sh"), *args], env=env,
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=600)
+    finally:
+        stop_ray(env)
+    (tmp_path / "output.txt").write_text(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    return proc.stdout
+
+
 def test_embedded_job_output_is_ours_not_rays(tmp_path):
     """A tiny job through `jobs/embedded.sh` (what `make run` runs: a local Ray head,
     `ray job submit`, the job's logs followed): the output holds the job's own lines (its
@@ -100,15 +114,7 @@ def test_embedded_job_output_is_ours_not_rays(tmp_path):
     if ray_running(env):
         pytest.skip("a Ray cluster is already running here; embedded.sh would join it")
     t0 = time.monotonic()
-    try:
-        proc = subprocess.run(["bash", str(ROOT / "jobs" / "embedded.sh"), *args], env=env,
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=600)
-    finally:
-        stop_ray(env)
-    out = proc.stdout
-    (tmp_path / "output.txt").write_text(out)
-    assert proc.returncode == 0, out[-4000:]
+    out = run_embedded(tmp_path, env, args)
     # ours: the job's lines, its progress and its summary
     for line in (r"starting a local Ray head",
                  rf"job optw-\S+ submitted; Ray's logs: {re.escape(str(RAY_LOGS))}",
