@@ -10,7 +10,6 @@ import pytest
 
 from conftest import copy_catalog
 from optw.baselines.store import ILS_VERSION, write_ils_results
-from optw.catalog.store import CatalogError, open_catalog
 from optw.evaluate import (
     ResultsError,
     bootstrap_ci,
@@ -89,11 +88,9 @@ def test_markdown_writer():
 
 
 @pytest.fixture(scope="module")
-def cat():
-    try:
-        return open_catalog()
-    except CatalogError as exc:
-        pytest.skip(f"no region catalog: {exc}")
+def cat(catalog):
+    """The project's catalog (conftest's ``catalog``)."""
+    return catalog
 
 
 #: (region, tourist, ILS score, model score); tourist 0 is the benchmark tourist.

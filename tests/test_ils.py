@@ -22,18 +22,16 @@ from optw.baselines import (
 )
 from optw.baselines.ils import warm_up
 from optw.catalog import Region
-from optw.catalog.store import PROJECT_ROOT, CatalogError, open_catalog
+from optw.catalog.store import PROJECT_ROOT, open_catalog
 from optw.env.validate import check_route
 
 # ----------------------------------------------------------------------------- helpers
 
 
 @pytest.fixture(scope="module")
-def cat():
-    try:
-        return open_catalog()
-    except CatalogError as exc:
-        pytest.skip(f"no region catalog: {exc}")
+def cat(catalog):
+    """The project's catalog (conftest's ``catalog``)."""
+    return catalog
 
 
 @pytest.fixture(scope="module", autouse=True)
