@@ -125,6 +125,13 @@ def test_default_threads_follow_the_free_cores(monkeypatch):
     assert threads.default_threads() == granted  # a quiet machine: every granted core
     monkeypatch.setattr(os, "getloadavg", lambda: (float(os.cpu_count() or 1) + 2, 0.0, 0.0))
     assert threads.default_threads() == 1  # every core busy with other work: one thread
+    # a long-lived process (a test session, a server) that used much CPU in its life is not
+    # taken for the load now
+    monkeypatch.setattr(threads, "_age_s", lambda: 3600.0)
+    monkeypatch.setattr(threads.time, "process_time", lambda: 600.0)
+    assert threads.default_threads() == 1
+    monkeypatch.undo()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert threads.granted_cpus() == 1 and threads.default_threads() == 1

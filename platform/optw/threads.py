@@ -47,8 +47,7 @@ def default_threads() -> int:
     except (OSError, AttributeError):  # no load average on this platform
         return cpus
     machine = os.cpu_count() or cpus
-    # our own CPU time counts in the load too: at most all of it within the last minute
-    own = min(load, time.process_time() / 60.0)
+    own = min(load, _own_load())  # our own CPU time counts in the load too
     busy = max(0.0, load - own) * min(1.0, cpus / machine)
     return max(1, min(cpus, math.floor(cpus - busy + 0.5)))
 
@@ -71,6 +70,29 @@ def set_torch_threads(threads: int | None = None) -> int:
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return n
+
+
+#: When this module was imported: the process's age where /proc does not tell it.
+_IMPORTED = time.monotonic()
+
+
+def _age_s() -> float:
+    """Seconds since this process started (/proc), else since this module was imported."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED
+
+
+def _own_load() -> float:
+    """This process's share of the 1-minute load average: its CPU seconds of the last minute,
+    estimated from its CPU time over its age (at least a minute): a long-lived process that
+    has used much CPU in its life is not taken as busy now."""
+    return time.process_time() / max(60.0, _age_s())
 
 
 def _cgroup_cpus() -> int | None:
