@@ -8,7 +8,9 @@ when none exists, keeps it where Ray looks for it (``~/.ray/auth_token``, readab
 only), reuses one that exists and never prints it. ``python -m optw.raylocal`` does the same
 from the shell (``jobs/embedded.sh`` runs it before ``ray start``).
 
-Every entry point that may start a local cluster calls it first: the embedded job, ``optw job
+:func:`pin_address` is the ``worker_process_setup_hook`` of the project's clusters (it lives here
+because this module is light). Every entry point that may start a local cluster calls
+:func:`ensure_token` first: the embedded job, ``optw job
 run`` and ``optw tune`` without an address, ``optw baseline ils``, ``optw serve``, and the test
 fixtures.
 """
@@ -110,6 +112,27 @@ def ensure_token(say: Callable[[str], None] | None = _stderr) -> str | None:
 def temp_dir() -> Path:
     """Ray's folder of session files and logs: ``$RAY_TMPDIR/ray``, by default ``/tmp/ray``."""
     return Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray"
+
+
+def pin_address() -> None:
+    """In each worker process of the job (Ray's ``worker_process_setup_hook``, named by
+    ``optw.distributed.rayenv.RUNTIME_ENV``): ``RAY_ADDRESS``
+    becomes this cluster's address, so that Ray's own look-ups of "the" cluster inside the job
+    (Ray Train's placement-group cleaner asks the State API with no address) find it even
+    when other Ray instances run on the machine; without it they fail with "Found multiple
+    active Ray instances" and the run waits forever for its resources.
+
+    It lives here because this module imports nothing heavy: every worker process (Ray Train's
+    controller and workers, ILS and evaluation tasks, Ray's own detached actors) runs it at
+    start. Through ``optw.distributed`` it imported torch, 2-4 s of CPU per process: on a busy
+    2-core machine Ray Train's autoscaling coordinator then missed its 5 s deadline ("Failed to
+    send resource request" tracebacks) and every job stage started tens of seconds later."""
+    try:
+        import ray
+
+        os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    except Exception:  # noqa: BLE001 - best effort: Ray's own guess stays
+        pass
 
 
 def main() -> int:

@@ -255,7 +255,7 @@ def run_job(
     import ray
 
     from optw.baselines import load_ils_results, run_ils_baseline
-    from optw.distributed.rayenv import connect
+    from optw.distributed.rayenv import connect, warm_train_coordinator
     from optw.tracking import check_tracking_uri, log_tables, start_job_run
 
     t0 = time.perf_counter()
@@ -286,6 +286,7 @@ def run_job(
 
         experiment_id(name, uri)  # the server decides where a new experiment's artifacts go
         check_artifact_location(uri, name, nodes)
+    warm_train_coordinator()  # up by the first Ray Train run (after ILS)
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     capacity = _capacity(profile, use_gpu)
     where = f"{nodes} nodes, " if nodes > 1 else ""

@@ -34,8 +34,9 @@ RAY_ENV: dict[str, str] = {
 #: (:func:`optw.raylocal.ensure_token` makes it once).
 HEAD_ENV: dict[str, str] = {"RAY_AUTH_MODE": "token"}
 #: The job-level runtime environment of every cluster the project connects to: each worker
-#: process of the job pins the cluster's address (:func:`pin_address`).
-RUNTIME_ENV: dict[str, str] = {"worker_process_setup_hook": "optw.distributed.rayenv.pin_address"}
+#: process of the job pins the cluster's address (:func:`optw.raylocal.pin_address`, in a
+#: module that imports nothing heavy: every worker process runs it when it starts).
+RUNTIME_ENV: dict[str, str] = {"worker_process_setup_hook": "optw.raylocal.pin_address"}
 #: Seconds an address gets to answer before the job is refused.
 CONNECT_TIMEOUT_S = 5.0
 
@@ -48,20 +49,6 @@ def configure_ray_env() -> None:
     """Set :data:`RAY_ENV`'s defaults in this process (call before a local ``ray.init``)."""
     for name, value in RAY_ENV.items():
         os.environ.setdefault(name, value)
-
-
-def pin_address() -> None:
-    """In each worker process of the job (Ray's ``worker_process_setup_hook``): ``RAY_ADDRESS``
-    becomes this cluster's address, so that Ray's own look-ups of "the" cluster inside the job
-    (Ray Train's placement-group cleaner asks the State API with no address) find it even
-    when other Ray instances run on the machine; without it they fail with "Found multiple
-    active Ray instances" and the run waits forever for its resources."""
-    try:
-        import ray
-
-        os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
-    except Exception:  # noqa: BLE001 - best effort: Ray's own guess stays
-        pass
 
 
 def shell_exports() -> str:
@@ -150,6 +137,24 @@ def connect(address: str | None = None) -> None:
         ensure_token()  # a local cluster started with RAY_AUTH_MODE=token needs one
     ray.init(address=address, configure_logging=True, logging_level="WARNING",
              log_to_driver=True, runtime_env=RUNTIME_ENV)
+
+
+def warm_train_coordinator() -> None:
+    """Start Ray Train's autoscaling coordinator now, while the job does other work (ILS).
+
+    Ray Train (>= 2.5x) asks this detached actor for resources when each run starts and waits
+    at most 5 s; the first run of a cluster creates it, and on a busy machine its process starts
+    slower than that: the run then prints a "Failed to send resource request" traceback and
+    waits out the 5 s. Started here, it is up when the first run asks. Best effort (a Ray
+    without it, or a private API that moved: nothing happens)."""
+    try:
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+            get_or_create_autoscaling_coordinator,
+        )
+
+        get_or_create_autoscaling_coordinator()  # asynchronous: the actor starts meanwhile
+    except Exception:  # noqa: BLE001 - an optimisation only
+        pass
 
 
 def main() -> int:
