@@ -27,6 +27,8 @@ stop_ray() {
   if [ "$started" = 1 ] && [ "${KEEP_RAY:-0}" != 1 ]; then
     echo "stopping the local Ray head (KEEP_RAY=1 keeps it)"
     ray stop >/dev/null 2>&1 || true
+  elif [ "$started" = 1 ]; then
+    echo "leaving the local Ray head running (KEEP_RAY=1); stop it with: .venv/bin/ray stop"
   fi
 }
 trap stop_ray EXIT

@@ -1,4 +1,6 @@
-"""Bad input at every entry point of the command line ends in one line naming it.
+"""Bad input at every entry point of the command line ends in one line naming it: every
+command README documents (catalog build/add/show/list, train, solve, baseline, evaluate, job,
+tune, serve, plan, report).
 
 Families of bad invocations (generated per option) go through ``optw.cli.main`` in-process
 (the console script, ``jobs/train_all.py`` and ``jobs/tune.py`` all end there) and a few
@@ -35,8 +37,16 @@ def sandbox(tmp_path, monkeypatch, tiny_catalog):
     bad_model.write_text("[train]\nregions = ['r199']\n[train.model]\nclipp = 3\n")
     conflict = tmp_path / "conflict.toml"
     conflict.write_text("[train]\nregions = ['pr99']\n")
+    points = tmp_path / "points.csv"
+    points.write_text("name,x,y,visit_minutes,opens,closes,score\nstart,0,0,0,0,600,0\n"
+                      "a,1,1,10,0,600,5\n")
+    broken_json = tmp_path / "scores.json"
+    broken_json.write_text("[1, 2")
+    results = tmp_path / "results.csv"
+    results.write_text("region,tourist,method,score\n")
     return {"work": work, "file": tmp_path / "a-file", "bad_model": bad_model,
-            "conflict": conflict}
+            "conflict": conflict, "points": points, "broken_json": broken_json,
+            "results": results}
 
 
 def _families(s: dict[str, Path]) -> list[tuple[list[str], str]]:
@@ -95,6 +105,45 @@ def _families(s: dict[str, Path]) -> list[tuple[list[str], str]]:
         ([*solve, "--beams", "129"], "--beams"),
         (["report", "--job", "x", "--tracking-uri", "http://127.0.0.1:9"], "127.0.0.1:9"),
     ]
+    work = s["work"]
+    nowhere = f"sqlite:///{work / 'nowhere' / 'm.db'}"
+    cases += [  # the rest of README's commands: catalog add/build, plan, serve, evaluate, report
+        (["catalog", "add", "new1", "--points", "/nonexistent.csv"], "/nonexistent.csv"),
+        (["catalog", "add", "new1", "--points", f], "a-file"),
+        (["catalog", "add", "c101", "--points", str(s["points"])], "c101"),
+        (["catalog", "add", "bad id!", "--points", str(s["points"])], "bad id!"),
+        (["catalog", "add", "new1", "--points", str(s["points"]), "--catalog",
+          "/nonexistent/catalog"], "/nonexistent/catalog"),
+        (["catalog", "build", "--source", "/nonexistent/src", "--out", str(work / "c")],
+         "/nonexistent/src"),
+        (["catalog", "build", "--out", f], "--out"),
+        (["catalog", "build", "--device", "bogus", "--out", str(work / "c")], "--device"),
+        (["plan", "--region", "zz9"], "zz9"),
+        (["plan", "--region", "r199", "--start", "abc"], "--start"),
+        (["plan", "--region", "r199", "--from", "25:99"], "--from"),
+        (["plan", "--region", "r199", "--from", "100", "--to", "50"], "--to"),
+        (["plan", "--region", "r199", "--method", "magic"], "--method"),
+        (["plan", "--region", "r199", "--beams", "129"], "--beams"),
+        (["plan", "--region", "r199", "--scores", "/nonexistent.json"], "--scores"),
+        (["plan", "--region", "r199", "--scores", str(s["broken_json"])], "--scores"),
+        (["plan", "--region", "r199", "--checkpoint", "/nonexistent.pt"], "--checkpoint"),
+        (["plan", "--region", "r199", "--preference", "nonsense"], "--preference"),
+        (["serve", "--port", "70000"], "--port"), (["serve", "--replicas", "0"], "--replicas"),
+        (["serve", "--solve-threads", "0"], "--solve-threads"),
+        (["serve", "--check-interval", "-1"], "--check-interval"),
+        (["serve", "--registry-timeout", "0"], "--registry-timeout"),
+        (["serve", "--request-timeout", "-5"], "--request-timeout"),
+        (["serve", "--catalog", "/nonexistent/catalog"], "/nonexistent/catalog"),
+        (["serve", "--ray-address", "127.0.0.1:1"], "127.0.0.1:1"),
+        (["evaluate", "--results", str(s["results"]), "--out", f], "--out"),
+        (["evaluate", "--results", f], "a-file"),
+        (["evaluate", "--results", str(s["results"]), "--resamples", "0"], "--resamples"),
+        (["evaluate", "--against-paper", "--paper-dir", "/nonexistent/dir"], "/nonexistent/dir"),
+        (["evaluate", "--against-paper", "--paper-column", "junk"], "--paper-column"),
+        (["report", "--job", "x", "--tracking-uri", nowhere], "does not exist"),
+        (["report", "--job", "x", "--out", f], "--out"),
+        (["baseline", "ils", "--workers", "0"], "--workers"),
+    ]
     return cases
 
 
@@ -119,7 +168,7 @@ def test_bad_invocations_end_in_one_line_naming_the_input(sandbox, capsys):
               and took < 120)  # a hang guard, not a speed test (the machine may be busy)
         if not ok:
             problems.append(f"{argv}: code {code}, {took:.1f} s, stderr {err!r}")
-    assert problems == []
+    assert problems == [], "\n".join(problems)
     assert not ray.is_initialized()
     assert _files(sandbox["work"]) == []
 

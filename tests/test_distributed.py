@@ -361,33 +361,6 @@ def test_bad_input_fails_before_training(tiny_catalog, tmp_path):
 # ----------------------------------------------------------------------------- real cluster
 
 
-def test_job_end_to_end_and_idempotent_rerun(ray_cluster, tiny_catalog, store, tmp_path):
-    """The job trains, evaluates and registers each region (champion set, tables logged);
-    running it again skips every region and registers nothing new."""
-    from optw.tracking import champion, get_client
-
-    summary = _run(tiny_profile("e2e"), tiny_catalog, store, tmp_path)
-    assert sorted(summary.registered) == sorted(TINY)
-    client = get_client(store)
-    for rid in TINY:
-        champ = champion(rid, uri=store)
-        assert champ is not None and champ.version == summary.registered[rid]
-        assert len(client.search_model_versions(f"name = 'optw-{rid}'")) == 1
-    assert summary.results_path.exists() and "summary" in summary.tables
-    assert summary.report is not None and summary.report.exists()
-    arts = [a.path for a in client.list_artifacts(summary.parent_run_id, "tables")]
-    assert any("summary" in a for a in arts)
-
-    report = summary.report.read_bytes()
-    again = _run(tiny_profile("e2e"), tiny_catalog, store, tmp_path)
-    assert sorted(again.skipped) == sorted(TINY) and again.trained == []
-    # nothing to do: the earlier report, results and parent run stay (issue 16)
-    assert again.parent_run_id == summary.parent_run_id and again.report == summary.report
-    assert summary.report.read_bytes() == report and again.results_path == summary.results_path
-    for rid in TINY:
-        assert len(client.search_model_versions(f"name = 'optw-{rid}'")) == 1
-
-
 def test_a_job_beside_another_local_ray_names_the_address(ray_cluster, tiny_catalog, tmp_path):
     """A job started without --address while another local Ray instance runs (this module's)
     would start a second one beside it and hang ("Found multiple active Ray instances"): it is
@@ -471,23 +444,6 @@ def test_tune_sweep_few_trials(ray_cluster, tiny_catalog, store, tmp_path):
         write_profile(base, res.best_trial, out)  # never overwritten
 
 
-def test_global_ft_mode_fine_tunes_from_the_global_model(ray_cluster, tiny_catalog, store,
-                                                         tmp_path):
-    """global-ft trains one global model per group, then fine-tunes each region from it (fixed
-    fine-tuning lr) and registers the fine-tuned models as method global_ft."""
-    import pandas as pd
-    import torch
-
-    summary = _run(tiny_profile("gft", mode="global-ft"), tiny_catalog, store, tmp_path)
-    assert sorted(summary.trained) == sorted(["global-solomon", "global-cordeau", *TINY])
-    assert sorted(summary.registered) == sorted(TINY)
-    models = tmp_path / "out" / "models"
-    ft = torch.load(models / "finetune-pr99.pt", weights_only=True)
-    assert ft["train"]["config"]["finetune"] is True and ft["train"]["epoch"] == 2
-    methods = set(pd.read_parquet(summary.results_path)["method"])
-    assert {"global_ft", "global_ft_greedy"} <= methods
-
-
 # ----------------------------------------------------------------------------- real regions
 
 REAL = ["pr01", "pr02"]
@@ -529,17 +485,48 @@ def _check_real_job(summary, store, tmp_path, method: str):
 @pytest.mark.parametrize("mode,method", [("scratch", "model"), ("global-ft", "global_ft")])
 def test_job_modes_on_real_regions(ray_cluster, real_catalog, tmp_path, mode, method):
     """scratch and global-ft on two real Cordeau regions with stored ILS results (validation
-    over several regions, gaps to ILS): both complete and register loadable champions."""
+    over several regions, gaps to ILS): both complete and register loadable champions.
+    scratch: each region's champion is the version the job registered, the results, summary
+    table and report are written and logged; running the job again skips every region,
+    registers nothing new and keeps the earlier report, results and parent run (issue 16).
+    global-ft: one global model of the group (validated on both regions), then each region
+    fine-tuned from it (fixed fine-tuning lr, the fine-tuning budget), registered as
+    global_ft."""
+    import torch
+
+    from optw.model import read_checkpoint
+    from optw.tracking import champion, get_client
+
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    profile = tiny_profile(f"real-{mode}", mode=mode, regions=REAL, val_every=2)
+    # both regions in one worker, as the shipped profiles pack them (one Ray Train run a stage)
+    profile = tiny_profile(f"real-{mode}", mode=mode, regions=REAL, val_every=2, pack=2)
     summary = _run(profile, real_catalog, store, tmp_path)
     _check_real_job(summary, store, tmp_path, method)
+    client = get_client(store)
     if mode == "global-ft":
-        from optw.model import read_checkpoint
-
-        glob = read_checkpoint(tmp_path / "out" / "models" / "global-global-cordeau.pt")
+        assert sorted(summary.trained) == sorted(["global-cordeau", *REAL])
+        models = tmp_path / "out" / "models"
+        glob = read_checkpoint(models / "global-global-cordeau.pt")
         assert {"val_score/pr01", "val_score/pr02", "val_gap_ils"} <= set(
             glob["train"]["last_validation"])
+        ft = torch.load(models / "finetune-pr02.pt", weights_only=True)
+        assert ft["train"]["config"]["finetune"] is True and ft["train"]["epoch"] == 2
+        return
+    for rid in REAL:
+        champ = champion(rid, uri=store)
+        assert champ is not None and champ.version == summary.registered[rid]
+        assert len(client.search_model_versions(f"name = 'optw-{rid}'")) == 1
+    assert "summary" in summary.tables
+    assert summary.report is not None and summary.report.exists()
+    arts = [a.path for a in client.list_artifacts(summary.parent_run_id, "tables")]
+    assert any("summary" in a for a in arts)
+    report = summary.report.read_bytes()
+    again = _run(profile, real_catalog, store, tmp_path)
+    assert sorted(again.skipped) == sorted(REAL) and again.trained == []
+    assert again.parent_run_id == summary.parent_run_id and again.report == summary.report
+    assert summary.report.read_bytes() == report and again.results_path == summary.results_path
+    for rid in REAL:
+        assert len(client.search_model_versions(f"name = 'optw-{rid}'")) == 1
 
 
 def test_transfer_mode_on_real_regions(ray_cluster, real_catalog, tmp_path):
@@ -547,7 +534,7 @@ def test_transfer_mode_on_real_regions(ray_cluster, real_catalog, tmp_path):
     evaluated as is (tl) and fine-tuned (ft_tl); both are in the job's tables."""
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     profile = tiny_profile("real-transfer", mode="transfer", regions=REAL, val_tourists=1,
-                           epochs=2)
+                           epochs=2, pack=2)
     summary = _run(profile, real_catalog, store, tmp_path)
     df = _check_real_job(summary, store, tmp_path, "ft_tl")
     assert {"tl", "tl_greedy"} <= set(df["method"])

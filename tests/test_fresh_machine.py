@@ -1,19 +1,14 @@
 """A fresh machine: `make run`'s script (``jobs/embedded.sh``) with an empty home folder, its own
 Ray temp folder and no ``RAY_AUTH_*`` variables, as a new user (or CI) has them. Ray's local head
 then needs a token that nothing has made yet; the script must make it, keep it where Ray reads it
-and never print it."""
+and never print it. The script's run on a fresh home is in test_embedded.py; here: the token's
+rules."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import stat
 from pathlib import Path
 
-import pytest
-
 from optw.raylocal import default_token_path, ensure_token, token_source
-from test_quiet_output import ray_running, run_embedded, tiny_job
 
 
 def fresh_env(base: dict, home: Path, ray_tmp: Path) -> dict:
@@ -25,27 +20,6 @@ def fresh_env(base: dict, home: Path, ray_tmp: Path) -> dict:
                 "XDG_CACHE_HOME", "MPLCONFIGDIR"):
         env.pop(var, None)
     return env
-
-
-def test_embedded_job_runs_with_an_empty_home(tmp_path):
-    """The first README command on a fresh machine: embedded.sh starts its Ray head (it fails
-    with "no authentication token was found" when nothing makes one), the tiny job succeeds and
-    prints its summary; the token is in ~/.ray/auth_token of the new home, readable by its owner
-    only, named once in the output and never printed itself."""
-    env, args = tiny_job(tmp_path, "fresh-home")
-    if ray_running(env):
-        pytest.skip("a Ray cluster is already running here; its ports are taken")
-    env = fresh_env(env, tmp_path / "home", Path(f"/tmp/optw-fresh-{os.getpid()}"))
-    try:
-        out = run_embedded(tmp_path, env, args)
-    finally:
-        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
-    assert "job fresh-home: 3 model(s) trained" in out, out[-4000:]
-    token_file = tmp_path / "home" / ".ray" / "auth_token"
-    token = token_file.read_text().strip()
-    assert token and token not in out
-    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
-    assert out.count(f"created the token of local Ray clusters in {token_file}") == 1, out[:2000]
 
 
 def test_an_existing_token_is_reused_never_replaced(tmp_path, monkeypatch):

@@ -1,27 +1,22 @@
 """`make run`'s output (``jobs/embedded.sh``): the job's own progress lines, warnings and
 summary, not Ray's internals (Ray Train's report, checkpoint and worker-group lines, the raylet's
-worker-start warnings, the job CLI's notes), which stay in Ray's log folder."""
+worker-start warnings, the job CLI's notes), which stay in Ray's log folder. The script's run
+itself is checked in test_embedded.py (one run for three tests); here: the filters, and the
+helpers that run uses."""
 
 from __future__ import annotations
 
 import io
 import os
 import pickle
-import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import pytest
-
 from conftest import write_tiny_source
-from optw.raylocal import temp_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-#: the log folder jobs/embedded.sh names (Ray's temp folder: $RAY_TMPDIR/ray, else /tmp/ray)
-RAY_LOGS = temp_dir() / "session_latest" / "logs"
 TINY_PROFILE = """
 [job]
 name = "{name}"
@@ -89,58 +84,6 @@ def ray_running(env: dict) -> bool:
 def stop_ray(env: dict) -> None:
     subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True,
                    timeout=120)
-
-
-def run_embedded(tmp_path: Path, env: dict, args: list) -> str:
-    """Run `jobs/embedded.sh` with ``env`` and ``args``, stop the Ray head it leaves, keep its
-    output in ``tmp_path/output.txt``; the output once the script succeeded."""
-    try:
-        proc = subprocess.run(["bash", str(ROOT / "jobs" / "embedded.sh"), *args], env=env,
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=600)
-    finally:
-        stop_ray(env)
-    (tmp_path / "output.txt").write_text(proc.stdout)
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    return proc.stdout
-
-
-def test_embedded_job_output_is_ours_not_rays(tmp_path):
-    """A tiny job through `jobs/embedded.sh` (what `make run` runs: a local Ray head,
-    `ray job submit`, the job's logs followed): the output holds the job's own lines (its
-    start line, stage progress, summary table, where to look) and none of Ray's internals
-    (RAY_INTERNALS); those are in Ray's log folder, which the output names."""
-    env, args = tiny_job(tmp_path, "quiet-output")
-    if ray_running(env):
-        pytest.skip("a Ray cluster is already running here; embedded.sh would join it")
-    t0 = time.monotonic()
-    out = run_embedded(tmp_path, env, args)
-    # ours: the job's lines, its progress and its summary
-    for line in (r"starting a local Ray head",
-                 rf"job optw-\S+ submitted; Ray's logs: {re.escape(str(RAY_LOGS))}",
-                 r"job quiet-output: mode scratch, 3 regions, 3 models, \d+ at a time",
-                 r"stage scratch: 100%",
-                 r"job quiet-output: 3 model\(s\) trained, 0 region\(s\) skipped",
-                 r"solomon +validation +model_greedy",
-                 r"time: [\d.]+ min wall",
-                 rf"results: {re.escape(str(tmp_path))}/out/results.parquet",
-                 r"MLflow: parent run \w+ in experiment 'quiet-output'",
-                 r"done in \d+ s\.",
-                 r"stopping the local Ray head"):
-        assert re.search(line, out, re.M), f"missing {line!r} in:\n{out}"
-    # not Ray's
-    for kind, pattern in RAY_INTERNALS.items():
-        hits = [x for x in out.splitlines() if re.search(pattern, x)]
-        assert not hits, f"{kind} in the output: {hits[:3]}"
-    # Ray's lines are in its log folder: the job's whole output, Ray Train's report lines
-    job_id = re.search(r"job (optw-\S+) submitted", out).group(1)
-    driver = RAY_LOGS / f"job-driver-{job_id}.log"
-    assert "job quiet-output: 3 model(s) trained" in driver.read_text()
-    train_logs = "".join(p.read_text(errors="replace") for p in (RAY_LOGS / "train").glob("*"))
-    assert "Reporting training result" in train_logs
-    raylet = (RAY_LOGS / "raylet.out").read_text(errors="replace")
-    print(f"{time.monotonic() - t0:.0f} s; raylet worker-start warnings in raylet.out: "
-          f"{raylet.count('PYTHON worker processes have been started')}")
 
 
 def test_worker_restart_still_shows(capsys):

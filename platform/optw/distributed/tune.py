@@ -147,9 +147,9 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
     check_schedule(train.epochs, grace_epochs or train.val_every)
     search = search_space(space)
     uri = check_tracking_uri(tracking_uri)
+    st.check_folders([(STORAGE_SETTING, storage)])
     if not ray.is_initialized():
         check_address(ray_address)  # a bad --address: refused in seconds
-    st.check_folders([(STORAGE_SETTING, storage)])
     if st.exists(st.join(storage, name)):
         raise FileExistsError(f"--name: a sweep {name!r} already exists in "
                               f"{st.shown(storage)}; choose another --name (or --storage) so it "

@@ -39,7 +39,7 @@ def _report(args) -> int:
             check_report_dir(args.out)
         except ReportDirError as exc:
             raise ValueError(f"--out {args.out}: {exc.reason}") from None
-    uri = check_tracking_uri(args.tracking_uri)
+    uri = check_tracking_uri(args.tracking_uri, existing=True)
     run_id = args.run or find_parent_run(args.job, uri)
     out = args.out
     if out is None:

@@ -75,8 +75,11 @@ def quiet() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def check_tracking_uri(uri: str | None = None, timeout: float = 3.0) -> str:
+def check_tracking_uri(uri: str | None = None, timeout: float = 3.0,
+                       existing: bool = False) -> str:
     """Fail fast, with one clear message, when the store cannot be used; return the URI.
+    ``existing``: a command that only reads (``optw report``) refuses a sqlite file that does
+    not exist, instead of creating an empty store there.
 
     - ``http(s)://``: GET ``/health`` (then the REST API) with a short timeout;
     - ``sqlite:///``: the database's folder exists and is writable (the file, if present, too);
@@ -90,6 +93,10 @@ def check_tracking_uri(uri: str | None = None, timeout: float = 3.0) -> str:
     elif scheme == "sqlite":
         db = sqlite_path(uri)
         if db is not None:
+            if existing and not db.exists():
+                raise TrackingUnavailableError(
+                    f"tracking store {uri}: {db} does not exist (nothing was tracked there; "
+                    f"set {ENV_URI} or --tracking-uri to the store a job wrote)")
             _check_writable(db.parent, uri)
             if db.exists() and not (db.is_file() and os.access(db, os.R_OK | os.W_OK)):
                 raise TrackingUnavailableError(
