@@ -14,6 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "optw"
 RANK = {
     "paths": 0,
     "raylocal": 0,  # Ray's token for local clusters; where Ray keeps its files
+    "raylogs": 0,  # the one filter of Ray's lines (jobs, Ray Train workers, serve)
     "threads": 0,  # optw/threads.py: torch threads from the cores actually free
     "catalog": 1,
     "env": 2,

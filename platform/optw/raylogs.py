@@ -1,19 +1,27 @@
 """The one filter of Ray's lines: what of Ray's internals reaches a terminal.
 
-Ray prints lines nobody has to act on into a driver's output and its loggers' console
-handlers. :class:`RayLogFilter` drops them, everywhere the project shows Ray's output:
+Ray prints lines nobody has to act on into a driver's output, its loggers' console handlers
+and, from C++ and at exit, straight to the file descriptors. :data:`RAY_NOISE` names them once
+and every place the project shows Ray's output drops them:
 
 - in a driver (``optw job run``, ``jobs/train_all.py``): :func:`quiet_ray_output` wraps
   stdout in :class:`DropLines`, which drops the raylet's "N PYTHON worker processes have been
   started" warning (raylet.out keeps it);
-- in ``jobs/embedded.sh``'s follower (:mod:`optw.distributed.follow`): the job manager's own
-  INFO/DEBUG lines and "Running entrypoint for job" (job-driver-<id>.log keeps them);
+- in ``jobs/embedded.sh``'s follower (:mod:`optw.distributed.follow`): also the job manager's
+  own INFO/DEBUG lines (:data:`RAY_INFO`) and "Running entrypoint for job"
+  (job-driver-<id>.log keeps them);
 - in a Ray Train worker (:func:`quiet_train_worker`): Ray Train's records below
   ``$OPTW_RAY_TRAIN_LOG_LEVEL`` (default WARNING; its files under ``<session>/logs/train/``
   keep them). Ray Train 2.60 logs every report from a logger named by its file's path, outside
-  ``ray.train``, so RunConfig's log level misses it.
+  ``ray.train``, so RunConfig's log level misses it;
+- in ``optw serve`` (:func:`filter_ray_noise`): Serve's start/stop lines (``[mutex.cc : 452]
+  RAW: Lock blocking`` from C++ at shutdown, ``Task ServeController.graceful_shutdown failed
+  ... infinite retries``, ``Connecting to existing Serve app ... will not be applied``) and
+  Ray's token-authentication notice, through a small filter process on the stdout and stderr
+  file descriptors, so C++ output and output at exit are filtered too.
 
-Warnings and errors always pass.
+Warnings and errors always pass (other than those lines). A low layer (no ``optw`` imports):
+``distributed`` and ``serve`` both use it.
 """
 
 from __future__ import annotations
@@ -22,16 +30,24 @@ import contextlib
 import logging
 import os
 import re
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from typing import TextIO
 
-#: Lines of Ray's internals dropped from every output the project shows.
+#: Lines of Ray's internals dropped from every output the project shows (a driver's stdout,
+#: the follower, a Ray Train worker's console, ``optw serve``'s terminal).
 RAY_NOISE = re.compile(
     r"\(raylet\).*PYTHON worker processes have been started on node"
-    r"|^\d{4}-\d\d-\d\d [\d:,]+\s+(INFO|DEBUG) \w+\.py:\d+ -- "
-    r"|^Running entrypoint for job ")
+    r"|^Running entrypoint for job "
+    r"|\[mutex\.cc : \d+\] RAW: "
+    r"|ServeController\.graceful_shutdown"
+    r"|Connecting to existing Serve app"
+    r"|Token authentication is enabled for this Ray cluster")
+#: Ray's own INFO/DEBUG log lines (e.g. the job manager's in the follower): dropped by
+#: :class:`RayLogFilter` as well; ``optw serve`` shows them (e.g. where the dashboard is).
+RAY_INFO = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+\s+(INFO|DEBUG) \w+\.py:\d+ -- ")
 #: Ray Train's console log level in the job (``RunConfig(logging_config=...)`` and the worker's
 #: console handlers): its INFO lines (every report, checkpoint path and worker-group start)
 #: stay in the session's log files; ``OPTW_RAY_TRAIN_LOG_LEVEL=INFO`` brings them back.
@@ -45,7 +61,7 @@ def train_log_level() -> str:
 
 class RayLogFilter(logging.Filter):
     """Keeps a line or a log record unless it is Ray's noise: a line matching
-    :data:`RAY_NOISE`, or a Ray Train record below ``train_level``."""
+    :data:`RAY_NOISE` or :data:`RAY_INFO`, or a Ray Train record below ``train_level``."""
 
     def __init__(self, train_level: str | None = None):
         super().__init__()
@@ -53,7 +69,7 @@ class RayLogFilter(logging.Filter):
 
     def keep(self, line: str) -> bool:
         """Should this output line be shown?"""
-        return not RAY_NOISE.search(line)
+        return not (RAY_NOISE.search(line) or RAY_INFO.search(line))
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.WARNING:
@@ -120,3 +136,38 @@ def quiet_train_worker(level: str | None = None) -> None:
                    and not isinstance(handler, logging.FileHandler))
         if console and not any(isinstance(f, RayLogFilter) for f in handler.filters):
             handler.addFilter(RayLogFilter(level))
+
+
+_FILTER = """
+import re, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the planner, which then closes us
+noise, out = re.compile(sys.argv[1]), sys.stdout.buffer
+for line in sys.stdin.buffer:
+    if not noise.search(line.decode("utf-8", "replace")):
+        out.write(line)
+        out.flush()
+"""
+
+
+def filter_ray_noise(fds: tuple[int, ...] = (1, 2)) -> list[subprocess.Popen]:
+    """Drop Ray's internal lines (:data:`RAY_NOISE`) from this process's output ``fds`` from
+    now on, written from Python or straight to the file descriptor, and put Serve's logger at
+    WARNING (``optw serve`` calls it once its settings are checked); returns the filter
+    processes, which end when this process closes its output (at exit)."""
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    procs = []
+    for fd in fds:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        target = os.dup(fd)
+        read, write = os.pipe()
+        try:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-c", _FILTER, RAY_NOISE.pattern], stdin=read, stdout=target,
+                stderr=subprocess.DEVNULL, close_fds=True))
+        finally:
+            os.close(read)
+            os.close(target)
+        os.dup2(write, fd)
+        os.close(write)
+    return procs
