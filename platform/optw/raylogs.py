@@ -20,8 +20,17 @@ and every place the project shows Ray's output drops them:
   Ray's token-authentication notice, through a small filter process on the stdout and stderr
   file descriptors, so C++ output and output at exit are filtered too.
 
-Warnings and errors always pass (other than those lines). A low layer (no ``optw`` imports):
-``distributed`` and ``serve`` both use it.
+- in every worker process of a job (:func:`quiet_ray_internals`, from the job's
+  ``worker_process_setup_hook``): Ray Train's controller warns, with a traceback, "Failed to
+  send resource request ... If this only happens transiently during network partition or CPU
+  being overloaded, it's safe to ignore this error" when Ray's AutoscalingCoordinator actor
+  (created on first use: a new worker process that imports Ray Data) does not answer within
+  Ray's hard-coded 5 s; the request only informs an autoscaler, and Ray Train sends it again
+  at its next scaling decision. :class:`TransientRayTimeouts` drops exactly those records
+  whose error is a ``GetTimeoutError``; any other failure there still shows.
+
+Warnings and errors always pass (other than those lines and records). A low layer (no
+``optw`` imports): ``distributed`` and ``serve`` both use it.
 """
 
 from __future__ import annotations
@@ -78,6 +87,29 @@ class RayLogFilter(logging.Filter):
         if train and record.levelno < self.train_level:
             return False
         return self.keep(record.getMessage())
+
+
+#: Ray Train's logger of its requests to Ray's AutoscalingCoordinator (in the controller).
+AUTOSCALING_CLIENT_LOGGER = ("ray.train.v2._internal.execution.scaling_policy."
+                             "autoscaling_coordinator_client")
+
+
+class TransientRayTimeouts(logging.Filter):
+    """Drops a record whose error is Ray's ``GetTimeoutError`` (a call that did not answer in
+    time on a busy machine and is made again later); keeps every other record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return exc is None or not any(c.__name__ == "GetTimeoutError"
+                                      for c in type(exc).__mro__)
+
+
+def quiet_ray_internals() -> None:
+    """In each worker process of a job: Ray Train's transient AutoscalingCoordinator
+    time-outs stay off the console (:class:`TransientRayTimeouts`; see the module docstring)."""
+    logger = logging.getLogger(AUTOSCALING_CLIENT_LOGGER)
+    if not any(isinstance(f, TransientRayTimeouts) for f in logger.filters):
+        logger.addFilter(TransientRayTimeouts())
 
 
 class DropLines:

@@ -34,8 +34,10 @@ RAY_ENV: dict[str, str] = {
 #: (:func:`optw.raylocal.ensure_token` makes it once).
 HEAD_ENV: dict[str, str] = {"RAY_AUTH_MODE": "token"}
 #: The job-level runtime environment of every cluster the project connects to: each worker
-#: process of the job pins the cluster's address (:func:`pin_address`).
-RUNTIME_ENV: dict[str, str] = {"worker_process_setup_hook": "optw.distributed.rayenv.pin_address"}
+#: process of the job pins the cluster's address and quiets Ray's transient internals
+#: (:func:`setup_worker`).
+RUNTIME_ENV: dict[str, str] = {
+    "worker_process_setup_hook": "optw.distributed.rayenv.setup_worker"}
 #: Seconds an address gets to answer before the job is refused.
 CONNECT_TIMEOUT_S = 5.0
 
@@ -62,6 +64,15 @@ def pin_address() -> None:
         os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
     except Exception:  # noqa: BLE001 - best effort: Ray's own guess stays
         pass
+
+
+def setup_worker() -> None:
+    """Ray's ``worker_process_setup_hook`` of the project's jobs: :func:`pin_address` and
+    :func:`optw.raylogs.quiet_ray_internals`."""
+    from optw.raylogs import quiet_ray_internals
+
+    pin_address()
+    quiet_ray_internals()
 
 
 def shell_exports() -> str:
