@@ -5,7 +5,7 @@
 
 Runs on the Ray cluster it is submitted to (or starts a local one); see README.md. Same as
 ``optw job run`` (whose output keeps Ray's internals off the terminal: they stay in Ray's log
-folder, ``/tmp/ray/session_latest/logs``; see :mod:`optw.distributed.raylogs`).
+folder, ``/tmp/ray/session_latest/logs``; see :mod:`optw.raylogs`).
 """
 
 import sys

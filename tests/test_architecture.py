@@ -13,7 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "optw"
 #: same rank never import each other.
 RANK = {
     "paths": 0,
-    "raylocal": 0,  # Ray's token for local clusters; where Ray keeps its files
+    "raylocal": 1,  # Ray's token, its files, the workers' setup hook (uses raylogs)
+    "raylogs": 0,  # the one filter of Ray's lines (jobs, Ray Train workers, serve)
     "threads": 0,  # optw/threads.py: torch threads from the cores actually free
     "catalog": 1,
     "env": 2,

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import copy_catalog
+from conftest import copy_catalog, local_ray
 from test_serve import _get, _post
 from test_serve_latlon import check_legs, validate
 
@@ -60,18 +60,13 @@ def store(root) -> str:
 def ray_cluster(store):
     """A local Ray for the job and the planner; the tracking store is in the environment
     before Ray starts, so the planner's replicas read the same registry."""
-    ray = pytest.importorskip("ray")
-    from optw.distributed.rayenv import RUNTIME_ENV, configure_ray_env
     from optw.tracking import get_client
 
     mp = pytest.MonkeyPatch()
     mp.setenv("MLFLOW_TRACKING_URI", store)
     get_client(store)
-    configure_ray_env()
-    ray.init(address="local", num_cpus=2, include_dashboard=True, configure_logging=False,
-             object_store_memory=200 * 1024**2, runtime_env=RUNTIME_ENV)
-    yield ray
-    ray.shutdown()
+    with local_ray(dashboard=True) as ray:
+        yield ray
     mp.undo()
 
 

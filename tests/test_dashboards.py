@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import stop_process
+from conftest import local_ray, stop_process
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "dashboards" / "optw_training.json"
 #: The gauges RayReport sets (``optw_<name>``), as Ray exports them to Prometheus.
@@ -71,11 +71,12 @@ def test_dashboard_json_queries_the_exported_metrics(dashboard):
 def ray_metrics():
     """A local Ray where an actor has set RayReport's gauges for model (r199, scratch), as a
     training worker does; yields the metrics export URL of the actor's node."""
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=1, include_dashboard=False, configure_logging=False,
-                 object_store_memory=100 * 1024**2)
+    with local_ray(num_cpus=1, object_store_mb=100, reuse=True) as ray:
+        yield from _report_metrics(ray)
+
+
+def _report_metrics(ray):
+    """The body of :func:`ray_metrics` on a running Ray."""
 
     @ray.remote(num_cpus=0)
     class Worker:
@@ -97,8 +98,6 @@ def ray_metrics():
         yield f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
     finally:
         ray.kill(worker)
-        if started:
-            ray.shutdown()
 
 
 def test_ray_report_exports_the_names_the_dashboard_queries(dashboard, ray_metrics):

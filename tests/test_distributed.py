@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from ray import cloudpickle
 
+from conftest import local_ray
 from optw.distributed import JobProfile, load_profile, plan
 from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import ConfigError
@@ -37,17 +38,11 @@ def tiny_profile(name: str, mode: str = "scratch", regions=TINY, pack: int = 1,
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray = pytest.importorskip("ray")
-    from optw.distributed.rayenv import RUNTIME_ENV, configure_ray_env
-
-    configure_ray_env()
     # The dashboard serves the State API that Ray Train's placement-group cleaner relies on:
     # without it a finished Tune trial can leave its worker's placement group behind; the
     # cleaner finds this cluster's API even beside other Ray instances (RUNTIME_ENV).
-    ray.init(address="local", num_cpus=2, include_dashboard=True, configure_logging=False,
-             object_store_memory=200 * 1024**2, runtime_env=RUNTIME_ENV)
-    yield ray
-    ray.shutdown()
+    with local_ray(dashboard=True) as ray:
+        yield ray
 
 
 @pytest.fixture(scope="module")

@@ -113,10 +113,10 @@ def test_worker_restart_still_shows(capsys):
 
 
 def test_driver_drops_only_rays_worker_start_warning():
-    """The one filter of Ray's lines (optw.distributed.raylogs, used by `optw job run`,
+    """The one filter of Ray's lines (optw.raylogs, used by `optw job run`,
     jobs/train_all.py and the follower) drops the raylet's worker-start warning line, even
     when written in pieces and across threads' flushes, and passes everything else."""
-    from optw.distributed.raylogs import DropLines
+    from optw.raylogs import DropLines
 
     sink = io.StringIO()
     out = DropLines(sink)

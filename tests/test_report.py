@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import stop_process
+from conftest import local_ray, stop_process
 
 REGIONS = {"r199": "solomon", "c199": "solomon", "pr99": "cordeau", "t199": "gavalas"}
 BEST_KNOWN = {"r199": 60.0, "c199": 70.0, "pr99": 90.0, "t199": 80.0}
@@ -419,21 +419,16 @@ def test_report_in_headless_chromium(job_store, tmp_path, output_dir):
 def test_report_of_a_real_tiny_job(tiny_catalog, tmp_path):
     """The report of a real tiny platform job (Ray, two regions) has training curves, gap
     and time/score plots, and is logged as `report/` of the parent run."""
-    ray = pytest.importorskip("ray")
     from optw.distributed.job import run_job
     from optw.report import write_and_log_report
     from optw.tracking import get_client
     from test_distributed import tiny_profile
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False,
-             object_store_memory=200 * 1024**2)
-    try:
+    with local_ray():
         summary = run_job(tiny_profile("report-e2e", val_every=2), catalog_dir=tiny_catalog.path,
                           tracking_uri=uri, storage=tmp_path / "ray_train",
                           out_dir=tmp_path / "out", progress=False)
-    finally:
-        ray.shutdown()
     index = write_and_log_report(summary.parent_run_id, tmp_path / "out" / "report", uri)
     plots = sorted(p.name for p in (index.parent / "plots").iterdir())
     assert "time_score.png" in plots and "gaps_benchmark.png" in plots

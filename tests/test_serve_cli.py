@@ -128,13 +128,13 @@ def test_serve_options_take_ascii_digits_only(tiny_catalog, capsys):
 
 
 def test_serve_filters_ray_internals_from_its_output():
-    """What `optw serve` installs (optw.serve.quiet): Ray's internal start/stop lines (the
+    """What `optw serve` installs (optw.raylogs): Ray's internal start/stop lines (the
     mutex.cc RAW line from C++, ServeController.graceful_shutdown, "Connecting to existing
     Serve app") are dropped from stdout and stderr, written from Python or straight to the
     file descriptor; every other line, Serve's warnings included, passes unchanged."""
     code = """if True:
         import logging, os
-        from optw.serve.quiet import filter_ray_noise
+        from optw.raylogs import filter_ray_noise
         filter_ray_noise()
         print("trip planner listening on http://127.0.0.1:8000", flush=True)
         print("(raylet) Task ServeController.graceful_shutdown failed. There are infinite "

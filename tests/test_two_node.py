@@ -422,3 +422,37 @@ def test_tune_runs_against_the_jobs_storage_uri(cluster, monkeypatch):
     files = [i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))]
     assert any(p.startswith(f"{root}/two-node-tune/") for p in files), files  # Tune's state
     assert any(p.endswith("/pack.json") for p in files), files  # the trials' checkpoints
+
+
+def test_ils_task_mirrors_the_catalog_on_a_node_that_joined_late(cluster):
+    """Issue 25, item 4: an ILS task scheduled on a node whose catalog mirror did not exist at
+    the job's check (the second node's mirror is removed, as on a node that joined later, and
+    the driver's mirror path is hidden there) mirrors the catalog URI on entry and returns its
+    rows, which the driver writes to its own store."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from optw.baselines import load_ils_results, run_ils_baseline
+
+    uri = cluster["catalog"]
+    driver_mirror = mr.local_catalog(uri)  # this node's mirror (head-only, hidden there)
+    pinned = NodeAffinitySchedulingStrategy(cluster["remote_node"], soft=False)
+
+    def forget_mirror(uri: str) -> tuple[bool, bool]:
+        mirror = mr.default_mirror(uri)
+        shutil.rmtree(mirror, ignore_errors=True)
+        return mirror.exists(), (mirror / "manifest.json").is_file()
+
+    def has_mirror(uri: str) -> bool:
+        return (mr.default_mirror(uri) / "manifest.json").is_file()
+
+    remote = ray.remote(num_cpus=0)
+    assert ray.get(remote(forget_mirror).options(scheduling_strategy=pinned).remote(uri)) \
+        == (False, False)
+    run = run_ils_baseline(driver_mirror, regions=["r199"], tourists="validation", workers=2,
+                           progress=False, force=True, task_catalog=uri,
+                           localize=mr.local_catalog, task_resources={RESOURCE: 1})
+    assert run.computed == len(run.results) > 0
+    assert ray.get(remote(has_mirror).options(scheduling_strategy=pinned).remote(uri))
+    stored = load_ils_results(driver_mirror)
+    assert (stored["region"] == "r199").sum() == run.computed

@@ -8,7 +8,7 @@ when none exists, keeps it where Ray looks for it (``~/.ray/auth_token``, readab
 only), reuses one that exists and never prints it. ``python -m optw.raylocal`` does the same
 from the shell (``jobs/embedded.sh`` runs it before ``ray start``).
 
-:func:`pin_address` is the ``worker_process_setup_hook`` of the project's clusters (it lives here
+:func:`setup_worker` is the ``worker_process_setup_hook`` of the project's clusters (it lives here
 because this module is light). Every entry point that may start a local cluster calls
 :func:`ensure_token` first: the embedded job, ``optw job
 run`` and ``optw tune`` without an address, ``optw baseline ils``, ``optw serve``, and the test
@@ -115,8 +115,7 @@ def temp_dir() -> Path:
 
 
 def pin_address() -> None:
-    """In each worker process of the job (Ray's ``worker_process_setup_hook``, named by
-    ``optw.distributed.rayenv.RUNTIME_ENV``): ``RAY_ADDRESS``
+    """In each worker process of the job (through :func:`setup_worker`): ``RAY_ADDRESS``
     becomes this cluster's address, so that Ray's own look-ups of "the" cluster inside the job
     (Ray Train's placement-group cleaner asks the State API with no address) find it even
     when other Ray instances run on the machine; without it they fail with "Found multiple
@@ -133,6 +132,17 @@ def pin_address() -> None:
         os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
     except Exception:  # noqa: BLE001 - best effort: Ray's own guess stays
         pass
+
+
+def setup_worker() -> None:
+    """Ray's ``worker_process_setup_hook`` of the project's clusters
+    (``optw.distributed.rayenv.RUNTIME_ENV``): :func:`pin_address`, and
+    :func:`optw.raylogs.quiet_ray_internals` (Ray Train's transient time-outs stay off the
+    console)."""
+    from optw.raylogs import quiet_ray_internals
+
+    pin_address()
+    quiet_ray_internals()
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,22 +136,40 @@ def _write_store(catalog_dir: Path | str | None, rows: pd.DataFrame, store: str,
 # ----------------------------------------------------------------------------- work
 
 
-_CATALOGS: dict[str, object] = {}
+_CATALOGS: dict[tuple[str, int], object] = {}
+#: How a task turns the catalog location it was given into a folder on its own node (e.g.
+#: :func:`optw.distributed.mirror.local_catalog`, which mirrors a URI there).
+Localize = Callable[[str], str]
+
+
+def _task_catalog(catalog: str, localize: Localize | None):
+    """The catalog a task opens: ``catalog`` made local by ``localize`` on this node first
+    (cached per process and per build, so a mirror brought up to date is opened again)."""
+    from optw.catalog.store import open_catalog
+
+    folder = localize(catalog) if localize is not None else catalog
+    manifest = Path(folder) / "manifest.json"
+    key = (str(folder), manifest.stat().st_mtime_ns if manifest.is_file() else 0)
+    cat = _CATALOGS.get(key)
+    if cat is None:
+        cat = _CATALOGS[key] = open_catalog(folder)
+    return cat
 
 
 def solve_region_batch(catalog_dir: str, region_id: str, kind: str, tourist_ids: list[int],
-                       max_iter_no_improve: int = MAX_ITER_NO_IMPROVE) -> list[dict]:
+                       max_iter_no_improve: int = MAX_ITER_NO_IMPROVE, *,
+                       localize: Localize | None = None) -> list[dict]:
     """Solve the listed tourists of one region (a Ray task; the catalog is cached per process).
 
+    ``catalog_dir`` is the catalog's location as this task's node can open it, or, with
+    ``localize``, a location that ``localize`` turns into a folder on this node (a catalog URI
+    mirrored on entry, so a node that joined the cluster after the job's check gets it too).
     Every route is checked with :func:`optw.env.validate.check_route`.
     """
     from optw.baselines.ils import solve_ils
-    from optw.catalog.store import open_catalog
     from optw.env.validate import check_route
 
-    cat = _CATALOGS.get(catalog_dir)
-    if cat is None:
-        cat = _CATALOGS[catalog_dir] = open_catalog(catalog_dir)
+    cat = _task_catalog(catalog_dir, localize)
     region = cat.region(region_id)
     batch = cat.tourists(region_id, kind)
     pos = {int(t): i for i, t in enumerate(batch.tourist_id)}
@@ -204,6 +222,9 @@ def run_ils_baseline(
     force: bool = False,
     on_result: Callable[[dict], None] | None = None,
     flush_seconds: float = 30.0,
+    task_catalog: str | None = None,
+    localize: Localize | None = None,
+    task_resources: Mapping[str, float] | None = None,
 ) -> IlsRun:
     """Compute the ILS results missing from the store for the selection, in parallel.
 
@@ -211,6 +232,12 @@ def run_ils_baseline(
     catalog holds: the paper's sets only in a catalog built with ``--paper-sets``); ``force``
     recomputes stored pairs. ``on_result`` is called with each new row as it arrives. Progress
     is flushed to the stores every ``flush_seconds`` and at the end (also when interrupted).
+
+    On a cluster the Ray tasks open ``task_catalog`` (default: ``catalog_dir``, a folder every
+    node must see at that path) through ``localize`` on their own node (picklable; e.g.
+    :func:`optw.distributed.mirror.local_catalog` with the catalog's URI), and each asks for
+    the custom Ray resources ``task_resources``. The results are written by this process into
+    ``catalog_dir``'s stores.
     """
     from optw.catalog.store import CatalogError, default_catalog_dir, open_catalog
 
@@ -279,7 +306,8 @@ def run_ils_baseline(
                     if bar is not None:
                         bar.update(len(rows))
             else:
-                _run_ray(jobs, str(catalog_dir), workers, accept, bar)
+                _run_ray(jobs, task_catalog or str(catalog_dir), workers, accept, bar,
+                         localize, dict(task_resources or {}))
     finally:
         flush()
         if bar is not None:
@@ -296,8 +324,11 @@ def run_ils_baseline(
     )
 
 
-def _run_ray(jobs, catalog_dir: str, workers: int, accept, bar) -> None:
-    """One Ray task per job on a local cluster of ``workers`` CPUs."""
+def _run_ray(jobs, catalog_dir: str, workers: int, accept, bar,
+             localize: Localize | None = None, resources: dict[str, float] | None = None,
+             ) -> None:
+    """One Ray task per job on the current cluster (else a local one of ``workers`` CPUs);
+    each task opens ``catalog_dir`` through ``localize`` on its own node."""
     import ray
 
     started = False
@@ -311,7 +342,9 @@ def _run_ray(jobs, catalog_dir: str, workers: int, accept, bar) -> None:
         started = True
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(solve_region_batch)
-        pending = {task.remote(catalog_dir, rid, kind, todo): len(todo)
+        if resources:
+            task = task.options(resources=resources)
+        pending = {task.remote(catalog_dir, rid, kind, todo, localize=localize): len(todo)
                    for _, rid, kind, todo in jobs}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)

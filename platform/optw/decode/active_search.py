@@ -11,6 +11,7 @@ search with the tuned copy gives the answer; the caller's model is left untouche
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -44,12 +45,14 @@ def active_search(
     max_grad_norm: float | None = 1.0,
     generator: torch.Generator | None = None,
     keep_greedy: bool = True,
+    progress: Callable[[float], None] | None = None,
 ) -> ActiveSearchResult:
     """Active search for the single tourist of ``inst``.
 
     With ``keep_greedy`` the answer is the best of the beam route, the original model's greedy
     and beam routes and the best route sampled during the search (so it is never below plain
     beam search); without it, the tuned model's beam route (the paper's algorithm).
+    ``progress``, if given, is called after every epoch with the best reward sampled in it.
     """
     if inst.n_tourists != 1:
         raise ValueError(f"active search works on one tourist at a time, got {inst.n_tourists}")
@@ -80,6 +83,8 @@ def active_search(
             total = float(scores[route].sum())
             if best is None or total > best[0]:
                 best = (total, route)
+        if progress is not None:
+            progress(float(out.reward.max()))
     net.eval()
     beam_route = beam_search(net, inst, beams).routes[0]
     candidates = [beam_route]

@@ -65,8 +65,33 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"torch threads, 1..{MAX_THREADS} (default: the cores not busy with "
                    "other work, see optw.threads)")
     p.add_argument("--json", action="store_true", help="one JSON object per tourist")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="active search: a progress bar on stderr with the epochs done and the "
+                   "best score sampled so far (default: when stderr is a terminal)")
     p.add_argument("--catalog", type=Path, default=None)
     p.set_defaults(func=_solve)
+
+
+class SearchBar:
+    """A tqdm bar on stderr over every active-search epoch of the tourists solved: the
+    tourist, and the best score sampled for it so far; a ``progress`` callback of
+    :func:`optw.decode.solve.solve`."""
+
+    def __init__(self, epochs: int, tourist_ids: list[int | str]) -> None:
+        from tqdm import tqdm
+
+        self.ids = tourist_ids
+        self.best: dict[int, float] = {}
+        self.bar = tqdm(total=epochs * len(tourist_ids), desc="active search", unit="epoch",
+                        file=sys.stderr, dynamic_ncols=True)
+
+    def __call__(self, k: int, reward: float) -> None:
+        self.best[k] = max(self.best.get(k, float("-inf")), reward)
+        self.bar.set_postfix(tourist=self.ids[k], best=f"{self.best[k]:g}", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def read_tourists(path: Path, region: Region) -> TouristBatch:
@@ -129,9 +154,16 @@ def _solve(args) -> int:
                                           f"beam {args.beams}")
     else:
         method, label = "beam", f"beam search {args.beams}"
-    solutions = solve(model, region, batch.tourists, method=method, beams=args.beams,
-                      samples=args.samples or 128, epochs=args.active_search or 0,
-                      keep_greedy=not args.published, seed=args.seed)
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    bar = (SearchBar(args.active_search, list(batch.ids))
+           if method == "active_search" and args.active_search and show else None)
+    try:
+        solutions = solve(model, region, batch.tourists, method=method, beams=args.beams,
+                          samples=args.samples or 128, epochs=args.active_search or 0,
+                          keep_greedy=not args.published, seed=args.seed, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
     for s, tourist in zip(solutions, batch.ids, strict=True):
         if args.json:
             print(json.dumps({**s.to_dict(), "tourist": tourist}))

@@ -7,7 +7,9 @@ returns one :class:`Solution` each, every route checked by the independent valid
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -98,6 +100,7 @@ def solve(
     lr: float = 1e-5,
     seed: int | None = 0,
     device: str | torch.device | None = None,
+    progress: Callable[[int, float], None] | None = None,
 ) -> list[Solution]:
     """Solve every tourist of ``tourists`` (one region) with ``method``:
 
@@ -112,7 +115,8 @@ def solve(
     ``keep_greedy`` (default) also considers the greedy route, so sampling and beam search are
     never below greedy (active search also keeps the untuned model's beam route and its best
     sample); ``keep_greedy=False`` reproduces the published outputs exactly.
-    ``seed`` seeds sampling and active search (None: not seeded).
+    ``seed`` seeds sampling and active search (None: not seeded). ``progress(k, reward)`` is
+    called after every active-search epoch of tourist ``k`` with the best reward sampled in it.
     """
     _check_args(method, beams, samples)
     if len(tourists) == 0:
@@ -148,7 +152,9 @@ def solve(
                 tk = time.perf_counter()
                 sub = make_instances(region, tourists[k], device)
                 res = active_search(model, sub, epochs=epochs, batch_size=batch_size, lr=lr,
-                                    beams=beams, generator=gen, keep_greedy=keep_greedy)
+                                    beams=beams, generator=gen, keep_greedy=keep_greedy,
+                                    progress=None if progress is None
+                                    else functools.partial(progress, k))
                 routes.append(res.route)
                 per_tourist.append(time.perf_counter() - tk)
         if keep_greedy and method in ("sampling", "beam"):

@@ -171,7 +171,7 @@ def format_summary(summary) -> str:
 
 def _run_job(args: argparse.Namespace) -> int:
     from optw.distributed.job import run_job
-    from optw.distributed.raylogs import quiet_ray_output
+    from optw.raylogs import quiet_ray_output
 
     profile = profile_from_args(args)
     with quiet_ray_output():  # Ray's internals stay in its log folder

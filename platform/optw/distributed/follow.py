@@ -1,7 +1,7 @@
 """``python -m optw.distributed.follow ADDRESS JOB_ID``: follow a submitted job's output.
 
 What ``ray job submit`` does when it waits, without the job manager's own lines
-(:class:`optw.distributed.raylogs.RayLogFilter`); the exit status says whether the job
+(:class:`optw.raylogs.RayLogFilter`); the exit status says whether the job
 succeeded (a failed or stopped job: one line with its status and the first line of Ray's
 message). ``jobs/embedded.sh`` runs it after submitting the job.
 """
@@ -12,7 +12,7 @@ import asyncio
 import sys
 from typing import TextIO
 
-from optw.distributed.raylogs import DropLines, quiet_ray_loggers
+from optw.raylogs import DropLines, quiet_ray_loggers
 
 
 async def _tail(client, job: str, out: TextIO) -> None:

@@ -298,7 +298,9 @@ def run_job(
     eval_regions = sorted({r for s in stages for u in s for r in u.eval_regions})
     if eval_regions:
         t_ils = time.perf_counter()
-        run_ils_baseline(catalog.path, regions=eval_regions, tourists="all", progress=progress)
+        # each task mirrors a catalog URI on its own node (one that joined after the check too)
+        run_ils_baseline(catalog.path, regions=eval_regions, tourists="all", progress=progress,
+                         task_catalog=catalog_loc, localize=local_catalog)
         push_baselines(catalog.path, catalog_loc)  # a catalog URI gets the new results
         timings = {"ils": time.perf_counter() - t_ils}
     else:

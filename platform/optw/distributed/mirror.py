@@ -3,7 +3,8 @@
 Every process that opens a catalog location calls :func:`local_catalog`: a folder is used as
 it is, a URI is mirrored into a node-local cache (``<cache>/catalog-<hash>``) and brought up to
 date. The Ray Train worker (:func:`optw.distributed.ray_train.train_worker`), the evaluation
-tasks and Tune's trials do it on entry, so a node that joined the cluster late mirrors it too.
+tasks, the ILS tasks (``localize``) and Tune's trials do it on entry, so a node that joined the
+cluster late mirrors it too.
 The job pushes the ILS results it adds back (:func:`push_baselines`).
 
 ``python -m optw.distributed.mirror upload-catalog SRC DST`` publishes a built catalog (what

@@ -27,9 +27,9 @@ from typing import Any
 from optw.distributed import storage as st
 from optw.distributed.mirror import local_catalog
 from optw.distributed.profile import ResourcesSection
-from optw.distributed.raylogs import quiet_train_worker, train_log_level
 from optw.evaluate.protocol import gap_to_ils, ils_validation_means
 from optw.model import write_checkpoint
+from optw.raylogs import quiet_train_worker, train_log_level
 from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import TrainConfig
 
@@ -172,7 +172,7 @@ def restart_notice(name: str, max_failures: int):
     """A Ray Train callback (it runs in the run's controller) that prints one warning line
     when a worker of run ``name`` fails: what failed, and whether Ray Train restarts it from
     the last checkpoint or the run fails. Ray Train itself logs this only at INFO, which the
-    job keeps off the console (:data:`optw.distributed.raylogs.TRAIN_LOG_LEVEL_ENV`)."""
+    job keeps off the console (:data:`optw.raylogs.TRAIN_LOG_LEVEL_ENV`)."""
     from ray.train import UserCallback
 
     class RestartNotice(UserCallback):

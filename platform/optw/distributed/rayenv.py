@@ -34,9 +34,10 @@ RAY_ENV: dict[str, str] = {
 #: (:func:`optw.raylocal.ensure_token` makes it once).
 HEAD_ENV: dict[str, str] = {"RAY_AUTH_MODE": "token"}
 #: The job-level runtime environment of every cluster the project connects to: each worker
-#: process of the job pins the cluster's address (:func:`optw.raylocal.pin_address`, in a
-#: module that imports nothing heavy: every worker process runs it when it starts).
-RUNTIME_ENV: dict[str, str] = {"worker_process_setup_hook": "optw.raylocal.pin_address"}
+#: process of the job pins the cluster's address and quiets Ray's transient internals
+#: (:func:`optw.raylocal.setup_worker`, in a module that imports nothing heavy: every worker
+#: process runs it when it starts).
+RUNTIME_ENV: dict[str, str] = {"worker_process_setup_hook": "optw.raylocal.setup_worker"}
 #: Seconds an address gets to answer before the job is refused.
 CONNECT_TIMEOUT_S = 5.0
 

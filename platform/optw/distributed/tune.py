@@ -158,12 +158,14 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
         connect(ray_address)
     st.prepare_folders([(STORAGE_SETTING, storage)])
     # on a cluster of several nodes: the job's early check (every node reaches the storage and
-    # gets the catalog's mirror, which the ILS tasks open; the tracking store is a server)
+    # gets the catalog's mirror, which ILS tasks and trials refresh on entry; the tracking
+    # store is a server)
     check_cluster([Setting(STORAGE_SETTING, storage), Setting(CATALOG_SETTING, catalog_loc)],
                   uri, stage_catalogs={catalog_loc: str(catalog.path)}
                   if st.is_uri(catalog_loc) else None)
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    run_ils_baseline(catalog.path, regions=regions, tourists="validation", progress=progress)
+    run_ils_baseline(catalog.path, regions=regions, tourists="validation", progress=progress,
+                     task_catalog=catalog_loc, localize=local_catalog)
     job = start_job_run(name, {"profile": profile.to_dict(), "space": {
         k: list(map(str, v)) for k, v in space.items()}, "regions": list(regions)},
         tags={"kind": "tune"}, uri=uri)

@@ -119,8 +119,8 @@ def _serve(args) -> int:
         num_cpus=0.5 * threads, solve_threads=threads, ray_address=args.ray_address,
         registry_timeout=args.registry_timeout, request_timeout=args.request_timeout,
         names=SERVE_FLAGS)
+    from optw.raylogs import filter_ray_noise
     from optw.serve.app import deploy  # imports Ray; starts it only now, with good settings
-    from optw.serve.quiet import filter_ray_noise
 
     filter_ray_noise()  # Ray's internal start/stop lines stay off the terminal
     deploy(settings, blocking=True, names=SERVE_FLAGS)
