@@ -56,9 +56,17 @@ python -m optw.distributed.follow "$address" "$id"
 echo
 echo "done in $(( $(date +%s) - start )) s."
 echo "  Ray dashboard:  $address (jobs, actors, metrics; while the head runs: KEEP_RAY=1)"
-case "${MLFLOW_TRACKING_URI:-}" in
-  http://*|https://*) echo "  MLflow UI:      $MLFLOW_TRACKING_URI" ;;
-  *) echo "  MLflow UI:      .venv/bin/mlflow ui --backend-store-uri ${MLFLOW_TRACKING_URI:-sqlite:///$PWD/mlflow.db}"
+# the store the job used: --tracking-uri among the arguments, else the environment's
+tracking="${MLFLOW_TRACKING_URI:-}"
+prev=""
+for arg in "$@"; do
+  case "$arg" in --tracking-uri=*) tracking="${arg#--tracking-uri=}" ;; esac
+  [ "$prev" = "--tracking-uri" ] && tracking="$arg"
+  prev="$arg"
+done
+case "$tracking" in
+  http://*|https://*) echo "  MLflow UI:      $tracking" ;;
+  *) echo "  MLflow UI:      .venv/bin/mlflow ui --backend-store-uri ${tracking:-sqlite:///$PWD/mlflow.db}"
      echo "                  (or: make mlflow-server, then http://127.0.0.1:5000)" ;;
 esac
 echo "  results:        runs/<job name>/results.parquet and the tables in the parent run"

@@ -163,6 +163,9 @@ def test_embedded_job_output_is_ours_not_rays(embedded):
                  rf"results: {re.escape(str(embedded.tmp_path))}/out/results.parquet",
                  rf"MLflow: parent run \w+ in experiment '{NAME}'",
                  r"done in \d+ s\.",
+                 # where to look: the store the job was given (--tracking-uri), not the default
+                 rf"MLflow UI: +\S+ --backend-store-uri "
+                 rf"{re.escape(f'sqlite:///{embedded.tmp_path}/mlflow.db')}$",
                  r"leaving the local Ray head running \(KEEP_RAY=1\); stop it with: "):
         assert re.search(line, out, re.M), f"missing {line!r} in:\n{out}"
     for kind, pattern in RAY_INTERNALS.items():
