@@ -204,6 +204,20 @@ def assert_names_field(message: str, field: str) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """Torch in the test process runs one thread (tests that choose threads say so): every
+    comparison a test makes is within the process, and on a busy machine two OpenMP threads
+    spin against each other and the other work (a pack test took 219 s beside a benchmark,
+    5 s on one thread)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def ray_token():
     """Every local Ray cluster the tests start finds Ray's token, made once when missing, as
     the project's own entry points do (``optw.raylocal.ensure_token``): no test depends on

@@ -164,7 +164,7 @@ def test_embedded_job_output_is_ours_not_rays(embedded):
                  rf"MLflow: parent run \w+ in experiment '{NAME}'",
                  r"done in \d+ s\.",
                  # where to look: the store the job was given (--tracking-uri), not the default
-                 rf"MLflow UI: +\S+ --backend-store-uri "
+                 rf"MLflow UI: +\S+ ui --backend-store-uri "
                  rf"{re.escape(f'sqlite:///{embedded.tmp_path}/mlflow.db')}$",
                  r"leaving the local Ray head running \(KEEP_RAY=1\); stop it with: "):
         assert re.search(line, out, re.M), f"missing {line!r} in:\n{out}"

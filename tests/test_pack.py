@@ -20,7 +20,7 @@ REGIONS = ["c101", "pr01", "r102"]
 
 
 def _configs(epochs=(4, 4, 4), **kw) -> list[TrainConfig]:
-    base = dict(batch_size=8, val_every=2, val_tourists=4, checkpoint_every=0, threads=2)
+    base = dict(batch_size=8, val_every=2, val_tourists=4, checkpoint_every=0, threads=1)
     return [TrainConfig(regions=[r], epochs=e, seed=10 + i, **{**base, **kw})
             for i, (r, e) in enumerate(zip(REGIONS, epochs, strict=True))]
 
@@ -146,7 +146,7 @@ def test_global_model_trains_on_mixed_region_batches(catalog):
     the global model trains on it and validates on every region."""
     config = TrainConfig(regions=["pr01", "c101"], epochs=3, batch_size=4, tourists_per_epoch=4,
                          mix_regions=True, val_every=0, val_tourists=2, checkpoint_every=0,
-                         threads=2, seed=3)
+                         threads=1, seed=3)
     hist = MetricsHistory()
     result = train(config, catalog, [hist])
     assert result.epochs == 3 and len(hist.epochs) == 3
