@@ -20,13 +20,24 @@ Reports per mode, from ``torch.profiler`` on the CPU over ``--profile-epochs`` e
 
 and epochs/s with ``--threads`` threads (modes interleaved round by round, best round kept,
 since other work on the machine only slows runs down), with ratios to ``compact``.
+
+``--baseline-ref REF`` (default ``dbd4f57``, the code before issue 24's CPU work; ``none``
+skips it) first runs the same measurement, same weights, seed, B and threads, in a subprocess
+on a ``git archive`` of REF's ``platform/``, then this checkout's, back to back, and prints
+the ratios (ops: new / old, epochs/s: new / old)::
+
+    PYTHONPATH=platform .venv/bin/python benchmarks/bench_ops.py --modes compact
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -116,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="fewer epochs and rounds")
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    p.add_argument("--baseline-ref", default="dbd4f57",
+                   help="git ref whose platform/ is measured first, for ratios ('none': skip)")
+    p.add_argument("--json-stdout", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
@@ -125,6 +139,61 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.quick:
         args.epochs, args.rounds, args.profile_epochs = 2, 1, 1
+    if args.json_stdout:  # the baseline's subprocess
+        print(json.dumps(measure(args, modes, log=sys.stderr)))
+        return 0
+    base_rows = None
+    if args.baseline_ref.lower() != "none":
+        try:
+            base_rows = run_baseline(args, argv if argv is not None else sys.argv[1:])
+        except (RuntimeError, subprocess.CalledProcessError) as e:
+            print(f"bench_ops: error: --baseline-ref {args.baseline_ref}: {e}", file=sys.stderr)
+            return 2
+    out = measure(args, modes)
+    if base_rows is not None:
+        print(f"vs {args.baseline_ref} (same run, back to back):")
+        print(f"{'mode':12} {'ops old':>9} {'ops new':>9} {'ops x':>7} "
+              f"{'ep/s old':>9} {'ep/s new':>9} {'speed x':>8}")
+        for m in modes:
+            o, n = base_rows["modes"][m], out["modes"][m]
+            print(f"{m:12} {o['dispatched']:9.0f} {n['dispatched']:9.0f} "
+                  f"{n['dispatched'] / o['dispatched']:7.3f} {o['epochs_per_s']:9.2f} "
+                  f"{n['epochs_per_s']:9.2f} {n['epochs_per_s'] / o['epochs_per_s']:7.2f}x",
+                  flush=True)
+        out["baseline"] = {"ref": args.baseline_ref, **base_rows}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+def run_baseline(args: argparse.Namespace, argv: list[str]) -> dict:
+    """The same measurement on ``git archive REF platform/``, in a subprocess."""
+    ref = args.baseline_ref
+    with tempfile.TemporaryDirectory(prefix="bench_ops_base_") as tmp:
+        tar = Path(tmp) / "platform.tar"
+        with tar.open("wb") as f:
+            proc = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "platform"],
+                                  stdout=f, stderr=subprocess.PIPE, text=False)
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr.decode(errors="replace").strip().splitlines()[-1])
+        with tarfile.open(tar) as t:
+            t.extractall(tmp, filter="data")
+        from optw.paths import catalog_dir
+
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(Path(tmp) / "platform"), str(ROOT / "benchmarks")]),
+            # the archive has no catalog of its own: this checkout's
+            "OPTW_CATALOG": str(Path(args.catalog or catalog_dir()).resolve())}
+        cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--json-stdout",
+               "--baseline-ref", "none"]
+        print(f"bench_ops: baseline {ref} (git archive, subprocess) ...", flush=True)
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, check=True, text=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def measure(args: argparse.Namespace, modes: list[str], log=sys.stdout) -> dict:
+    """Ops per epoch and epochs/s of each mode, for the ``optw`` on the path."""
     torch.set_num_threads(args.threads)
     from optw.catalog import open_catalog
     from optw.model import ModelConfig, PointerNet, load_model
@@ -140,15 +209,17 @@ def main(argv: list[str] | None = None) -> int:
     state = {k: v.clone() for k, v in model.state_dict().items()}
     runners = {m: Runner(m, state, model.cfg, region, args.seed, args.batch, args.tourists)
                for m in modes}
+    import optw
     print(f"bench_ops: {args.region}, K = {args.tourists} x B = {args.batch}, weights: "
-          f"{source}, {args.threads} threads, torch {torch.__version__}", flush=True)
+          f"{source}, {args.threads} threads, torch {torch.__version__}, optw from "
+          f"{Path(optw.__file__).parent}", flush=True, file=log)
     for r in runners.values():  # warm-up: kernels, caches, lazy imports
         r.epoch()
     ops = {}
     for m, r in runners.items():
         ops[m] = count_ops(r, args.profile_epochs)
         print(f"  {m}: {ops[m]['dispatched']:.0f} ops dispatched, {ops[m]['kernels']:.0f} "
-              f"kernels, {ops[m]['aten_ops']:.0f} aten ops per epoch", flush=True)
+              f"kernels, {ops[m]['aten_ops']:.0f} aten ops per epoch", flush=True, file=log)
     best = {m: float("inf") for m in modes}
     for _ in range(args.rounds):
         for m, r in runners.items():
@@ -158,18 +229,15 @@ def main(argv: list[str] | None = None) -> int:
             best[m] = min(best[m], (time.perf_counter() - t0) / args.epochs)
     base = modes[0]
     rows = {}
-    print(f"{'mode':12} {'dispatched':>11} {'kernels':>9} {'epochs/s':>9} {'vs ' + base:>10}")
+    print(f"{'mode':12} {'dispatched':>11} {'kernels':>9} {'epochs/s':>9} {'vs ' + base:>10}",
+          file=log)
     for m in modes:
         eps = 1.0 / best[m]
         rows[m] = {**ops[m], "epochs_per_s": eps, "speedup": eps * best[base]}
         print(f"{m:12} {ops[m]['dispatched']:11.0f} {ops[m]['kernels']:9.0f} {eps:9.2f} "
-              f"{eps * best[base]:9.2f}x", flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"region": args.region, "batch": args.batch,
-                                        "tourists": args.tourists, "threads": args.threads,
-                                        "weights": source, "modes": rows}, indent=2))
-    return 0
+              f"{eps * best[base]:9.2f}x", flush=True, file=log)
+    return {"region": args.region, "batch": args.batch, "tourists": args.tourists,
+            "threads": args.threads, "weights": source, "modes": rows}
 
 
 if __name__ == "__main__":
