@@ -64,6 +64,24 @@ def _mm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, act: str,
     return op(x, w, b, act, [], "")
 
 
+_WT: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
+
+
+def _transposed(w: torch.Tensor) -> torch.Tensor:
+    """``w.t().contiguous()``, made once per weight until it changes (its version counter
+    and storage), not once per use: a backward through T decoding steps uses each weight T
+    times (the same values, T - 1 transposed copies fewer)."""
+    entry = _WT.get(id(w))
+    if (entry is not None and entry[0]() is w and entry[1] == w._version
+            and entry[2] == w.data_ptr()):
+        return entry[3]
+    wt = w.detach().t().contiguous()
+    if len(_WT) > 256:  # weights long gone
+        _WT.clear()
+    _WT[id(w)] = (weakref.ref(w), w._version, w.data_ptr(), wt)
+    return wt
+
+
 def _grad_needed(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
@@ -102,7 +120,7 @@ class _OneDNNLinear(torch.autograd.Function):
             g = g * (1.0 - y * y)
         g = g.contiguous()
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        gx = _mm(g, w.t().contiguous(), None, "none", None) if need_x else None
+        gx = _mm(g, _transposed(w), None, "none", None) if need_x else None
         gw = torch.mm(g.t(), x) if need_w else None
         gb = g.sum(0) if need_b else None
         return gx, gw, gb, None, (g if ctx.has_other else None)
@@ -205,10 +223,10 @@ class _FeedForward(torch.autograd.Function):
         g = g.contiguous()
         f = _mm(y, w1, b1, "relu", None)
         gw2, gb2 = torch.mm(g.t(), f), g.sum(0)
-        gf = _mm(g, w2.t().contiguous(), None, "none", None).masked_fill_(f <= 0, 0.0)
+        gf = _mm(g, _transposed(w2), None, "none", None).masked_fill_(f <= 0, 0.0)
         del f
         gw1, gb1 = torch.mm(gf.t(), y), gf.sum(0)
-        gy = _mm(gf, w1.t().contiguous(), None, "none", g)
+        gy = _mm(gf, _transposed(w1), None, "none", g)
         return gy, gw1, gb1, gw2, gb2
 
 
@@ -239,7 +257,7 @@ class _Pointer(torch.autograd.Function):
         gv = torch.mv(u.t(), gs)
         gpre = torch.outer(gs, v).mul_(1.0 - u * u)
         del u
-        g_enc = _mm(gpre, w_ref.t().contiguous(), None, "none", None)
+        g_enc = _mm(gpre, _transposed(w_ref), None, "none", None)
         g_w = torch.mm(gpre.t(), enc)
         g_query = torch.zeros_like(query).index_add_(0, route, gpre)
         return g_enc, g_w, g_query, None, gv, None
