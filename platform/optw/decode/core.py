@@ -167,10 +167,13 @@ class Decoder:
     """Runs the model over routes of ``inst``. ``compact=False`` keeps every node as a row at
     every step (the authors' computation, for checks and comparisons)."""
 
-    def __init__(self, model: PointerNet, inst: Instances, compact: bool = True):
+    def __init__(self, model: PointerNet, inst: Instances, compact: bool = True,
+                 track_routes: bool = True):
         self.model = model
         self.inst = inst
         self.compact = compact
+        #: without: states carry only what the next passes need (see :meth:`child_state`)
+        self.track_routes = track_routes
         self.n = inst.n_nodes
         self.end = inst.n_nodes - 1
         self.graph = model.cfg.graph
@@ -195,6 +198,28 @@ class Decoder:
         i32 = dict(dtype=self._feat_const.dtype, device=inst.device)
         self._feat_t = torch.tensor([-1, -1, -1, 1, 1, -1, -1, -1], **i32)
         self._feat_d = torch.tensor([0, 0, 0, 0, 1, -1, -1, -1], **i32)
+        self._latest = inst.node_u[..., 3].contiguous()  # [K, n]
+
+    def child_state(self, state: State, parent: torch.Tensor, action: torch.Tensor) -> State:
+        """``step(state.index(parent), action)`` for actions other than the end. Without
+        ``track_routes`` only ids, current node, time and mask are carried (visited nodes are
+        out of the carried mask already, so clearing ``action`` is the whole visit)."""
+        if self.track_routes:
+            return step(self.inst, state.index(parent), action, check=False)
+        inst, n = self.inst, self.n
+        ids = state.ids.index_select(0, parent)
+        base = ids * n
+        travel = inst.dist_u.view(-1).take(
+            (base + state.current.index_select(0, parent)) * n + action)
+        node = inst.node_u.view(-1, 4).index_select(0, base + action)  # [R, 4]
+        time_u = torch.maximum(state.time_u.index_select(0, parent) + travel,
+                               node[:, 0]) + node[:, 2]
+        arrival = time_u.unsqueeze(1) + inst.dist_u.view(-1, n).index_select(0, base + action)
+        mask = state.mask.index_select(0, parent) & (
+            arrival <= self._latest.index_select(0, ids))
+        mask.index_put_((torch.arange(action.shape[0], device=action.device), action),
+                        torch.tensor(False, device=action.device))
+        return State(ids, action, time_u, None, mask, None, None)
 
     def features(self, ids: torch.Tensor, cur: torch.Tensor, t: torch.Tensor,
                  flat: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
@@ -289,11 +314,13 @@ class Decoder:
         e0 = self._pass(s0, node, route, count, None).enc
         lstm_in = e0.index_select(0, torch.cumsum(count, 0) - count)  # node 0 leads each route
         s1 = step(self.inst, s0, torch.zeros(r, dtype=torch.long, device=ids.device), check=False)
-        keep = self._keep(s1, node, route)
-        route = route[keep]
+        if not self.track_routes:
+            s1 = State(s1.ids, s1.current, s1.time_u, None, s1.mask, None, None)
+        keep = self._keep(s1, node, route).nonzero().squeeze(1)
+        route = route.index_select(0, keep)
         h, c = self._initial_state(s0)
-        return Frontier(s1, node[keep], route, torch.bincount(route, minlength=r), e0,
-                        keep.nonzero().squeeze(1), h, c, lstm_in)
+        return Frontier(s1, node.index_select(0, keep), route,
+                        torch.bincount(route, minlength=r), e0, keep, h, c, lstm_in)
 
     def _initial_state(self, s0: State) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model.initial_state(s0.n_routes)
@@ -307,13 +334,14 @@ class Decoder:
         its parent's row number ``slot[C]`` (never the end node)."""
         chosen = fr.offsets().index_select(0, parent) + slot
         action = fr.node.index_select(0, chosen)
-        state = step(self.inst, fr.state.index(parent), action, check=False)
+        state = self.child_state(fr.state, parent, action)
         src, child = rows_of(fr.count, parent)
         node = fr.node.index_select(0, src)
-        keep = self._keep(state, node, child)
-        src, child = src[keep], child[keep]
+        keep = self._keep(state, node, child).nonzero().squeeze(1)
+        src, child = src.index_select(0, keep), child.index_select(0, keep)
         return Frontier(
-            state, node[keep], child, torch.bincount(child, minlength=parent.shape[0]),
+            state, node.index_select(0, keep), child,
+            torch.bincount(child, minlength=parent.shape[0]),
             p.enc, src, p.h.index_select(0, parent), p.c.index_select(0, parent),
             p.enc.index_select(0, chosen),
         )
@@ -329,13 +357,13 @@ class StackedDecoder(Decoder):
     members at once (their rows in one padded table per block)."""
 
     def __init__(self, model: StackedPointerNet, inst: Instances, member: torch.Tensor,
-                 compact: bool = True):
+                 compact: bool = True, track_routes: bool = True):
         if member.shape != (inst.n_tourists,):
             raise ValueError(f"member has shape {tuple(member.shape)}, expected one entry per "
                              f"tourist ({inst.n_tourists})")
         self.member = member.to(device=inst.device, dtype=torch.long)
         self.p = model.n_members
-        super().__init__(model, inst, compact)  # type: ignore[arg-type]
+        super().__init__(model, inst, compact, track_routes)  # type: ignore[arg-type]
 
     def _embed_static(self) -> torch.Tensor:
         return self.model.embed_static(self.inst.static, Groups.of(self.member, self.p))
@@ -453,13 +481,13 @@ def rollout(
         if member is None or not isinstance(generator, (list, tuple)) and not greedy:
             raise ValueError("a pack's rollout needs member (per tourist) and a list of "
                              "generators (one per member)")
-        dec: Decoder = StackedDecoder(model, instances, member, compact)
+        dec: Decoder = StackedDecoder(model, instances, member, compact, track_routes=False)
         if not bool((member[1:] >= member[:-1]).all()):
             raise ValueError("a pack's tourists must be grouped by member in ascending order")
         if ids is not None and not bool((ids[1:] >= ids[:-1]).all()):
             raise ValueError("a pack's routes must be in tourist order")
     else:
-        dec = Decoder(model, instances, compact)
+        dec = Decoder(model, instances, compact, track_routes=False)
     n, end = dec.n, dec.end
     r = ids.shape[0]
     routes = torch.full((r, n + 1), -1, dtype=torch.long, device=dev)
