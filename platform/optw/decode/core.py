@@ -248,16 +248,18 @@ class Decoder:
                 count: torch.Tensor) -> Layout:
         """Attention buckets for the packed rows, with the graph Ad of each."""
         dev = node.device
-        r, n_rows = count.shape[0], node.shape[0]
+        n_rows = node.shape[0]
         offsets = torch.cumsum(count, 0) - count
         order = torch.argsort(count, descending=True, stable=True)
         plan = plan_buckets(count.index_select(0, order).tolist())
-        width = torch.repeat_interleave(
-            torch.tensor([w for _, w in plan], device=dev),
-            torch.tensor([g for g, _ in plan], device=dev), output_size=r)
-        start_sorted = torch.cumsum(width, 0) - width
-        row_start = torch.empty_like(start_sorted).index_copy_(0, order, start_sorted)
-        total = int(width.sum())
+        widths = [w for g, w in plan for _ in range(g)]  # per route, in sorted order
+        starts, total = [], 0
+        for w in widths:
+            starts.append(total)
+            total += w
+        width = torch.tensor(widths, dtype=count.dtype, device=dev)
+        row_start = torch.empty_like(width).index_copy_(
+            0, order, torch.tensor(starts, dtype=count.dtype, device=dev))
         att_route = torch.repeat_interleave(order, width, output_size=total)
         slot = torch.arange(total, device=dev) - row_start.index_select(0, att_route)
         cnt = count.index_select(0, att_route)
@@ -268,17 +270,41 @@ class Decoder:
         valid = slot < cnt
         if not self.compact:  # rows of inadmissible nodes are computed, never attended to
             valid &= state.mask.view(-1).index_select(0, att_route * self.n + att_node)
-        buckets, first = [], 0
-        for g, w in plan:
-            routes = order[first:first + g]
-            start = int(row_start[routes[0]])
-            rows = slice(start, start + g * w)
-            adj = graph_mask(self.inst, *self.state_rows(state, routes),
-                             att_node[rows].view(g, w), valid[rows].view(g, w), self.graph)
-            buckets.append(Bucket(start, g, w, Layout.graph_bias(adj)))
-            first += g
+        buckets = self._graph_buckets(state, plan, order, att_route, att_node, valid)
         # padding rows (copies of row 0) go through the row-wise blocks only
         return Layout(with_padding(route), gather, with_padding(back), buckets)
+
+    def _graph_buckets(self, state: State, plan: list[tuple[int, int]], order: torch.Tensor,
+                       att_route: torch.Tensor, att_node: torch.Tensor,
+                       valid: torch.Tensor) -> list[Bucket]:
+        """The buckets of ``plan`` with their attention bias: :func:`graph_mask` of each, its
+        row-wise parts (leaving time, latest start) computed once for all padded rows."""
+        buckets, first, start = [], 0, 0
+        if self.graph != "lookahead":
+            for g, w in plan:
+                routes = order[first:first + g]
+                rows = slice(start, start + g * w)
+                adj = graph_mask(self.inst, *self.state_rows(state, routes),
+                                 att_node[rows].view(g, w), valid[rows].view(g, w), self.graph)
+                buckets.append(Bucket(start, g, w, Layout.graph_bias(adj)))
+                first, start = first + g, start + g * w
+            return buckets
+        inst, n = self.inst, self.n
+        ids, cur, t = self.state_rows(state, att_route)
+        base = ids * n
+        table = inst.node_u.view(-1, 4).index_select(0, base + att_node)  # [T, 4]
+        arrival = t + inst.dist_u.view(-1).take((base + cur) * n + att_node)
+        leave = torch.maximum(arrival, table[:, 0]) + table[:, 2]
+        latest, row_key, dist = table[:, 3], (base + att_node) * n, inst.dist_u.view(-1)
+        for g, w in plan:
+            rows = slice(start, start + g * w)
+            sub = dist.take(row_key[rows].view(g, w, 1) + att_node[rows].view(g, 1, w))
+            ok = (leave[rows].view(g, w, 1) + sub) <= latest[rows].view(g, 1, w)
+            ok &= valid[rows].view(g, 1, w)
+            ok |= torch.eye(w, dtype=torch.bool, device=ok.device)
+            buckets.append(Bucket(start, g, w, Layout.graph_bias(ok)))
+            start += g * w
+        return buckets
 
     def _pass(self, state: State, node: torch.Tensor, route: torch.Tensor, count: torch.Tensor,
               fr: Frontier | None) -> Pass:
