@@ -208,20 +208,29 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
+#: Hidden activations of at most this many elements are kept for the backward; larger ones
+#: are recomputed there (the same values: the same kernel on the same inputs). Small passes
+#: (most decoding steps) save a matrix product; big ones keep memory low.
+KEEP_HIDDEN = 1 << 19
+
+
 class _FeedForward(torch.autograd.Function):
-    """``y + W2 relu(W1 y + b1) + b2`` keeping only ``y``: the hidden layer is recomputed."""
+    """``y + W2 relu(W1 y + b1) + b2`` keeping ``y`` (and the hidden layer when small: else
+    it is recomputed)."""
 
     @staticmethod
     def forward(ctx, y, w1, b1, w2, b2):  # noqa: D102
         f = _mm(y, w1, b1, "relu", None)
-        ctx.save_for_backward(y, w1, b1, w2)
+        ctx.keep = f.numel() <= KEEP_HIDDEN
+        ctx.save_for_backward(y, w1, b1, w2, f if ctx.keep else None)
         return _mm(f, w2, b2, "none", y)
 
     @staticmethod
     def backward(ctx, g):  # noqa: D102
-        y, w1, b1, w2 = ctx.saved_tensors
+        y, w1, b1, w2, f = ctx.saved_tensors
         g = g.contiguous()
-        f = _mm(y, w1, b1, "relu", None)
+        if f is None:
+            f = _mm(y, w1, b1, "relu", None)
         gw2, gb2 = torch.mm(g.t(), f), g.sum(0)
         gf = _mm(g, _transposed(w2), None, "none", None).masked_fill_(f <= 0, 0.0)
         del f
@@ -239,20 +248,23 @@ def feed_forward(y: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.
 
 
 class _Pointer(torch.autograd.Function):
-    """Pointer logits keeping only the node encodings: ``u`` is recomputed."""
+    """Pointer logits keeping the node encodings (and ``u`` when small: else it is
+    recomputed, see :data:`KEEP_HIDDEN`)."""
 
     @staticmethod
     def forward(ctx, enc, w_ref, query, route, v, clip):  # noqa: D102
         u = _mm(enc, w_ref, None, "tanh", query.index_select(0, route))
         t = torch.tanh(torch.mv(u, v))
         ctx.clip = clip
-        ctx.save_for_backward(enc, w_ref, query, route, v, t)
+        keep = u.numel() <= KEEP_HIDDEN
+        ctx.save_for_backward(enc, w_ref, query, route, v, t, u if keep else None)
         return clip * t
 
     @staticmethod
     def backward(ctx, g):  # noqa: D102
-        enc, w_ref, query, route, v, t = ctx.saved_tensors
-        u = _mm(enc, w_ref, None, "tanh", query.index_select(0, route))
+        enc, w_ref, query, route, v, t, u = ctx.saved_tensors
+        if u is None:
+            u = _mm(enc, w_ref, None, "tanh", query.index_select(0, route))
         gs = g * ctx.clip * (1.0 - t * t)
         gv = torch.mv(u.t(), gs)
         gpre = torch.outer(gs, v).mul_(1.0 - u * u)
