@@ -540,16 +540,17 @@ def rollout(
             fr = fr.index(~forced)
         p = dec.evaluate(fr)
         logp = torch.log_softmax(p.logits, dim=1)
+        prob = logp.exp()  # one exp for the draw and the entropy
         if greedy:
             slot = p.logits.argmax(1).index_select(0, owner)
         else:
             with torch.no_grad():
-                probs = logp.exp().index_select(0, owner)
+                probs = prob.detach().index_select(0, owner)
                 if isinstance(dec, StackedDecoder):
                     slot = _sample_members(probs, owner, fr, dec.member, list(generator))
                 else:
                     slot = _sample(probs, generator)
-        entropy = -(logp.exp() * logp.masked_fill(p.logits == float("-inf"), 0.0)).sum(1)
+        entropy = -(prob * logp.masked_fill(p.logits == float("-inf"), 0.0)).sum(1)
         steps_idx.append(live)
         steps_lp.append(logp[owner, slot])
         steps_ent.append(entropy.index_select(0, owner))
