@@ -20,13 +20,25 @@ Reports per mode, from ``torch.profiler`` on the CPU over ``--profile-epochs`` e
 
 and epochs/s with ``--threads`` threads (modes interleaved round by round, best round kept,
 since other work on the machine only slows runs down), with ratios to ``compact``.
+
+``--baseline-ref REF`` (default ``dbd4f57``, the code before issue 24's CPU work; ``none``
+skips it) runs the same measurement, same weights, seed, B and threads, in a subprocess
+on a ``git archive`` of REF's ``platform/``, next to this checkout's, and prints
+the ratios (ops: new / old, epochs/s: new / old). The baseline runs as a worker process whose
+timed rounds alternate with this checkout's (so both see the same load on a shared machine)::
+
+    PYTHONPATH=platform .venv/bin/python benchmarks/bench_ops.py --modes compact
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -116,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="fewer epochs and rounds")
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    p.add_argument("--baseline-ref", default="dbd4f57",
+                   help="git ref whose platform/ is measured first, for ratios ('none': skip)")
+    p.add_argument("--json-stdout", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
@@ -125,51 +140,163 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.quick:
         args.epochs, args.rounds, args.profile_epochs = 2, 1, 1
-    torch.set_num_threads(args.threads)
-    from optw.catalog import open_catalog
-    from optw.model import ModelConfig, PointerNet, load_model
-
-    catalog = open_catalog(args.catalog)
-    region = catalog.region(args.region)
-    weights = args.pretrained / WEIGHTS.get(args.region, "")
-    if args.region in WEIGHTS and weights.is_file():
-        model, source = load_model(weights), f"published {weights.name}"
-    else:
-        torch.manual_seed(args.seed)
-        model, source = PointerNet(ModelConfig()), f"seeded init (seed {args.seed})"
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    runners = {m: Runner(m, state, model.cfg, region, args.seed, args.batch, args.tourists)
-               for m in modes}
-    print(f"bench_ops: {args.region}, K = {args.tourists} x B = {args.batch}, weights: "
-          f"{source}, {args.threads} threads, torch {torch.__version__}", flush=True)
-    for r in runners.values():  # warm-up: kernels, caches, lazy imports
-        r.epoch()
-    ops = {}
-    for m, r in runners.items():
-        ops[m] = count_ops(r, args.profile_epochs)
-        print(f"  {m}: {ops[m]['dispatched']:.0f} ops dispatched, {ops[m]['kernels']:.0f} "
-              f"kernels, {ops[m]['aten_ops']:.0f} aten ops per epoch", flush=True)
-    best = {m: float("inf") for m in modes}
-    for _ in range(args.rounds):
-        for m, r in runners.items():
-            t0 = time.perf_counter()
-            for _ in range(args.epochs):
-                r.epoch()
-            best[m] = min(best[m], (time.perf_counter() - t0) / args.epochs)
-    base = modes[0]
-    rows = {}
-    print(f"{'mode':12} {'dispatched':>11} {'kernels':>9} {'epochs/s':>9} {'vs ' + base:>10}")
-    for m in modes:
-        eps = 1.0 / best[m]
-        rows[m] = {**ops[m], "epochs_per_s": eps, "speedup": eps * best[base]}
-        print(f"{m:12} {ops[m]['dispatched']:11.0f} {ops[m]['kernels']:9.0f} {eps:9.2f} "
-              f"{eps * best[base]:9.2f}x", flush=True)
+    if args.json_stdout:  # the baseline's worker: ops first, then one line per timed round
+        bench = Bench(args, modes, log=sys.stderr)
+        print(json.dumps(bench.ops), flush=True)
+        for line in sys.stdin:
+            if line.strip() != "round":
+                break
+            print(json.dumps(bench.round()), flush=True)
+        return 0
+    base = None
+    if args.baseline_ref.lower() != "none":
+        try:
+            base = Baseline(args, argv if argv is not None else sys.argv[1:])
+        except (RuntimeError, OSError, ValueError) as e:
+            print(f"bench_ops: error: --baseline-ref {args.baseline_ref}: {e}", file=sys.stderr)
+            return 2
+    try:
+        bench = Bench(args, modes)
+        best = {m: float("inf") for m in modes}
+        base_best = dict(best)
+        for _ in range(args.rounds):  # rounds interleaved with the baseline's: same load
+            if base is not None:
+                for m, sec in base.round().items():
+                    base_best[m] = min(base_best[m], sec)
+            for m, sec in bench.round().items():
+                best[m] = min(best[m], sec)
+    finally:
+        if base is not None:
+            base.close()
+    out = bench.summary(best)
+    if base is not None:
+        base_rows = bench.summary(base_best, base.ops, log=None)
+        print(f"vs {args.baseline_ref} (same run, rounds interleaved):")
+        print(f"{'mode':12} {'ops old':>9} {'ops new':>9} {'ops x':>7} "
+              f"{'ep/s old':>9} {'ep/s new':>9} {'speed x':>8}")
+        for m in modes:
+            o, n = base_rows["modes"][m], out["modes"][m]
+            print(f"{m:12} {o['dispatched']:9.0f} {n['dispatched']:9.0f} "
+                  f"{n['dispatched'] / o['dispatched']:7.3f} {o['epochs_per_s']:9.2f} "
+                  f"{n['epochs_per_s']:9.2f} {n['epochs_per_s'] / o['epochs_per_s']:7.2f}x",
+                  flush=True)
+        out["baseline"] = {"ref": args.baseline_ref, **base_rows}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"region": args.region, "batch": args.batch,
-                                        "tourists": args.tourists, "threads": args.threads,
-                                        "weights": source, "modes": rows}, indent=2))
+        args.out.write_text(json.dumps(out, indent=2))
     return 0
+
+
+class Baseline:
+    """The same measurement on ``git archive REF platform/``, in a worker subprocess: its op
+    counts on start, then one timed round per :meth:`round`."""
+
+    def __init__(self, args: argparse.Namespace, argv: list[str]):
+        self.tmp = tempfile.TemporaryDirectory(prefix="bench_ops_base_")
+        tmp = self.tmp.name
+        tar = Path(tmp) / "platform.tar"
+        with tar.open("wb") as f:
+            proc = subprocess.run(["git", "-C", str(ROOT), "archive", args.baseline_ref,
+                                   "platform"], stdout=f, stderr=subprocess.PIPE)
+        if proc.returncode != 0:
+            self.tmp.cleanup()
+            raise RuntimeError(proc.stderr.decode(errors="replace").strip().splitlines()[-1])
+        with tarfile.open(tar) as t:
+            t.extractall(tmp, filter="data")
+        from optw.paths import catalog_dir
+
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(Path(tmp) / "platform"), str(ROOT / "benchmarks")]),
+            # the archive has no catalog of its own: this checkout's
+            "OPTW_CATALOG": str(Path(args.catalog or catalog_dir()).resolve())}
+        cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--json-stdout",
+               "--baseline-ref", "none"]
+        print(f"bench_ops: baseline {args.baseline_ref} (git archive, worker subprocess)",
+              flush=True)
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.ops = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            self.close()
+            raise RuntimeError(f"the baseline's worker stopped (exit {self.proc.wait()})")
+        return json.loads(line)
+
+    def round(self) -> dict[str, float]:
+        self.proc.stdin.write("round\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+            self.proc.wait()
+        self.tmp.cleanup()
+
+
+class Bench:
+    """Runners of every mode for the ``optw`` on the path: op counts, then timed rounds."""
+
+    def __init__(self, args: argparse.Namespace, modes: list[str], log=sys.stdout):
+        torch.set_num_threads(args.threads)
+        from optw.catalog import open_catalog
+        from optw.model import ModelConfig, PointerNet, load_model
+
+        self.args, self.modes, self.log = args, modes, log
+        catalog = open_catalog(args.catalog)
+        region = catalog.region(args.region)
+        weights = args.pretrained / WEIGHTS.get(args.region, "")
+        if args.region in WEIGHTS and weights.is_file():
+            model, self.source = load_model(weights), f"published {weights.name}"
+        else:
+            torch.manual_seed(args.seed)
+            model, self.source = PointerNet(ModelConfig()), f"seeded init (seed {args.seed})"
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        self.runners = {m: Runner(m, state, model.cfg, region, args.seed, args.batch,
+                                  args.tourists) for m in modes}
+        import optw
+        print(f"bench_ops: {args.region}, K = {args.tourists} x B = {args.batch}, weights: "
+              f"{self.source}, {args.threads} threads, torch {torch.__version__}, optw from "
+              f"{Path(optw.__file__).parent}", flush=True, file=log)
+        for r in self.runners.values():  # warm-up: kernels, caches, lazy imports
+            r.epoch()
+        self.ops = {}
+        for m, r in self.runners.items():
+            self.ops[m] = count_ops(r, args.profile_epochs)
+            print(f"  {m}: {self.ops[m]['dispatched']:.0f} ops dispatched, "
+                  f"{self.ops[m]['kernels']:.0f} kernels, {self.ops[m]['aten_ops']:.0f} aten "
+                  "ops per epoch", flush=True, file=log)
+
+    def round(self) -> dict[str, float]:
+        """Seconds per epoch of each mode over ``--epochs`` epochs."""
+        out = {}
+        for m, r in self.runners.items():
+            t0 = time.perf_counter()
+            for _ in range(self.args.epochs):
+                r.epoch()
+            out[m] = (time.perf_counter() - t0) / self.args.epochs
+        return out
+
+    def summary(self, best: dict[str, float], ops: dict | None = None, log=False) -> dict:
+        """The figures (best seconds per epoch -> epochs/s), printed unless ``log`` is None."""
+        ops = self.ops if ops is None else ops
+        log = self.log if log is False else log
+        base = self.modes[0]
+        rows = {}
+        if log is not None:
+            print(f"{'mode':12} {'dispatched':>11} {'kernels':>9} {'epochs/s':>9} "
+                  f"{'vs ' + base:>10}", file=log)
+        for m in self.modes:
+            eps = 1.0 / best[m]
+            rows[m] = {**ops[m], "epochs_per_s": eps, "speedup": eps * best[base]}
+            if log is not None:
+                print(f"{m:12} {ops[m]['dispatched']:11.0f} {ops[m]['kernels']:9.0f} "
+                      f"{eps:9.2f} {eps * best[base]:9.2f}x", flush=True, file=log)
+        a = self.args
+        return {"region": a.region, "batch": a.batch, "tourists": a.tourists,
+                "threads": a.threads, "weights": self.source, "modes": rows}
 
 
 if __name__ == "__main__":

@@ -411,3 +411,34 @@ def test_beam_widths_have_one_home():
         with pytest.raises(ValueError, match=f"{limits.MIN_BEAMS}..{limits.MAX_BEAMS}"):
             check_beams(bad)
     assert typing.get_type_hints(Solution)["tourist"] == int | str
+
+
+def test_decoder_lean_step_and_feature_table_match_the_environment(catalog, untrained):
+    """The training rollout's lean child states (ids, node, time, mask only) and the
+    per-rollout integer feature table give exactly what ``step`` and ``node_features`` give,
+    over a few random admissible moves of 8 tourists (issue 24's op cuts stay exact)."""
+    from optw.decode.core import Decoder
+    from optw.env import node_features, reset, step
+
+    region = catalog.region("t101")
+    inst = make_instances(region, catalog.validation("t101")[:8])
+    lean = Decoder(untrained, inst, track_routes=False)
+    full = reset(inst)
+    full = step(inst, full, torch.zeros(8, dtype=torch.long))
+    small = type(full)(full.ids, full.current, full.time_u, None, full.mask, None, None)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        choice = full.mask.clone()
+        choice[:, -1] = False
+        live = choice.any(1).nonzero().squeeze(1)
+        if not live.numel():
+            break
+        action = torch.multinomial(choice[live].float(), 1, generator=g).squeeze(1)
+        full = step(inst, full.index(live), action, check=False)
+        small = lean.child_state(small, live, action)
+        for name in ("ids", "current", "time_u", "mask"):
+            assert torch.equal(getattr(full, name), getattr(small, name)), name
+        route, node = full.mask.nonzero(as_tuple=True)
+        ids, cur, t = (x.index_select(0, route) for x in (full.ids, full.current, full.time_u))
+        want = node_features(inst, ids, cur, t, node.unsqueeze(1)).squeeze(1)
+        assert torch.equal(lean.features(ids, cur, t, ids * inst.n_nodes + node, node), want)

@@ -30,7 +30,7 @@ import torch
 
 from optw.decode.static import ROLLOUTS, static_rollout
 from optw.env.instances import Instances
-from optw.env.state import State, graph_mask, node_features, reset, step
+from optw.env.state import State, graph_mask, reset, step
 from optw.model.network import Bucket, Layout, PointerNet
 from optw.model.stacked import Groups, StackedPointerNet
 
@@ -167,15 +167,68 @@ class Decoder:
     """Runs the model over routes of ``inst``. ``compact=False`` keeps every node as a row at
     every step (the authors' computation, for checks and comparisons)."""
 
-    def __init__(self, model: PointerNet, inst: Instances, compact: bool = True):
+    def __init__(self, model: PointerNet, inst: Instances, compact: bool = True,
+                 track_routes: bool = True):
         self.model = model
         self.inst = inst
         self.compact = compact
+        #: without: states carry only what the next passes need (see :meth:`child_state`)
+        self.track_routes = track_routes
         self.n = inst.n_nodes
         self.end = inst.n_nodes - 1
         self.graph = model.cfg.graph
         emb = self._embed_static()  # [K, n, d/2], shared by all routes
         self.static_emb = emb.reshape(-1, emb.shape[-1])
+        self._features_init()
+        # every layer's key weight, concatenated once per rollout (not once per pass)
+        self.key_weight = (model.key_weight() if isinstance(model, PointerNet)
+                           and model.cfg.recursion else None)
+
+    def _features_init(self) -> None:
+        """Tables for :meth:`features`: the dynamic features are ``const[node] + t·ft + d·fd``
+        in exact integer time units (``d`` the travel time from the current node), divided by
+        the tourist's span."""
+        inst, n = self.inst, self.n
+        k = inst.n_tourists
+        ts = inst.t_start_u.view(k, 1).expand(k, n)
+        te = inst.t_end_u.view(k, 1).expand(k, n)
+        o, c = inst.node_u[..., 0], inst.node_u[..., 1]
+        self._feat_const = torch.stack([o, c, te, -ts, -ts, o, c, te], -1).view(k * n, 8)
+        self._feat_span = (inst.t_end_u - inst.t_start_u).to(torch.float32)
+        i32 = dict(dtype=self._feat_const.dtype, device=inst.device)
+        self._feat_t = torch.tensor([-1, -1, -1, 1, 1, -1, -1, -1], **i32)
+        self._feat_d = torch.tensor([0, 0, 0, 0, 1, -1, -1, -1], **i32)
+        self._latest = inst.node_u[..., 3].contiguous()  # [K, n]
+
+    def child_state(self, state: State, parent: torch.Tensor, action: torch.Tensor) -> State:
+        """``step(state.index(parent), action)`` for actions other than the end. Without
+        ``track_routes`` only ids, current node, time and mask are carried (visited nodes are
+        out of the carried mask already, so clearing ``action`` is the whole visit)."""
+        if self.track_routes:
+            return step(self.inst, state.index(parent), action, check=False)
+        inst, n = self.inst, self.n
+        ids = state.ids.index_select(0, parent)
+        base = ids * n
+        travel = inst.dist_u.view(-1).take(
+            (base + state.current.index_select(0, parent)) * n + action)
+        node = inst.node_u.view(-1, 4).index_select(0, base + action)  # [R, 4]
+        time_u = torch.maximum(state.time_u.index_select(0, parent) + travel,
+                               node[:, 0]) + node[:, 2]
+        arrival = time_u.unsqueeze(1) + inst.dist_u.view(-1, n).index_select(0, base + action)
+        mask = state.mask.index_select(0, parent) & (
+            arrival <= self._latest.index_select(0, ids))
+        mask.index_put_((torch.arange(action.shape[0], device=action.device), action),
+                        torch.tensor(False, device=action.device))
+        return State(ids, action, time_u, None, mask, None, None)
+
+    def features(self, ids: torch.Tensor, cur: torch.Tensor, t: torch.Tensor,
+                 flat: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
+        """:func:`~optw.env.state.node_features` of rows (``flat = ids·n + node``), [N, 8]:
+        the same integers, in fewer operations."""
+        d = self.inst.dist_u.view(-1).take((ids * self.n + cur) * self.n + node)
+        feats = torch.addr(torch.addr(self._feat_const.index_select(0, flat), t, self._feat_t),
+                           d, self._feat_d)
+        return feats.to(torch.float32) / self._feat_span.index_select(0, ids).unsqueeze(1)
 
     def _embed_static(self) -> torch.Tensor:
         return self.model.embed_static(self.inst.static)
@@ -195,16 +248,18 @@ class Decoder:
                 count: torch.Tensor) -> Layout:
         """Attention buckets for the packed rows, with the graph Ad of each."""
         dev = node.device
-        r, n_rows = count.shape[0], node.shape[0]
+        n_rows = node.shape[0]
         offsets = torch.cumsum(count, 0) - count
         order = torch.argsort(count, descending=True, stable=True)
         plan = plan_buckets(count.index_select(0, order).tolist())
-        width = torch.repeat_interleave(
-            torch.tensor([w for _, w in plan], device=dev),
-            torch.tensor([g for g, _ in plan], device=dev), output_size=r)
-        start_sorted = torch.cumsum(width, 0) - width
-        row_start = torch.empty_like(start_sorted).index_copy_(0, order, start_sorted)
-        total = int(width.sum())
+        widths = [w for g, w in plan for _ in range(g)]  # per route, in sorted order
+        starts, total = [], 0
+        for w in widths:
+            starts.append(total)
+            total += w
+        width = torch.tensor(widths, dtype=count.dtype, device=dev)
+        row_start = torch.empty_like(width).index_copy_(
+            0, order, torch.tensor(starts, dtype=count.dtype, device=dev))
         att_route = torch.repeat_interleave(order, width, output_size=total)
         slot = torch.arange(total, device=dev) - row_start.index_select(0, att_route)
         cnt = count.index_select(0, att_route)
@@ -215,17 +270,41 @@ class Decoder:
         valid = slot < cnt
         if not self.compact:  # rows of inadmissible nodes are computed, never attended to
             valid &= state.mask.view(-1).index_select(0, att_route * self.n + att_node)
-        buckets, first = [], 0
-        for g, w in plan:
-            routes = order[first:first + g]
-            start = int(row_start[routes[0]])
-            rows = slice(start, start + g * w)
-            adj = graph_mask(self.inst, *self.state_rows(state, routes),
-                             att_node[rows].view(g, w), valid[rows].view(g, w), self.graph)
-            buckets.append(Bucket(start, g, w, Layout.graph_bias(adj)))
-            first += g
+        buckets = self._graph_buckets(state, plan, order, att_route, att_node, valid)
         # padding rows (copies of row 0) go through the row-wise blocks only
         return Layout(with_padding(route), gather, with_padding(back), buckets)
+
+    def _graph_buckets(self, state: State, plan: list[tuple[int, int]], order: torch.Tensor,
+                       att_route: torch.Tensor, att_node: torch.Tensor,
+                       valid: torch.Tensor) -> list[Bucket]:
+        """The buckets of ``plan`` with their attention bias: :func:`graph_mask` of each, its
+        row-wise parts (leaving time, latest start) computed once for all padded rows."""
+        buckets, first, start = [], 0, 0
+        if self.graph != "lookahead":
+            for g, w in plan:
+                routes = order[first:first + g]
+                rows = slice(start, start + g * w)
+                adj = graph_mask(self.inst, *self.state_rows(state, routes),
+                                 att_node[rows].view(g, w), valid[rows].view(g, w), self.graph)
+                buckets.append(Bucket(start, g, w, Layout.graph_bias(adj)))
+                first, start = first + g, start + g * w
+            return buckets
+        inst, n = self.inst, self.n
+        ids, cur, t = self.state_rows(state, att_route)
+        base = ids * n
+        table = inst.node_u.view(-1, 4).index_select(0, base + att_node)  # [T, 4]
+        arrival = t + inst.dist_u.view(-1).take((base + cur) * n + att_node)
+        leave = torch.maximum(arrival, table[:, 0]) + table[:, 2]
+        latest, row_key, dist = table[:, 3], (base + att_node) * n, inst.dist_u.view(-1)
+        for g, w in plan:
+            rows = slice(start, start + g * w)
+            sub = dist.take(row_key[rows].view(g, w, 1) + att_node[rows].view(g, 1, w))
+            ok = (leave[rows].view(g, w, 1) + sub) <= latest[rows].view(g, 1, w)
+            ok &= valid[rows].view(g, 1, w)
+            ok |= torch.eye(w, dtype=torch.bool, device=ok.device)
+            buckets.append(Bucket(start, g, w, Layout.graph_bias(ok)))
+            start += g * w
+        return buckets
 
     def _pass(self, state: State, node: torch.Tensor, route: torch.Tensor, count: torch.Tensor,
               fr: Frontier | None) -> Pass:
@@ -235,12 +314,13 @@ class Decoder:
         layout = self._layout(state, node, route, count)
         node_x = with_padding(node)
         ids, cur, t = self.state_rows(state, layout.route)
-        static = self.static_emb.index_select(0, ids * self.n + node_x)
-        dyn = node_features(self.inst, ids, cur, t, node_x.unsqueeze(1)).squeeze(1)
-        x = self.model.embed(static, dyn)
+        flat = ids * self.n + node_x
+        static = self.static_emb.index_select(0, flat)
+        x = self.model.embed(static, self.features(ids, cur, t, flat, node_x))
         if fr is None:
-            return Pass(self.model.encode(x, x, layout), None, None, None)  # type: ignore
-        enc = self.model.encode(x, fr.prev, layout, fr.src)
+            return Pass(self.model.encode(x, x, layout, key_weight=self.key_weight),
+                        None, None, None)  # type: ignore
+        enc = self.model.encode(x, fr.prev, layout, fr.src, self.key_weight)
         h, c = self.model.lstm(fr.lstm_in, (fr.h, fr.c))
         logits = self.model.pointer(enc, h, layout.route)[:node.shape[0]]
         if not self.compact:
@@ -260,11 +340,13 @@ class Decoder:
         e0 = self._pass(s0, node, route, count, None).enc
         lstm_in = e0.index_select(0, torch.cumsum(count, 0) - count)  # node 0 leads each route
         s1 = step(self.inst, s0, torch.zeros(r, dtype=torch.long, device=ids.device), check=False)
-        keep = self._keep(s1, node, route)
-        route = route[keep]
+        if not self.track_routes:
+            s1 = State(s1.ids, s1.current, s1.time_u, None, s1.mask, None, None)
+        keep = self._keep(s1, node, route).nonzero().squeeze(1)
+        route = route.index_select(0, keep)
         h, c = self._initial_state(s0)
-        return Frontier(s1, node[keep], route, torch.bincount(route, minlength=r), e0,
-                        keep.nonzero().squeeze(1), h, c, lstm_in)
+        return Frontier(s1, node.index_select(0, keep), route,
+                        torch.bincount(route, minlength=r), e0, keep, h, c, lstm_in)
 
     def _initial_state(self, s0: State) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model.initial_state(s0.n_routes)
@@ -278,13 +360,14 @@ class Decoder:
         its parent's row number ``slot[C]`` (never the end node)."""
         chosen = fr.offsets().index_select(0, parent) + slot
         action = fr.node.index_select(0, chosen)
-        state = step(self.inst, fr.state.index(parent), action, check=False)
+        state = self.child_state(fr.state, parent, action)
         src, child = rows_of(fr.count, parent)
         node = fr.node.index_select(0, src)
-        keep = self._keep(state, node, child)
-        src, child = src[keep], child[keep]
+        keep = self._keep(state, node, child).nonzero().squeeze(1)
+        src, child = src.index_select(0, keep), child.index_select(0, keep)
         return Frontier(
-            state, node[keep], child, torch.bincount(child, minlength=parent.shape[0]),
+            state, node.index_select(0, keep), child,
+            torch.bincount(child, minlength=parent.shape[0]),
             p.enc, src, p.h.index_select(0, parent), p.c.index_select(0, parent),
             p.enc.index_select(0, chosen),
         )
@@ -300,13 +383,13 @@ class StackedDecoder(Decoder):
     members at once (their rows in one padded table per block)."""
 
     def __init__(self, model: StackedPointerNet, inst: Instances, member: torch.Tensor,
-                 compact: bool = True):
+                 compact: bool = True, track_routes: bool = True):
         if member.shape != (inst.n_tourists,):
             raise ValueError(f"member has shape {tuple(member.shape)}, expected one entry per "
                              f"tourist ({inst.n_tourists})")
         self.member = member.to(device=inst.device, dtype=torch.long)
         self.p = model.n_members
-        super().__init__(model, inst, compact)  # type: ignore[arg-type]
+        super().__init__(model, inst, compact, track_routes)  # type: ignore[arg-type]
 
     def _embed_static(self) -> torch.Tensor:
         return self.model.embed_static(self.inst.static, Groups.of(self.member, self.p))
@@ -320,9 +403,9 @@ class StackedDecoder(Decoder):
         layout = self._layout(state, node, route, count)
         ids, cur, t = self.state_rows(state, route)
         rows = Groups.of(self.member.index_select(0, ids), self.p)
-        static = self.static_emb.index_select(0, ids * self.n + node)
-        dyn = node_features(self.inst, ids, cur, t, node.unsqueeze(1)).squeeze(1)
-        x = model.embed(static, dyn, rows)
+        flat = ids * self.n + node
+        static = self.static_emb.index_select(0, flat)
+        x = model.embed(static, self.features(ids, cur, t, flat, node), rows)
         if fr is None:
             return Pass(rows.gather(model.encode(x, x, layout, rows)), None, None, None)  # type: ignore
         enc = model.encode(x, rows.scatter(fr.prev.index_select(0, fr.src)), layout, rows)
@@ -424,13 +507,13 @@ def rollout(
         if member is None or not isinstance(generator, (list, tuple)) and not greedy:
             raise ValueError("a pack's rollout needs member (per tourist) and a list of "
                              "generators (one per member)")
-        dec: Decoder = StackedDecoder(model, instances, member, compact)
+        dec: Decoder = StackedDecoder(model, instances, member, compact, track_routes=False)
         if not bool((member[1:] >= member[:-1]).all()):
             raise ValueError("a pack's tourists must be grouped by member in ascending order")
         if ids is not None and not bool((ids[1:] >= ids[:-1]).all()):
             raise ValueError("a pack's routes must be in tourist order")
     else:
-        dec = Decoder(model, instances, compact)
+        dec = Decoder(model, instances, compact, track_routes=False)
     n, end = dec.n, dec.end
     r = ids.shape[0]
     routes = torch.full((r, n + 1), -1, dtype=torch.long, device=dev)
@@ -457,16 +540,17 @@ def rollout(
             fr = fr.index(~forced)
         p = dec.evaluate(fr)
         logp = torch.log_softmax(p.logits, dim=1)
+        prob = logp.exp()  # one exp for the draw and the entropy
         if greedy:
             slot = p.logits.argmax(1).index_select(0, owner)
         else:
             with torch.no_grad():
-                probs = logp.exp().index_select(0, owner)
+                probs = prob.detach().index_select(0, owner)
                 if isinstance(dec, StackedDecoder):
                     slot = _sample_members(probs, owner, fr, dec.member, list(generator))
                 else:
                     slot = _sample(probs, generator)
-        entropy = -(logp.exp() * logp.masked_fill(p.logits == float("-inf"), 0.0)).sum(1)
+        entropy = -(prob * logp.masked_fill(p.logits == float("-inf"), 0.0)).sum(1)
         steps_idx.append(live)
         steps_lp.append(logp[owner, slot])
         steps_ent.append(entropy.index_select(0, owner))

@@ -33,15 +33,19 @@ GRAPHS = ("lookahead", "complete")
 
 @dataclass(frozen=True, eq=False)
 class State:
-    """R partial routes. ``time_u`` is the current time in units (hundredths of a minute)."""
+    """R partial routes. ``time_u`` is the current time in units (hundredths of a minute).
+
+    A decoder that needs only the admissible nodes (the training rollout) may carry states
+    with ``visited``, ``done`` and ``route`` left out (None): not-done routes whose visited
+    nodes are already out of ``mask``; :func:`step` and :func:`reward` need them."""
 
     ids: torch.Tensor  # [R] int64 tourist index into the Instances
     current: torch.Tensor  # [R] int64 current node
     time_u: torch.Tensor  # [R] int32
-    visited: torch.Tensor  # [R, n] bool
+    visited: torch.Tensor | None  # [R, n] bool
     mask: torch.Tensor  # [R, n] bool admissible next nodes
-    done: torch.Tensor  # [R] bool (end node chosen)
-    route: torch.Tensor  # [R, L] int64 chosen nodes so far (start first); -1 after done
+    done: torch.Tensor | None  # [R] bool (end node chosen)
+    route: torch.Tensor | None  # [R, L] int64 chosen nodes so far (start first); -1 after done
 
     @property
     def n_routes(self) -> int:
@@ -56,7 +60,8 @@ class State:
         """The sub-batch of routes ``idx`` (an index tensor or a bool mask)."""
         if idx.dtype == torch.bool:
             idx = idx.nonzero().squeeze(1)
-        return State(**{f.name: getattr(self, f.name).index_select(0, idx) for f in fields(self)})
+        return State(**{f.name: None if getattr(self, f.name) is None
+                        else getattr(self, f.name).index_select(0, idx) for f in fields(self)})
 
 
 def _dist_rows(inst: Instances, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -64,6 +64,24 @@ def _mm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, act: str,
     return op(x, w, b, act, [], "")
 
 
+_WT: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
+
+
+def _transposed(w: torch.Tensor) -> torch.Tensor:
+    """``w.t().contiguous()``, made once per weight until it changes (its version counter
+    and storage), not once per use: a backward through T decoding steps uses each weight T
+    times (the same values, T - 1 transposed copies fewer)."""
+    entry = _WT.get(id(w))
+    if (entry is not None and entry[0]() is w and entry[1] == w._version
+            and entry[2] == w.data_ptr()):
+        return entry[3]
+    wt = w.detach().t().contiguous()
+    if len(_WT) > 256:  # weights long gone
+        _WT.clear()
+    _WT[id(w)] = (weakref.ref(w), w._version, w.data_ptr(), wt)
+    return wt
+
+
 def _grad_needed(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
@@ -102,7 +120,7 @@ class _OneDNNLinear(torch.autograd.Function):
             g = g * (1.0 - y * y)
         g = g.contiguous()
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        gx = _mm(g, w.t().contiguous(), None, "none", None) if need_x else None
+        gx = _mm(g, _transposed(w), None, "none", None) if need_x else None
         gw = torch.mm(g.t(), x) if need_w else None
         gb = g.sum(0) if need_b else None
         return gx, gw, gb, None, (g if ctx.has_other else None)
@@ -190,25 +208,34 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
+#: Hidden activations of at most this many elements are kept for the backward; larger ones
+#: are recomputed there (the same values: the same kernel on the same inputs). Small passes
+#: (most decoding steps) save a matrix product; big ones keep memory low.
+KEEP_HIDDEN = 1 << 19
+
+
 class _FeedForward(torch.autograd.Function):
-    """``y + W2 relu(W1 y + b1) + b2`` keeping only ``y``: the hidden layer is recomputed."""
+    """``y + W2 relu(W1 y + b1) + b2`` keeping ``y`` (and the hidden layer when small: else
+    it is recomputed)."""
 
     @staticmethod
     def forward(ctx, y, w1, b1, w2, b2):  # noqa: D102
         f = _mm(y, w1, b1, "relu", None)
-        ctx.save_for_backward(y, w1, b1, w2)
+        ctx.keep = f.numel() <= KEEP_HIDDEN
+        ctx.save_for_backward(y, w1, b1, w2, f if ctx.keep else None)
         return _mm(f, w2, b2, "none", y)
 
     @staticmethod
     def backward(ctx, g):  # noqa: D102
-        y, w1, b1, w2 = ctx.saved_tensors
+        y, w1, b1, w2, f = ctx.saved_tensors
         g = g.contiguous()
-        f = _mm(y, w1, b1, "relu", None)
+        if f is None:
+            f = _mm(y, w1, b1, "relu", None)
         gw2, gb2 = torch.mm(g.t(), f), g.sum(0)
-        gf = _mm(g, w2.t().contiguous(), None, "none", None).masked_fill_(f <= 0, 0.0)
+        gf = _mm(g, _transposed(w2), None, "none", None).masked_fill_(f <= 0, 0.0)
         del f
         gw1, gb1 = torch.mm(gf.t(), y), gf.sum(0)
-        gy = _mm(gf, w1.t().contiguous(), None, "none", g)
+        gy = _mm(gf, _transposed(w1), None, "none", g)
         return gy, gw1, gb1, gw2, gb2
 
 
@@ -221,25 +248,28 @@ def feed_forward(y: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.
 
 
 class _Pointer(torch.autograd.Function):
-    """Pointer logits keeping only the node encodings: ``u`` is recomputed."""
+    """Pointer logits keeping the node encodings (and ``u`` when small: else it is
+    recomputed, see :data:`KEEP_HIDDEN`)."""
 
     @staticmethod
     def forward(ctx, enc, w_ref, query, route, v, clip):  # noqa: D102
         u = _mm(enc, w_ref, None, "tanh", query.index_select(0, route))
         t = torch.tanh(torch.mv(u, v))
         ctx.clip = clip
-        ctx.save_for_backward(enc, w_ref, query, route, v, t)
+        keep = u.numel() <= KEEP_HIDDEN
+        ctx.save_for_backward(enc, w_ref, query, route, v, t, u if keep else None)
         return clip * t
 
     @staticmethod
     def backward(ctx, g):  # noqa: D102
-        enc, w_ref, query, route, v, t = ctx.saved_tensors
-        u = _mm(enc, w_ref, None, "tanh", query.index_select(0, route))
+        enc, w_ref, query, route, v, t, u = ctx.saved_tensors
+        if u is None:
+            u = _mm(enc, w_ref, None, "tanh", query.index_select(0, route))
         gs = g * ctx.clip * (1.0 - t * t)
         gv = torch.mv(u.t(), gs)
         gpre = torch.outer(gs, v).mul_(1.0 - u * u)
         del u
-        g_enc = _mm(gpre, w_ref.t().contiguous(), None, "none", None)
+        g_enc = _mm(gpre, _transposed(w_ref), None, "none", None)
         g_w = torch.mm(gpre.t(), enc)
         g_query = torch.zeros_like(query).index_add_(0, route, gpre)
         return g_enc, g_w, g_query, None, gv, None

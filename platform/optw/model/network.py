@@ -84,8 +84,7 @@ class Layout:
     @staticmethod
     def graph_bias(adj: torch.Tensor) -> torch.Tensor:
         """Attention bias [R, 1, m, m] from the bool graph ``adj[R, m, m]``."""
-        bias = torch.zeros(adj.shape, dtype=torch.float32, device=adj.device)
-        return bias.masked_fill_(~adj, MASKED_SCORE).unsqueeze(1)
+        return torch.where(adj, 0.0, MASKED_SCORE).unsqueeze(1)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
@@ -101,13 +100,18 @@ def bucket_attention(q_all: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tens
     kernel's output when there is one bucket)."""
     d = q_all.shape[1]
     dk = d // n_heads
+    buckets = layout.buckets
+    if len(buckets) == 1:  # no split: one slice less per table (and per backward)
+        parts = [(q_all, k_all, v_all)]
+    else:  # one split per table (its backward is one cat, not a zero-filled copy per slice)
+        sizes = [b.n_routes * b.width for b in buckets]
+        parts = list(zip(q_all.split(sizes), k_all.split(sizes), v_all.split(sizes), strict=True))
     outs = []
-    for b in layout.buckets:
+    for b, (q, k, v) in zip(buckets, parts, strict=True):
         r, m = b.n_routes, b.width
-        rows = slice(b.start, b.stop)
-        q = q_all[rows].view(r, m, n_heads, dk).transpose(1, 2)
-        v = v_all[rows].view(r, m, n_heads, dk).transpose(1, 2)
-        k = k_all[rows].view(r, m, n_heads, dk).transpose(1, 2)
+        q = q.view(r, m, n_heads, dk).transpose(1, 2)
+        v = v.view(r, m, n_heads, dk).transpose(1, 2)
+        k = k.view(r, m, n_heads, dk).transpose(1, 2)
         o = attention(q, k, v, b.bias, 1.0 / math.sqrt(dk))
         outs.append(o.transpose(1, 2).reshape(r * m, d))
     return outs[0] if len(outs) == 1 else torch.cat(outs)
@@ -131,10 +135,10 @@ class EncoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, keys: torch.Tensor, layout: Layout) -> torch.Tensor:
         """``x`` packed rows [N, d]; ``keys`` projected and gathered to the padded table [T, d]."""
         d = x.shape[1]
-        qv = linear(x, self.qv.weight)
+        q, v = linear(x, self.qv.weight).split(d, dim=1)
         # separate contiguous gathers: the attention kernel then keeps them without copies
-        q_all = qv[:, :d].index_select(0, layout.gather)
-        v_all = qv[:, d:].index_select(0, layout.gather)
+        q_all = q.index_select(0, layout.gather)
+        v_all = v.index_select(0, layout.gather)
         o = bucket_attention(q_all, keys, v_all, layout, self.n_heads)  # [T, d]
         # projecting in the padded layout keeps only the kernel's output for the backward
         z = linear(o, self.out.weight, self.out.bias).index_select(0, layout.back) + x
@@ -211,24 +215,31 @@ class PointerNet(nn.Module):
         rec: torch.Tensor,
         layout: Layout,
         rec_rows: torch.Tensor | None = None,
+        key_weight: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One set-encoder pass over the packed rows ``x[N, d]`` of ``layout``. ``rec`` is the
         previous pass's final output (recursion; the first pass uses ``x`` itself), ``rec_rows``
         the row of ``rec`` for each row of ``x`` (None: the same rows); ignored without
         recursion. The keys are projected from ``rec`` as it is, then gathered: rows shared by
-        several routes (beam siblings) are projected once and nothing is copied."""
+        several routes (beam siblings) are projected once and nothing is copied.
+        ``key_weight``: :meth:`key_weight`, when the caller made it once for many passes."""
         layers = self.layers
         d = x.shape[1]
         if self.cfg.recursion:
-            w = torch.cat([layer.k.weight for layer in layers])
+            w = self.key_weight() if key_weight is None else key_weight
             keys = linear(rec, w)  # every layer's keys in one product
             rows = layout.gather if rec_rows is None else rec_rows.index_select(0, layout.gather)
-            for i, layer in enumerate(layers):
-                x = layer(x, keys[:, i * d:(i + 1) * d].index_select(0, rows), layout)
+            for layer, k in zip(layers, keys.split(d, dim=1), strict=True):
+                x = layer(x, k.index_select(0, rows), layout)
         else:
             for layer in layers:
                 x = layer(x, linear(x, layer.k.weight).index_select(0, layout.gather), layout)
         return x
+
+    def key_weight(self) -> torch.Tensor:
+        """Every layer's key projection in one weight ``[n_layers·d, d]`` (a decoder makes it
+        once per rollout: one concatenation, and one split in the backward, per rollout)."""
+        return torch.cat([layer.k.weight for layer in self.layers])
 
     def encode_dense(self, x: torch.Tensor, rec: torch.Tensor, bias: torch.Tensor,
                      ) -> torch.Tensor:
