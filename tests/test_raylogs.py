@@ -65,7 +65,8 @@ def test_the_hook_runs_in_a_jobs_actor_process():
     Ray Train's controller is) has the filter installed by the job's worker setup hook
     (RUNTIME_ENV; it must not run outside a worker: it would start a Ray of its own). The hook
     imports nothing heavy: every worker process runs it (once it imported torch through
-    optw.distributed, seconds of CPU per process)."""
+    optw.distributed, seconds of CPU per process), and the process runs at nice 0, not Ray's 15
+    (RAY_ENV)."""
     assert RUNTIME_ENV["worker_process_setup_hook"] == "optw.raylocal.setup_worker"
     with local_ray(num_cpus=1, object_store_mb=100) as ray:
 
@@ -80,6 +81,13 @@ def test_the_hook_runs_in_a_jobs_actor_process():
 
                 return [m for m in ("torch", "mlflow", "optw.distributed") if m in sys.modules]
 
+            def niceness(self) -> int:
+                import os
+
+                return os.nice(0)
+
         probe = Probe.remote()
         assert ray.get(probe.filters.remote(), timeout=120) == ["TransientRayTimeouts"]
         assert ray.get(probe.heavy.remote(), timeout=120) == []
+        # Ray's default nice 15 starved the job's workers beside any other busy process
+        assert ray.get(probe.niceness.remote(), timeout=120) == 0

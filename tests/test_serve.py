@@ -100,8 +100,13 @@ def serve_champions(catalog, regions, root: Path, check_interval: float):
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory, tiny_catalog) -> Service:
-    """The planner on a free loopback port, registry in a temporary sqlite store."""
-    yield from serve_champions(tiny_catalog, SERVED, tmp_path_factory.mktemp("planner"), 0.5)
+    """The planner on a free loopback port, registry in a temporary sqlite store; each served
+    region's model loaded by a first plan (which may get 503 while it loads on a busy
+    machine), so the tests see the steady state."""
+    for svc in serve_champions(tiny_catalog, SERVED, tmp_path_factory.mktemp("planner"), 0.5):
+        for rid in SERVED:
+            assert _first_plan(f"{svc.url}/plan", {"region": rid, "method": "greedy"})[0] == 200
+        yield svc
 
 
 def _first_plan(url: str, body: dict[str, Any]) -> tuple[int, dict]:

@@ -28,6 +28,12 @@ RAY_ENV: dict[str, str] = {
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     # no usage statistics are sent, and Ray says nothing about them
     "RAY_USAGE_STATS_ENABLED": "0",
+    # Ray Serve (the planner on a cluster the job started) kills an HTTP proxy not ready in 5 s
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+    # Ray starts its workers at nice 15: beside any other busy process on the machine the
+    # training and evaluation workers got a few % of a core (the planner's replica 4 % beside
+    # two busy processes); at 0 they share the CPU fairly
+    "RAY_worker_niceness": "0",
 }
 #: What the embedded head (``ray start`` in jobs/embedded.sh) adds: Ray >= 2.59 protects a
 #: local cluster with a token; saying so explicitly makes ``ray job submit`` send it too

@@ -284,6 +284,24 @@ def start_planner(host: str = "127.0.0.1", port: int = 8000, blocking: bool = Fa
     return deploy(settings, blocking=blocking)
 
 
+#: Seconds Ray Serve's HTTP proxy gets to start (Serve's own limit: 60).
+PROXY_START_TIMEOUT_S = 300.0
+
+
+def _allow_slow_proxy_start(seconds: float) -> None:
+    """Give Ray Serve's HTTP proxy ``seconds`` (at least Serve's own 60) to start. Serve waits a
+    fixed 60 s for it, then kills it and fails: on a 2-core machine beside two busy processes
+    its start took longer (every planner test failed there). Best effort: the constant is
+    Serve's private one, read at each ``serve.start``."""
+    try:
+        from ray.serve._private import api as serve_api
+    except ImportError:
+        return
+    current = getattr(serve_api, "HTTP_PROXY_TIMEOUT", None)
+    if isinstance(current, (int, float)) and current < seconds:
+        serve_api.HTTP_PROXY_TIMEOUT = seconds
+
+
 def deploy(settings: ServeSettings, blocking: bool = False,
            names: dict[str, str] | None = None) -> str:
     """Start Ray (unless initialised) and Serve, and run the planner with checked
@@ -295,6 +313,13 @@ def deploy(settings: ServeSettings, blocking: bool = False,
     names = {"num_replicas": "num_replicas", "num_cpus": "num_cpus", **(names or {})}
     started_here = not ray.is_initialized()
     if started_here:
+        # Serve's controller kills an HTTP proxy that is not ready within 5 s: on a busy 2-core
+        # machine it was not, and the planner failed to start (a local Ray started here reads
+        # this; a cluster's own setting stays)
+        os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+        # and Ray's workers (the replicas) at nice 0, not Ray's 15: beside other busy processes
+        # they got a few % of a core
+        os.environ.setdefault("RAY_worker_niceness", "0")
         if settings.ray_address == "local":
             ensure_token()
         ray.init(address=settings.ray_address, include_dashboard=False,
@@ -305,6 +330,7 @@ def deploy(settings: ServeSettings, blocking: bool = False,
             # a cluster we joined: all replicas must fit, or requests would wait for ever
             total = float(ray.cluster_resources().get("CPU", 0.0))
             check_fit(settings.num_replicas, settings.num_cpus, total, names, "the Ray cluster")
+        _allow_slow_proxy_start(max(settings.ready_timeout, PROXY_START_TIMEOUT_S))
         serve.start(http_options={"host": settings.host, "port": settings.port,
                                   "request_timeout_s": settings.request_timeout})
         serve.run(build_app(settings=settings), name=APP_NAME, route_prefix="/")
