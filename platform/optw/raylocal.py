@@ -8,7 +8,8 @@ when none exists, keeps it where Ray looks for it (``~/.ray/auth_token``, readab
 only), reuses one that exists and never prints it. ``python -m optw.raylocal`` does the same
 from the shell (``jobs/embedded.sh`` runs it before ``ray start``).
 
-:func:`setup_worker` is the ``worker_process_setup_hook`` of the project's clusters (it lives here
+:data:`RAY_ENV` holds the environment defaults of the project's local clusters (jobs and `optw
+serve`), :func:`setup_worker` their ``worker_process_setup_hook`` (both live here
 because this module is light). Every entry point that may start a local cluster calls
 :func:`ensure_token` first: the embedded job, ``optw job
 run`` and ``optw tune`` without an address, ``optw baseline ils``, ``optw serve``, and the test
@@ -27,6 +28,32 @@ TOKEN_ENV = "RAY_AUTH_TOKEN"
 TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 #: How to print the token (Ray's own command), for the messages.
 PRINT_COMMAND = "ray get-auth-token"
+
+#: Environment defaults of the project's Ray clusters (processes of a local cluster inherit
+#: them from the process that starts it).
+RAY_ENV: dict[str, str] = {
+    # a Ray Train worker importing torch on a busy 2-core machine can take more than Ray
+    # Train's default 60 s to join its group; a timed-out start can leak its placement group
+    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600",
+    # Ray Train's preemption watcher (one more actor process per run) only matters on clusters
+    # of preemptible nodes
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    # no usage statistics are sent, and Ray says nothing about them
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # Ray Serve's controller kills an HTTP proxy that is not ready in 5 s (the planner failed to
+    # start on a busy 2-core machine)
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+    # Ray starts its workers at nice 15: beside any other busy process on the machine the
+    # training, evaluation and planner workers got a few % of a core (the planner's replica 4 %
+    # beside two busy processes); at 0 they share the CPU fairly
+    "RAY_worker_niceness": "0",
+}
+
+
+def configure_ray_env() -> None:
+    """Set :data:`RAY_ENV`'s defaults in this process (call before a local ``ray.init``)."""
+    for name, value in RAY_ENV.items():
+        os.environ.setdefault(name, value)
 
 
 def default_token_path() -> Path:

@@ -1,7 +1,8 @@
 """Ray's settings for the project's clusters, written once, and connecting to a cluster.
 
-:data:`RAY_ENV` holds the environment defaults every local Ray the project starts gets
-(:func:`configure_ray_env` before ``ray.init``; ``jobs/embedded.sh`` exports the same table,
+:data:`RAY_ENV` (kept in :mod:`optw.raylocal`, which ``optw serve`` uses too) holds the
+environment defaults every local Ray the project starts gets (:func:`configure_ray_env` before
+``ray.init``; ``jobs/embedded.sh`` exports the same table,
 printed by ``python -m optw.distributed.rayenv``, before ``ray start``). A value already in the
 environment wins.
 
@@ -17,24 +18,8 @@ import socket
 import sys
 import urllib.parse
 
-#: Environment defaults of the project's Ray clusters (processes of a local cluster inherit
-#: them from the process that starts it).
-RAY_ENV: dict[str, str] = {
-    # a Ray Train worker importing torch on a busy 2-core machine can take more than Ray
-    # Train's default 60 s to join its group; a timed-out start can leak its placement group
-    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600",
-    # Ray Train's preemption watcher (one more actor process per run) only matters on clusters
-    # of preemptible nodes
-    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
-    # no usage statistics are sent, and Ray says nothing about them
-    "RAY_USAGE_STATS_ENABLED": "0",
-    # Ray Serve (the planner on a cluster the job started) kills an HTTP proxy not ready in 5 s
-    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
-    # Ray starts its workers at nice 15: beside any other busy process on the machine the
-    # training and evaluation workers got a few % of a core (the planner's replica 4 % beside
-    # two busy processes); at 0 they share the CPU fairly
-    "RAY_worker_niceness": "0",
-}
+from optw.raylocal import RAY_ENV, configure_ray_env
+
 #: What the embedded head (``ray start`` in jobs/embedded.sh) adds: Ray >= 2.59 protects a
 #: local cluster with a token; saying so explicitly makes ``ray job submit`` send it too
 #: (:func:`optw.raylocal.ensure_token` makes it once).
@@ -44,18 +29,13 @@ HEAD_ENV: dict[str, str] = {"RAY_AUTH_MODE": "token"}
 #: (:func:`optw.raylocal.setup_worker`, in a module that imports nothing heavy: every worker
 #: process runs it when it starts).
 RUNTIME_ENV: dict[str, str] = {"worker_process_setup_hook": "optw.raylocal.setup_worker"}
+__all__ = ["RAY_ENV", "RUNTIME_ENV", "configure_ray_env", "connect"]
 #: Seconds an address gets to answer before the job is refused.
 CONNECT_TIMEOUT_S = 5.0
 
 
 class RayAddressError(ConnectionError):
     """A Ray address (or the lack of one) that cannot be used; one line naming ``--address``."""
-
-
-def configure_ray_env() -> None:
-    """Set :data:`RAY_ENV`'s defaults in this process (call before a local ``ray.init``)."""
-    for name, value in RAY_ENV.items():
-        os.environ.setdefault(name, value)
 
 
 def shell_exports() -> str:

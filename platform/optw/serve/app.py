@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException
 
-from optw.raylocal import ensure_token
+from optw.raylocal import configure_ray_env, ensure_token
 from optw.serve.errors import PlanError, clip
 from optw.serve.models import RegistryModels
 from optw.serve.planner import Planner
@@ -313,13 +313,7 @@ def deploy(settings: ServeSettings, blocking: bool = False,
     names = {"num_replicas": "num_replicas", "num_cpus": "num_cpus", **(names or {})}
     started_here = not ray.is_initialized()
     if started_here:
-        # Serve's controller kills an HTTP proxy that is not ready within 5 s: on a busy 2-core
-        # machine it was not, and the planner failed to start (a local Ray started here reads
-        # this; a cluster's own setting stays)
-        os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
-        # and Ray's workers (the replicas) at nice 0, not Ray's 15: beside other busy processes
-        # they got a few % of a core
-        os.environ.setdefault("RAY_worker_niceness", "0")
+        configure_ray_env()  # the project's Ray defaults (a local Ray started here reads them)
         if settings.ray_address == "local":
             ensure_token()
         ray.init(address=settings.ray_address, include_dashboard=False,
