@@ -51,6 +51,8 @@ from benchutil import WEIGHTS
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAINED = ROOT.parent / "shared" / "reference" / "pretrained"
 MODES = ("compact", "static", "static-free")
+#: Modes a CUDA device can also run (``graph``: :mod:`optw.train.graphed`, CUDA graphs).
+CUDA_MODES = (*MODES, "graph")
 #: aten ops that launch no kernel (views, metadata, allocation).
 METADATA_OPS = {
     "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::_unsafe_view",
@@ -83,6 +85,11 @@ class Runner:
         self.rng = np.random.default_rng(seed)
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.ids = torch.arange(tourists, device=self.device).repeat_interleave(batch)
+        self.graphed = None
+        if name == "graph":
+            from optw.train.graphed import GraphedStep
+
+            self.graphed = GraphedStep(self.model, self.opt, self.config, self.ids)
 
     def epoch(self) -> None:
         from optw.catalog import sample_tourists
@@ -93,7 +100,10 @@ class Runner:
         inst = make_instances(self.region, sample_tourists(self.region, c.tourists_per_epoch,
                                                            self.rng, c.score_kind),
                               self.device)
-        train_step(self.model, self.opt, inst, self.ids, self.gen, c, 1e-5, self.mode)
+        if self.graphed is not None:
+            self.graphed(inst, 1e-5)
+        else:
+            train_step(self.model, self.opt, inst, self.ids, self.gen, c, 1e-5, self.mode)
 
 
 def count_ops(runner: Runner, epochs: int) -> dict[str, float]:

@@ -15,11 +15,14 @@ Checks (each PASS or FAIL with its figures; everything also in ``OUT/gpu_check.j
    device from the same generator (pr01, t101);
 4. ``learns``: a short training run on the device raises pr01's greedy validation score;
 5. ``pack``: a pack of three per-region models trained side by side on the device samples the
-   same routes as each trained alone there, with weights equal within rounding.
+   same routes as each trained alone there, with weights equal within rounding;
+6. ``graph``: the opt-in CUDA-graph training step replays what the same steps compute eagerly
+   from the same random state, and learns (needs CUDA).
 
-Figures, device beside CPU: training epochs/s on t101 (B = 32, from scratch), beam-128 latency on
-t101's benchmark tourist, and the device's peak memory for each; on the device: per training
-rollout (compact, static, static-free; t101, B = 32, published weights) the ops dispatched and
+Figures, device beside CPU: training epochs/s on t101 (B = 32, from scratch; on CUDA also with
+``OPTW_ROLLOUT=graph``), beam-128 latency on t101's benchmark tourist, and the device's peak
+memory for each; on the device: per training rollout (compact, static, static-free, and on
+CUDA graph; t101, B = 32, published weights) the ops dispatched and
 kernels launched per epoch, the GPU busy fraction and epochs/s (``ops_t101``); sampled routes/s
 at B = 512 and K = 64 x 32 with the rollout training uses there (``routes_t101``); the summed
 region-epochs/s of all 56 Solomon regions trained in packs (of 14 and of 56). Exit code 1 when
@@ -30,10 +33,12 @@ where CUDA exists. ``docs/gpu.md`` says how to run it on the lent device.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +108,88 @@ def check_learns(catalog, device: torch.device, epochs: int = 300) -> dict[str, 
             "ok": after > before * 1.1}
 
 
+@contextlib.contextmanager
+def rollout_env(mode: str) -> Iterator[None]:
+    """Training's rollout forced to ``mode`` (``OPTW_ROLLOUT``) inside the block."""
+    saved = os.environ.get("OPTW_ROLLOUT")
+    os.environ["OPTW_ROLLOUT"] = mode
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["OPTW_ROLLOUT"]
+        else:
+            os.environ["OPTW_ROLLOUT"] = saved
+
+
+def check_graph(catalog, pretrained: Path, device: torch.device,
+                epochs: int = 300) -> dict[str, Any]:
+    """Rollout ``graph`` (opt-in: the epoch's forward and backward replayed as a CUDA graph):
+    a replayed epoch gives the rewards, loss and clipped gradients that the same steps give
+    eagerly from the same random state (t101, B = 32, published weights, lr 0), and a run from
+    scratch learns as ``learns`` asks."""
+    import numpy as np
+
+    from optw.catalog import sample_tourists
+    from optw.decode.core import route_reward
+    from optw.decode.reinforce import reinforce_loss
+    from optw.decode.static import static_rollout
+    from optw.env import make_instances
+    from optw.model import load_model
+    from optw.train import TrainConfig
+    from optw.train.graphed import WARMUP, GraphedStep
+
+    model = load_model(pretrained / WEIGHTS["t101"], map_location=device).train()
+    cfg = TrainConfig(regions=["t101"], batch_size=32)
+    region, rng = catalog.region("t101"), np.random.default_rng(5)
+    ids = torch.zeros(32, dtype=torch.long, device=device)
+    params = list(model.parameters())
+    step = GraphedStep(model, torch.optim.Adam(params, lr=0.0), cfg, ids)
+
+    def tourist():
+        return make_instances(region, sample_tourists(region, 1, rng, cfg.score_kind), device)
+
+    for _ in range(WARMUP + 1):  # eager warm-up epochs, then the first capture
+        step(tourist(), 0.0)
+    x = tourist()
+    for _ in range(3):  # a replay that grew S ran twice: take one that ran once
+        before = step.recaptures
+        torch.cuda.manual_seed(11)
+        rl, _ = step(x, 0.0)
+        if step.recaptures == before:
+            break
+    graph = (rl.reward.clone(), float(rl.loss), [p.grad.clone() for p in params])
+    steps = step.steps[x.n_nodes]
+    torch.cuda.manual_seed(11)
+    model.zero_grad(set_to_none=True)
+    routes, lp, ent = static_rollout(model, x, ids, sampling="free", steps=steps)
+    eager = reinforce_loss(route_reward(x, ids, routes), lp, ent, 32, cfg.beta)
+    eager.loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+    same = bool(torch.equal(graph[0], eager.reward))
+    loss_diff = abs(graph[1] - float(eager.loss))
+    grad_diff = max(float((g - p.grad).abs().max() / (p.grad.abs().max() + 1e-6))
+                    for g, p in zip(graph[2], params, strict=True))
+    # where an epoch's time goes: the replay alone, against a whole epoch (tourists, copies,
+    # replay, the done read, clipping and Adam)
+    timing: dict[str, float] = {}
+    for name, fn in (("replay_ms", step.captures[(x.n_nodes, steps)].graph.replay),
+                     ("epoch_ms", lambda: step(tourist(), 0.0))):
+        fn()
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(20):
+            fn()
+        sync(device)
+        timing[name] = (time.perf_counter() - t0) / 20 * 1e3
+    with rollout_env("graph"):
+        learns = check_learns(catalog, device, epochs)
+    ok = same and loss_diff < 1e-4 and grad_diff < 1e-3 and learns["ok"]
+    return {"steps": steps, "recaptures": step.recaptures, "same_rewards": same,
+            "loss_diff": loss_diff, "max_rel_grad_diff": grad_diff, **timing,
+            "learns": learns, "ok": ok}
+
+
 def check_static(catalog, pretrained: Path, device: torch.device) -> dict[str, Any]:
     """On ``device``, the static-shape training rollout (CUDA's default) samples the routes the
     compacted one samples from the same generator (32 routes of 2 validation tourists, pr01
@@ -144,15 +231,8 @@ def check_pack(catalog, device: torch.device, epochs: int = 4) -> dict[str, Any]
     pack_hist = [MetricsHistory() for _ in configs]
     # packs train with the compacted rollout; alone, CUDA's default is the static one, which
     # samples the same routes but rounds differently (the 'static' check): compare like with like
-    saved = os.environ.get("OPTW_ROLLOUT")
-    os.environ["OPTW_ROLLOUT"] = "compact"
-    try:
+    with rollout_env("compact"):
         alone = [train(c, catalog, [h]) for c, h in zip(configs, alone_hist, strict=True)]
-    finally:
-        if saved is None:
-            del os.environ["OPTW_ROLLOUT"]
-        else:
-            os.environ["OPTW_ROLLOUT"] = saved
     pack = train_pack(configs, catalog, [[h] for h in pack_hist])
     out: dict[str, Any] = {"ok": True}
     for c, a, p, ha, hp in zip(configs, alone, pack, alone_hist, pack_hist, strict=True):
@@ -178,20 +258,25 @@ def measure_packs(catalog, device: torch.device, epochs: int, pack_size: int) ->
     return {"regions": len(regions), "pack_size": pack_size, "epochs": epochs, **res["batched"]}
 
 
-def measure_training(catalog, device: torch.device, epochs: int) -> dict[str, Any]:
-    """Epochs/s of t101 from scratch (B = 32, one tourist per step), after a short warm-up."""
+def measure_training(catalog, device: torch.device, epochs: int,
+                     rollout: str | None = None) -> dict[str, Any]:
+    """Epochs/s of t101 from scratch (B = 32, one tourist per step), after a short warm-up,
+    with training's rollout for the device (or ``rollout``; a ``graph`` run's own warm-up and
+    first capture are in its time)."""
     from optw.train import TrainConfig, train
 
     cfg = TrainConfig(regions=["t101"], epochs=epochs, batch_size=32, val_every=0,
                       val_tourists=1, checkpoint_every=0, seed=3, device=str(device))
-    train(cfg.replace(epochs=3), catalog)  # kernels, allocator, lazy imports
-    _peak_reset(device)
-    sync(device)
-    t0 = time.perf_counter()
-    res = train(cfg, catalog)
-    sync(device)
+    with rollout_env(rollout) if rollout else contextlib.nullcontext():
+        train(cfg.replace(epochs=3), catalog)  # kernels, allocator, lazy imports
+        _peak_reset(device)
+        sync(device)
+        t0 = time.perf_counter()
+        res = train(cfg, catalog)
+        sync(device)
     seconds = time.perf_counter() - t0 - res.last_validation.get("val_seconds", 0.0)
-    return {"epochs_per_s": epochs / seconds, "epochs": epochs, "peak_mb": _peak_mb(device)}
+    return {"epochs_per_s": epochs / seconds, "epochs": epochs, "peak_mb": _peak_mb(device),
+            "rollout": rollout or "default"}
 
 
 def measure_beam(catalog, pretrained: Path, device: torch.device, repeats: int) -> dict:
@@ -237,23 +322,24 @@ def measure_ops(catalog, pretrained: Path, device: torch.device, epochs: int,
     state, cfg = _t101_state(pretrained)
     region = catalog.region("t101")
     out: dict[str, Any] = {}
-    for mode in bench.MODES:
+    for mode in bench.CUDA_MODES if device.type == "cuda" else bench.MODES:
         runner = bench.Runner(mode, state, cfg, region, 0, 32, 1, device)
-        for _ in range(warm):
+        for _ in range(warm + (3 if mode == "graph" else 0)):  # graph: warm-up, capture
             runner.epoch()
         row: dict[str, Any] = bench.count_ops(runner, warm)
         if device.type == "cuda":
             sync(device)
             t0 = time.perf_counter()
+            profiled = min(epochs, 3)  # the profiler's events cost more than the epochs
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                for _ in range(epochs):
+                for _ in range(profiled):
                     runner.epoch()
                 sync(device)
             wall = time.perf_counter() - t0
             gpu = [e for e in prof.events()
                    if e.device_type == torch.autograd.DeviceType.CUDA]
             busy_us = sum(e.time_range.elapsed_us() for e in gpu)
-            row["cuda_kernels"] = len(gpu) / epochs
+            row["cuda_kernels"] = len(gpu) / profiled
             row["busy_fraction"] = busy_us * 1e-6 / wall
         sync(device)
         t0 = time.perf_counter()
@@ -275,11 +361,18 @@ def measure_routes(catalog, pretrained: Path, device: torch.device, epochs: int,
     state, cfg = _t101_state(pretrained)
     region = catalog.region("t101")
     out: dict[str, Any] = {}
-    for k, b in sizes:
-        mode = training_rollout(device, k * b * region.n_nodes)
+    runs = [(k, b, training_rollout(device, k * b * region.n_nodes)) for k, b in sizes]
+    if device.type == "cuda":
+        with rollout_env("graph"):
+            runs += [(k, b, training_rollout(device, k * b * region.n_nodes))
+                     for k, b in sizes]
+        runs = list(dict.fromkeys(runs))
+    for k, b, mode in runs:
+        name = f"K{k}xB{b}" + ("_graph" if mode == "graph" else "")
         try:
             runner = bench.Runner(mode, state, cfg, region, 0, b, k, device)
-            runner.epoch()
+            for _ in range(4 if mode == "graph" else 1):
+                runner.epoch()
             _peak_reset(device)
             sync(device)
             t0 = time.perf_counter()
@@ -287,10 +380,10 @@ def measure_routes(catalog, pretrained: Path, device: torch.device, epochs: int,
                 runner.epoch()
             sync(device)
         except Exception as exc:  # noqa: BLE001 - e.g. out of memory; the other sizes still run
-            out[f"K{k}xB{b}"] = {"mode": mode, "error": f"{type(exc).__name__}: {exc}"}
+            out[name] = {"mode": mode, "error": f"{type(exc).__name__}: {exc}"}
             continue
         eps = epochs / (time.perf_counter() - t0)
-        out[f"K{k}xB{b}"] = {"mode": mode, "epochs_per_s": eps, "routes_per_s": eps * k * b,
+        out[name] = {"mode": mode, "epochs_per_s": eps, "routes_per_s": eps * k * b,
                              "peak_mb": _peak_mb(device)}
     return out
 
@@ -329,9 +422,14 @@ def main(argv: list[str] | None = None) -> int:
               "greedy": lambda: check_greedy(catalog, args.pretrained, device),
               "static": lambda: check_static(catalog, args.pretrained, device),
               "learns": lambda: check_learns(catalog, device, 100 if args.quick else 300),
-              "pack": lambda: check_pack(catalog, device)}
+              "pack": lambda: check_pack(catalog, device),
+              "graph": lambda: check_graph(catalog, args.pretrained, device,
+                                           100 if args.quick else 300)}
     figures = {
         "train_t101": lambda: {"device": measure_training(catalog, device, epochs),
+                               **({"device_graph": measure_training(catalog, device, epochs,
+                                                                    "graph")}
+                                  if device.type == "cuda" else {}),
                                "cpu": measure_training(catalog, torch.device("cpu"),
                                                        args.cpu_epochs)},
         "beam128_t101": lambda: {"device": measure_beam(catalog, args.pretrained, device,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -219,7 +220,7 @@ def test_static_rollout_equals_the_compacted_one(catalog, published, untrained, 
     assert torch.allclose(greedy[0].log_prob, greedy[1].log_prob, atol=1e-4)
 
 
-def test_static_rollout_on_padded_regions_and_free_sampling(catalog, untrained):
+def test_static_rollout_on_padded_regions_and_free_sampling(catalog, untrained, monkeypatch):
     """On tourists of two regions padded to one node count, the static rollout equals the
     compacted one; its opt-in Gumbel sampling ("static-free") gives valid routes, with rewards
     equal to their scores, reproducibly for a seeded generator."""
@@ -244,8 +245,66 @@ def test_static_rollout_on_padded_regions_and_free_sampling(catalog, untrained):
         assert check.ok and free[0].reward[r].item() == pytest.approx(check.score, rel=1e-5)
     assert training_rollout("cpu") == "compact" and training_rollout("cuda", 32 * 102) == "static"
     assert training_rollout("cuda", 64 * 32 * 102) == "compact"  # too many rows to keep
+    monkeypatch.setenv("OPTW_ROLLOUT", "graph")  # CUDA graphs: opt-in, CUDA only
+    assert training_rollout("cuda", 32 * 102) == "graph"
+    assert training_rollout("cuda", 512 * 102) == "static"  # compute-bound: no fixed steps
+    assert training_rollout("cuda", 64 * 32 * 102) == "compact"
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        training_rollout("cpu")
+    monkeypatch.setenv("OPTW_ROLLOUT", "graphs")
+    with pytest.raises(ValueError, match="OPTW_ROLLOUT='graphs'"):
+        training_rollout("cuda")
     with pytest.raises(ValueError, match="unknown rollout mode"):
         rollout(untrained, parts[0], mode="dense")
+
+
+def test_fixed_step_rollout_is_the_free_rollout_without_host_syncs(catalog, published,
+                                                                   untrained):
+    """The fixed-step static rollout (what a CUDA graph captures, rollout "graph") draws the
+    routes, log-probs and entropies of the "static-free" rollout from the same generator when
+    it has steps enough, untrimmed; with too few steps ``all_done`` says a route was cut
+    short. ``graph_steps`` leaves headroom and never exceeds n."""
+    from optw.decode.core import route_reward
+    from optw.decode.static import all_done, static_rollout
+    from optw.train.graphed import graph_steps
+
+    model = published["t101"] if T101.exists() else untrained
+    region = catalog.region("t101")
+    inst = make_instances(region, catalog.validation("t101")[:2])
+    ids = torch.arange(2).repeat_interleave(8)
+    with torch.no_grad():
+        free = rollout(model, inst, ids, generator=torch.Generator().manual_seed(4),
+                       mode="static-free")
+        longest = free.routes.shape[1] - 1
+        steps = graph_steps(longest, inst.n_nodes)
+        routes, lp, ent = static_rollout(model, inst, ids, generator=torch.Generator()
+                                         .manual_seed(4), sampling="free", steps=steps)
+        short = static_rollout(model, inst, ids, generator=torch.Generator().manual_seed(4),
+                               sampling="free", steps=longest - 1)[0]
+    assert routes.shape == (16, inst.n_nodes + 1) and bool(all_done(routes, inst.end))
+    assert torch.equal(routes[:, : longest + 1], free.routes)
+    assert bool((routes[:, longest + 1:] == -1).all())
+    assert torch.equal(route_reward(inst, ids, routes), free.reward)
+    assert torch.allclose(lp, free.log_prob, atol=1e-6)
+    assert torch.allclose(ent, free.entropy, atol=1e-6)
+    assert not bool(all_done(short, inst.end))
+    # what a CUDA graph captures (rollout, reward, loss, backward) never reads a value back
+    # (after a first pass: the CPU's layer norm checks its weights once per weight version)
+    from torch.profiler import profile
+
+    from optw.decode.reinforce import reinforce_loss
+
+    for record in (False, True):
+        with profile() if record else contextlib.nullcontext() as prof:
+            routes, lp, ent = static_rollout(untrained, inst, ids, sampling="free",
+                                             steps=steps)
+            reinforce_loss(route_reward(inst, ids, routes), lp, ent, 8, 0.1).loss.backward()
+    syncs = {"aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten::nonzero"}
+    assert not [e.name for e in prof.events() if e.name in syncs]
+    assert longest < steps <= inst.n_nodes
+    assert [graph_steps(k, 500) for k in (10, 15, 16, 499)] == [12, 16, 20, 500]
+    with pytest.raises(ValueError, match="sampling='free'"):
+        static_rollout(model, inst, ids, steps=4)
 
 
 def test_active_search_leaves_the_model_untouched(catalog, untrained):

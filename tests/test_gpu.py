@@ -58,3 +58,12 @@ def test_pack_trains_on_cuda(catalog):
     model samples alone there, and ends with weights equal within rounding."""
     res = gpu_check.check_pack(catalog, CUDA)
     assert res["ok"], res
+
+
+@needs_weights
+def test_graph_rollout_replays_what_eager_computes_on_cuda(catalog):
+    """Rollout "graph" (opt-in CUDA graphs): a replayed epoch gives the rewards, loss and
+    gradients the same steps give eagerly from the same random state, and training from
+    scratch with it learns."""
+    res = gpu_check.check_graph(catalog, PRETRAINED, CUDA)
+    assert res["ok"], res

@@ -154,6 +154,15 @@ def plan_buckets(counts: list[int]) -> list[tuple[int, int]]:
     return [(g, w) for w, g in buckets]
 
 
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.tensor(values)`` on ``device``; on CUDA through pinned memory without waiting
+    (a plain copy from pageable memory waits for every queued kernel first)."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def logit_table(logits: torch.Tensor, route: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """Packed row logits ``[N]`` -> ``[R, m]`` by route and row number (``-inf`` elsewhere)."""
     r, m = count.shape[0], int(count.max())
@@ -199,6 +208,7 @@ class Decoder:
         self._feat_t = torch.tensor([-1, -1, -1, 1, 1, -1, -1, -1], **i32)
         self._feat_d = torch.tensor([0, 0, 0, 0, 1, -1, -1, -1], **i32)
         self._latest = inst.node_u[..., 3].contiguous()  # [K, n]
+        self._false = torch.zeros((), dtype=torch.bool, device=inst.device)
 
     def child_state(self, state: State, parent: torch.Tensor, action: torch.Tensor) -> State:
         """``step(state.index(parent), action)`` for actions other than the end. Without
@@ -218,7 +228,7 @@ class Decoder:
         mask = state.mask.index_select(0, parent) & (
             arrival <= self._latest.index_select(0, ids))
         mask.index_put_((torch.arange(action.shape[0], device=action.device), action),
-                        torch.tensor(False, device=action.device))
+                        self._false)
         return State(ids, action, time_u, None, mask, None, None)
 
     def features(self, ids: torch.Tensor, cur: torch.Tensor, t: torch.Tensor,
@@ -257,9 +267,8 @@ class Decoder:
         for w in widths:
             starts.append(total)
             total += w
-        width = torch.tensor(widths, dtype=count.dtype, device=dev)
-        row_start = torch.empty_like(width).index_copy_(
-            0, order, torch.tensor(starts, dtype=count.dtype, device=dev))
+        width, sorted_start = to_device([widths, starts], count.dtype, dev).unbind(0)
+        row_start = torch.empty_like(width).index_copy_(0, order, sorted_start)
         att_route = torch.repeat_interleave(order, width, output_size=total)
         slot = torch.arange(total, device=dev) - row_start.index_select(0, att_route)
         cnt = count.index_select(0, att_route)
@@ -584,6 +593,11 @@ def _finish(instances: Instances, ids: torch.Tensor, routes: torch.Tensor,
     """The :class:`Rollout` of ``routes`` (padded with -1), trimmed to the longest route."""
     lengths = (routes >= 0).sum(1)
     routes = routes[:, : int(lengths.max())]
+    return Rollout(routes, route_reward(instances, ids, routes), log_prob, entropy, lengths)
+
+
+def route_reward(instances: Instances, ids: torch.Tensor, routes: torch.Tensor) -> torch.Tensor:
+    """Summed scores [R] of ``routes`` (padded with -1; route r is of tourist ``ids[r]``),
+    without a host synchronisation."""
     scores = instances.scores.index_select(0, ids)
-    reward = (scores.gather(1, routes.clamp(min=0)) * (routes >= 0)).sum(1)
-    return Rollout(routes, reward, log_prob, entropy, lengths)
+    return (scores.gather(1, routes.clamp(min=0)) * (routes >= 0)).sum(1)

@@ -27,6 +27,7 @@ from optw.env import Instances, make_instances, stack_instances
 from optw.model import ModelConfig, PointerNet, checkpoint_dict, load_model, read_checkpoint
 from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import TrainConfig
+from optw.train.graphed import GraphedStep
 
 
 @dataclass
@@ -247,6 +248,7 @@ def train(
 
     B, K = config.batch_size, config.tourists_per_epoch
     ids = torch.arange(K, device=device).repeat_interleave(B)  # route r -> tourist r // B
+    graphed: GraphedStep | None = None
     t_run, rate, t_last = time.perf_counter(), None, time.perf_counter()
     train_s, limit_s = 0.0, (config.max_minutes or 0.0) * 60
     for epoch in range(start_epoch, config.epochs):
@@ -266,7 +268,11 @@ def train(
         # 2.-3. B sampled routes per tourist, REINFORCE, one Adam step
         lr = config.learning_rate(epoch, train_s)
         mode = training_rollout(device, ids.shape[0] * instances.n_nodes)
-        rl, grad_norm = train_step(model, optimizer, instances, ids, gen, config, lr, mode)
+        if mode == "graph":  # the same step, replayed as a CUDA graph (opt-in)
+            graphed = graphed or GraphedStep(model, optimizer, config, ids)
+            rl, grad_norm = graphed(instances, lr)
+        else:
+            rl, grad_norm = train_step(model, optimizer, instances, ids, gen, config, lr, mode)
         loss, entropy = rl.loss, rl.entropy
 
         # 4. report, validate, hand over to callbacks
