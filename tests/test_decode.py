@@ -473,8 +473,8 @@ def test_beam_widths_have_one_home():
 
 
 def test_decoder_lean_step_and_feature_table_match_the_environment(catalog, untrained):
-    """The training rollout's lean child states (ids, node, time, mask only) and the
-    per-rollout integer feature table give exactly what ``step`` and ``node_features`` give,
+    """The training rollout's lean child states (``env.visit``: ids, node, time, mask only)
+    and the per-rollout integer feature table give exactly what ``step`` and ``node_features`` give,
     over a few random admissible moves of 8 tourists (issue 24's op cuts stay exact)."""
     from optw.decode.core import Decoder
     from optw.env import node_features, reset, step

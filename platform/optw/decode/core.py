@@ -30,7 +30,7 @@ import torch
 
 from optw.decode.static import ROLLOUTS, static_rollout
 from optw.env.instances import Instances
-from optw.env.state import State, graph_mask, reset, step
+from optw.env.state import State, graph_mask, reset, step, visit, visit_end
 from optw.model.network import Bucket, Layout, PointerNet
 from optw.model.stacked import Groups, StackedPointerNet
 
@@ -208,7 +208,6 @@ class Decoder:
         self._feat_t = torch.tensor([-1, -1, -1, 1, 1, -1, -1, -1], **i32)
         self._feat_d = torch.tensor([0, 0, 0, 0, 1, -1, -1, -1], **i32)
         self._latest = inst.node_u[..., 3].contiguous()  # [K, n]
-        self._false = torch.zeros((), dtype=torch.bool, device=inst.device)
 
     def child_state(self, state: State, parent: torch.Tensor, action: torch.Tensor) -> State:
         """``step(state.index(parent), action)`` for actions other than the end. Without
@@ -216,19 +215,10 @@ class Decoder:
         out of the carried mask already, so clearing ``action`` is the whole visit)."""
         if self.track_routes:
             return step(self.inst, state.index(parent), action, check=False)
-        inst, n = self.inst, self.n
         ids = state.ids.index_select(0, parent)
-        base = ids * n
-        travel = inst.dist_u.view(-1).take(
-            (base + state.current.index_select(0, parent)) * n + action)
-        node = inst.node_u.view(-1, 4).index_select(0, base + action)  # [R, 4]
-        time_u = torch.maximum(state.time_u.index_select(0, parent) + travel,
-                               node[:, 0]) + node[:, 2]
-        arrival = time_u.unsqueeze(1) + inst.dist_u.view(-1, n).index_select(0, base + action)
-        mask = state.mask.index_select(0, parent) & (
-            arrival <= self._latest.index_select(0, ids))
-        mask.index_put_((torch.arange(action.shape[0], device=action.device), action),
-                        self._false)
+        time_u, mask = visit(self.inst, ids, state.current.index_select(0, parent),
+                             state.time_u.index_select(0, parent),
+                             state.mask.index_select(0, parent), action, self._latest)
         return State(ids, action, time_u, None, mask, None, None)
 
     def features(self, ids: torch.Tensor, cur: torch.Tensor, t: torch.Tensor,
@@ -303,7 +293,7 @@ class Decoder:
         base = ids * n
         table = inst.node_u.view(-1, 4).index_select(0, base + att_node)  # [T, 4]
         arrival = t + inst.dist_u.view(-1).take((base + cur) * n + att_node)
-        leave = torch.maximum(arrival, table[:, 0]) + table[:, 2]
+        leave = visit_end(arrival, table[:, 0], table[:, 2])
         latest, row_key, dist = table[:, 3], (base + att_node) * n, inst.dist_u.view(-1)
         for g, w in plan:
             rows = slice(start, start + g * w)

@@ -38,6 +38,7 @@ import os
 import torch
 
 from optw.env.instances import Instances
+from optw.env.state import visit_end
 from optw.model.network import MASKED_SCORE, PointerNet
 
 SAMPLINGS = ("compat", "free")
@@ -136,7 +137,7 @@ def static_rollout(
         dyn = (feats.to(torch.float32) / span).view(r * n, -1)
         adj = mask.unsqueeze(1)
         if lookahead:
-            leave = torch.maximum(arrival, opening) + dur
+            leave = visit_end(arrival, opening, dur)
             adj = adj & ((leave.unsqueeze(2) + dist) <= latest.unsqueeze(1))
         adj = adj | eye
         bias = torch.where(adj, 0.0, MASKED_SCORE).unsqueeze(1)
@@ -180,7 +181,7 @@ def static_rollout(
         lstm_in = enc.view(r, n, d).gather(1, choice.view(r, 1, 1).expand(r, 1, d)).squeeze(1)
         prev = enc
         arrival = t + dist[rr, cur, choice]
-        t = torch.where(live, torch.maximum(arrival, opening[rr, choice]) + dur[rr, choice], t)
+        t = torch.where(live, visit_end(arrival, opening[rr, choice], dur[rr, choice]), t)
         cur = torch.where(live, choice, cur)
         done = done | (choice == end)
         mask = (mask & (col != choice.unsqueeze(1)) & ~done.unsqueeze(1)

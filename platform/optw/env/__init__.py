@@ -27,11 +27,14 @@ from optw.env.state import (
     reset,
     reward,
     step,
+    visit,
+    visit_end,
 )
 from optw.env.validate import InvalidRoute, RouteCheck, check_route
 
 __all__ = [
     "GRAPHS", "NEVER", "N_DYNAMIC", "N_STATIC", "Instances", "InvalidRoute", "RouteCheck",
     "State", "check_route", "dynamic_features", "feasible", "graph_mask", "lookahead",
-    "make_instances", "node_features", "reset", "reward", "stack_instances", "step",
+    "make_instances", "node_features", "reset", "reward", "stack_instances", "step", "visit",
+    "visit_end",
 ]

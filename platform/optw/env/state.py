@@ -109,6 +109,34 @@ def feasible(
     return arrival <= latest
 
 
+def visit_end(arrival: torch.Tensor, opening: torch.Tensor, duration: torch.Tensor,
+              ) -> torch.Tensor:
+    """When a visit that arrives at ``arrival`` ends: ``max(arrival, o_j) + d_j`` (time units;
+    waiting for the opening, then the visit)."""
+    return torch.maximum(arrival, opening) + duration
+
+
+def visit(inst: Instances, ids: torch.Tensor, current: torch.Tensor, time_u: torch.Tensor,
+          mask: torch.Tensor, action: torch.Tensor, latest: torch.Tensor | None = None,
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`step` for not-done routes carried as ids, node, time and mask only (a
+    :class:`State` without ``visited``, ``done`` and ``route``) moving to ``action`` [R], not
+    the end: the time after the visit and the new admissible set. The visited node leaves the
+    mask, which is all a visit changes (earlier visits left it already). ``latest``:
+    ``inst.node_u[..., 3]``, which a caller that visits often may make contiguous once."""
+    n = inst.n_nodes
+    base = ids * n
+    travel = inst.dist_u.view(-1).take((base + current) * n + action)
+    node = inst.node_u.view(-1, 4).index_select(0, base + action)  # [R, 4]
+    time_u = visit_end(time_u + travel, node[:, 0], node[:, 2])
+    latest = inst.node_u[..., 3] if latest is None else latest
+    mask = mask & ((time_u.unsqueeze(1) + _dist_rows(inst, ids, action))
+                   <= latest.index_select(0, ids))
+    mask.index_put_((torch.arange(action.shape[0], device=action.device), action),
+                    mask.new_zeros(()))
+    return time_u, mask
+
+
 def reset(inst: Instances, ids: torch.Tensor | None = None) -> State:
     """Routes at the start node at ``T_start`` (start not yet visited, so still admissible).
 
@@ -150,7 +178,7 @@ def step(inst: Instances, state: State, action: torch.Tensor, check: bool = True
     travel = _dist_from(inst, ids, state.current, action.unsqueeze(1)).squeeze(1)
     node = inst.node_u.view(-1, 4).index_select(0, ids * n + action)  # [R, 4]
     arrival = state.time_u + travel
-    time_u = torch.where(live, torch.maximum(arrival, node[:, 0]) + node[:, 2], state.time_u)
+    time_u = torch.where(live, visit_end(arrival, node[:, 0], node[:, 2]), state.time_u)
     visited = state.visited.clone()
     visited[torch.arange(action.shape[0], device=action.device), action] |= live
     mask = state.mask & ~visited & feasible(inst, ids, action, time_u)
@@ -201,7 +229,7 @@ def graph_mask(
     n = inst.n_nodes
     table = _node_table(inst, ids, nodes)
     arrival = time_u.unsqueeze(1) + _dist_from(inst, ids, current, nodes)
-    leave = torch.maximum(arrival, table[..., 0]) + table[..., 2]  # [R, m]
+    leave = visit_end(arrival, table[..., 0], table[..., 2])  # [R, m]
     if nodes is None:
         sub = inst.dist_u.index_select(0, ids)
     else:
