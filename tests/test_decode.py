@@ -251,6 +251,7 @@ def test_static_rollout_on_padded_regions_and_free_sampling(catalog, untrained, 
     assert training_rollout("cuda", 64 * 32 * 102) == "compact"
     with pytest.raises(ValueError, match="needs a CUDA device"):
         training_rollout("cpu")
+    assert training_rollout("cuda", 32 * 102, "compact") == "compact"  # a run's setting wins
     monkeypatch.setenv("OPTW_ROLLOUT", "graphs")
     with pytest.raises(ValueError, match="OPTW_ROLLOUT='graphs'"):
         training_rollout("cuda")

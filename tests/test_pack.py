@@ -132,9 +132,12 @@ def test_pack_resumes_exactly_and_members_resume_alone(catalog, tmp_path):
 
 
 def test_pack_refuses_what_it_cannot_batch(catalog):
-    """A pack member must be a per-region model, and members share the model shape."""
+    """A pack member must be a per-region model that trains with the compacted rollout, and
+    members share the model shape."""
     with pytest.raises(ValueError, match="per-region models"):
         train_pack([TrainConfig(regions=["c101", "r102"], epochs=1)], catalog)
+    with pytest.raises(ValueError, match="member 0: rollout = 'static'"):
+        train_pack([TrainConfig(regions=["c101"], epochs=1, rollout="static")], catalog)
     configs = _configs()
     configs[1] = configs[1].replace(model={"n_layers": 1})
     with pytest.raises(ValueError, match="another model config"):

@@ -54,16 +54,18 @@ def test_resume_reproduces_uninterrupted_run(tiny_catalog, tmp_path):
         assert torch.allclose(v, w, atol=1e-6), k
 
 
-def test_static_rollout_trains_the_same_model(tiny_catalog, monkeypatch):
-    """Training with the static-shape rollout (CUDA's default, forced here on the CPU with
-    OPTW_ROLLOUT) samples the same routes every epoch as with the compacted one, and ends
-    with weights equal within rounding: which rollout ran does not change a run."""
+def test_static_rollout_trains_the_same_model(tiny_catalog):
+    """Training with the static-shape rollout (CUDA's default, asked for here on the CPU with
+    ``rollout``) samples the same routes every epoch as with the compacted one, and ends
+    with weights equal within rounding: which rollout ran does not change a run. The CUDA
+    graph rollout is refused on the CPU, naming the setting."""
     cfg = _config(epochs=4, tourists_per_epoch=2, batch_size=4, val_tourists=2)
     runs = {}
     for mode in ("compact", "static"):
-        monkeypatch.setenv("OPTW_ROLLOUT", mode)
         hist = MetricsHistory()
-        runs[mode] = (train(cfg, tiny_catalog, [hist]), hist)
+        runs[mode] = (train(cfg.replace(rollout=mode), tiny_catalog, [hist]), hist)
+    with pytest.raises(ValueError, match="rollout=graph .* needs a CUDA device"):
+        train(cfg.replace(rollout="graph", device="cpu"), tiny_catalog)
     (a, ha), (b, hb) = runs["compact"], runs["static"]
     assert [m["mean_reward"] for m in ha.epochs] == [m["mean_reward"] for m in hb.epochs]
     for (k, v), w in zip(a.model.state_dict().items(), b.model.state_dict().values(),
@@ -111,6 +113,14 @@ def test_config_files_and_errors(tmp_path):
         TrainConfig.from_file(tmp_path / "missing.toml")
     assert TrainConfig().config_hash() == TrainConfig(threads=2).config_hash()
     assert TrainConfig().config_hash() != TrainConfig(beta=0.1).config_hash()
+    with pytest.raises(ConfigError, match="rollout = 'graphs': must be one of"):
+        TrainConfig(rollout="graphs")
+    assert "rollout" not in TrainConfig().hash_dict()  # earlier configs keep their hashes
+    assert TrainConfig().config_hash() != TrainConfig(rollout="graph").config_hash()
+    from optw.decode.static import TRAIN_ROLLOUTS
+    from optw.train.config import ROLLOUT_CHOICES
+
+    assert ("auto", *TRAIN_ROLLOUTS) == ROLLOUT_CHOICES
 
 
 def test_unknown_region_and_resume_of_model_file(tiny_catalog, tmp_path):

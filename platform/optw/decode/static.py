@@ -63,19 +63,23 @@ STATIC_MAX_ROWS = 1 << 16
 GRAPH_MAX_ROWS = 1 << 14
 
 
-def training_rollout(device: torch.device | str, rows: int = 0) -> str:
+def training_rollout(device: torch.device | str, rows: int = 0, choice: str = "auto") -> str:
     """The rollout training uses on ``device`` for ``rows`` node rows (routes × nodes):
-    ``"static"`` on CUDA (launch-bound) up to :data:`STATIC_MAX_ROWS`, else ``"compact"``
-    (compute-bound CPU, or too large); the environment variable ``OPTW_ROLLOUT`` (one of
-    :data:`TRAIN_ROLLOUTS`) overrides it (``"graph"`` needs CUDA, and goes ``"static"``
-    above :data:`GRAPH_MAX_ROWS`, ``"compact"`` above :data:`STATIC_MAX_ROWS`)."""
-    forced = os.environ.get("OPTW_ROLLOUT", "").strip()
+    ``choice`` (a run's ``[train] rollout``) unless it is ``"auto"``, then the environment
+    variable ``OPTW_ROLLOUT`` if set, else ``"static"`` on CUDA (launch-bound) up to
+    :data:`STATIC_MAX_ROWS` and ``"compact"`` otherwise (compute-bound CPU, or too large).
+    ``"graph"`` needs CUDA, and goes ``"static"`` above :data:`GRAPH_MAX_ROWS`, ``"compact"``
+    above :data:`STATIC_MAX_ROWS`."""
+    where = "rollout"
+    forced = choice
+    if choice == "auto":
+        where, forced = "OPTW_ROLLOUT", os.environ.get("OPTW_ROLLOUT", "").strip()
     cuda = torch.device(device).type == "cuda"
     if forced:
         if forced not in TRAIN_ROLLOUTS:
-            raise ValueError(f"OPTW_ROLLOUT={forced!r}; expected one of {TRAIN_ROLLOUTS}")
+            raise ValueError(f"{where}={forced!r}; expected one of {TRAIN_ROLLOUTS}")
         if forced == "graph" and not cuda:
-            raise ValueError(f"OPTW_ROLLOUT=graph replays CUDA graphs: it needs a CUDA device, "
+            raise ValueError(f"{where}=graph replays CUDA graphs: it needs a CUDA device, "
                              f"not {torch.device(device)}")
         if forced != "graph" or rows <= GRAPH_MAX_ROWS:
             return forced

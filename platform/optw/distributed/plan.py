@@ -170,7 +170,8 @@ class PackSpec:
 
 def batchable(configs: Sequence[TrainConfig]) -> bool:
     """Can these models train side by side in one batched step (several per-region models of
-    one model shape, on one device with one thread setting)?"""
+    one model shape, on one device with one thread setting, none asking for a rollout other
+    than the compacted one that packs use)?"""
     from optw.model import ModelConfig
 
     def shape(c: TrainConfig) -> tuple:
@@ -178,6 +179,7 @@ def batchable(configs: Sequence[TrainConfig]) -> bool:
                 c.device, c.threads)
 
     return (len(configs) > 1 and all(len(c.regions) == 1 for c in configs)
+            and all(c.rollout in ("auto", "compact") for c in configs)
             and len({shape(c) for c in configs}) == 1)
 
 

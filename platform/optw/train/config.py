@@ -59,6 +59,10 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     #: torch intra-op threads (None: the cores other work leaves free, optw.threads)
     threads: int | None = None
+    #: the training rollout (ROLLOUT_CHOICES): auto picks ``static`` on CUDA and ``compact``
+    #: elsewhere (the environment variable OPTW_ROLLOUT may pick for auto); ``graph`` replays
+    #: each epoch as a CUDA graph (CUDA only; another random stream: docs/gpu.md)
+    rollout: str = "auto"
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides
 
     def __post_init__(self) -> None:
@@ -106,6 +110,8 @@ class TrainConfig:
              "must be auto, cpu, cuda or cuda:N")
         need(self.threads is None or (integer(self.threads) and 1 <= self.threads <= MAX_THREADS),
              "threads", f"must be an integer in 1..{MAX_THREADS} or unset")
+        need(self.rollout in ROLLOUT_CHOICES, "rollout",
+             f"must be one of {list(ROLLOUT_CHOICES)}")
         need(isinstance(self.model, dict), "model", "must be a table of model settings")
         known = sorted(f.name for f in dataclasses.fields(ModelConfig))
         unknown = sorted(set(self.model) - set(known))
@@ -170,6 +176,9 @@ class TrainConfig:
 
 
 LR_SCHEDULES = ("step", "cosine", "cosine_time")
+#: ``rollout`` values: auto and :data:`optw.decode.static.TRAIN_ROLLOUTS` (a test keeps them
+#: equal; spelled out here so that reading a config does not import torch).
+ROLLOUT_CHOICES = ("auto", "compact", "static", "static-free", "graph")
 
 #: Named presets of training settings (``[train] recipe = "..."``; keys given beside it win).
 #: ``paper`` is the paper's and the published weights' (the defaults above). ``fast`` takes
@@ -184,7 +193,8 @@ RECIPES: dict[str, dict[str, Any]] = {
 
 #: Settings added after the first release, with the defaults that keep the paper's behaviour.
 ADDED_DEFAULTS: dict[str, Any] = {"mix_regions": False, "lr_schedule": "step",
-                                  "warmup_epochs": 0, "recipe": "paper", "max_minutes": None}
+                                  "warmup_epochs": 0, "recipe": "paper", "max_minutes": None,
+                                  "rollout": "auto"}
 
 
 def from_table(cls, data: dict[str, Any], where: str):

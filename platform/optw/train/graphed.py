@@ -1,4 +1,4 @@
-"""Training steps replayed as CUDA graphs (rollout ``"graph"``, opt-in: ``OPTW_ROLLOUT=graph``).
+"""Training steps replayed as CUDA graphs (opt-in: ``[train] rollout = "graph"``, CUDA only).
 
 On a GPU a training epoch of a small batch is bound by launching kernels from Python (issue 24:
 thousands of tiny kernels per epoch, the GPU busy a few % of the time). Here the whole

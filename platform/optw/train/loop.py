@@ -267,7 +267,7 @@ def train(
 
         # 2.-3. B sampled routes per tourist, REINFORCE, one Adam step
         lr = config.learning_rate(epoch, train_s)
-        mode = training_rollout(device, ids.shape[0] * instances.n_nodes)
+        mode = training_rollout(device, ids.shape[0] * instances.n_nodes, config.rollout)
         if mode == "graph":  # the same step, replayed as a CUDA graph (opt-in)
             graphed = graphed or GraphedStep(model, optimizer, config, ids)
             rl, grad_norm = graphed(instances, lr)

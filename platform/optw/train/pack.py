@@ -158,6 +158,9 @@ def train_pack(
         if len(c.regions) != 1:
             raise ValueError(f"pack member {i}: a pack trains per-region models, but its config "
                              f"has regions {c.regions}")
+        if c.rollout not in ("auto", "compact"):
+            raise ValueError(f"pack member {i}: rollout = {c.rollout!r}, but a pack trains "
+                             "with the compacted rollout (train it alone, or use auto)")
     devices = {c.device for c in configs}
     if len(devices) > 1:
         raise ValueError(f"pack members ask for different devices {sorted(devices)}")
