@@ -160,3 +160,28 @@ def test_job_profile_model_settings_are_checked_when_the_profile_loads(tmp_path)
         load_profile(path)
     message = str(err.value)
     assert str(path) in message and "[train]" in message and "model.d_model = 0" in message
+
+
+def test_rollout_option_is_logged_and_graph_needs_cuda(tiny_catalog, tmp_path, capsys):
+    """`--rollout` sets the run's training rollout, written to config.json with the other
+    settings; `graph` (CUDA graphs) on a machine or device without CUDA, from the option or
+    from the --config file, is one line naming where it was asked, and nothing is written."""
+    import json
+
+    import torch
+
+    out = tmp_path / "run"
+    assert main(_train(tiny_catalog, out, "--epochs", "2", "--threads", "1",
+                       "--rollout", "static")) == 0
+    assert json.loads((out / "config.json").read_text())["rollout"] == "static"
+    capsys.readouterr()
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: graph would run")
+    refused = tmp_path / "refused"
+    assert main(_train(tiny_catalog, refused, "--rollout", "graph")) == 2
+    assert "--rollout graph replays CUDA graphs" in _one_line(capsys)
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text("[train]\nrollout = 'graph'\n")
+    assert main(_train(tiny_catalog, refused, "--config", str(cfg))) == 2
+    assert f"rollout = 'graph' in {cfg}" in _one_line(capsys)
+    assert not refused.exists()

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from optw.train.config import ROLLOUT_CHOICES
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a model with REINFORCE",
@@ -33,6 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "see optw.threads)")
     p.add_argument("--device", default=None,
                    help="auto (default: cuda when available), cpu, cuda or cuda:N")
+    p.add_argument("--rollout", default=None, choices=ROLLOUT_CHOICES,
+                   help="the training rollout (default: auto, static on CUDA, compact "
+                   "elsewhere); graph replays each epoch as a CUDA graph (CUDA only, another "
+                   "random stream; docs/gpu.md)")
     p.add_argument("--catalog", type=Path, default=None)
     p.set_defaults(func=_train)
 
@@ -41,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 OPTIONS = {"regions": "--region", "epochs": "--epochs", "seed": "--seed",
            "batch_size": "--batch-size", "tourists_per_epoch": "--tourists-per-epoch",
            "val_every": "--val-every", "checkpoint_every": "--checkpoint-every",
-           "threads": "--threads", "device": "--device", "finetune": "--finetune"}
+           "threads": "--threads", "device": "--device", "finetune": "--finetune",
+           "rollout": "--rollout"}
 
 
 def _config(args):
@@ -55,7 +62,7 @@ def _config(args):
         "batch_size": args.batch_size, "tourists_per_epoch": args.tourists_per_epoch,
         "val_every": args.val_every, "checkpoint_every": args.checkpoint_every,
         "threads": args.threads, "device": args.device,
-        "finetune": True if args.finetune else None,
+        "finetune": True if args.finetune else None, "rollout": args.rollout,
     }.items() if v is not None}
     data, source = {}, "command line"
     if args.config:
@@ -107,6 +114,14 @@ def _train(args) -> int:
                          "the --config file)")
     _check_device(config.device, "--device" if args.device is not None else
                   f"device in {args.config}")
+    if config.rollout == "graph":
+        from optw.train.loop import resolve_device
+
+        if resolve_device(config.device).type != "cuda":
+            named = "--rollout graph" if args.rollout else f"rollout = 'graph' in {args.config}"
+            raise ValueError(f"{named} replays CUDA graphs, but this run's device is "
+                             f"{resolve_device(config.device)}; use a CUDA device or another "
+                             "rollout")
     catalog = open_catalog(args.catalog)
     for rid in config.regions:
         catalog.region(rid)  # unknown region: clear error before anything starts
