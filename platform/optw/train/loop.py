@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,19 +92,21 @@ def train_step(model: PointerNet, optimizer: torch.optim.Optimizer, instances: I
     return rl, grad_norm
 
 
-def end_epoch(model: PointerNet, regions: list[Region], validation: dict[str, Tourists],
-              benchmark: dict[str, Tourists], ctx: TrainContext, callbacks: Sequence[Callback],
-              metrics: dict[str, float], last: bool) -> bool:
+def end_epoch(model: Callable[[], PointerNet], regions: list[Region],
+              validation: dict[str, Tourists], benchmark: dict[str, Tourists],
+              ctx: TrainContext, callbacks: Sequence[Callback], metrics: dict[str, float],
+              last: bool) -> bool:
     """The end of one of a run's epochs (``ctx.epoch`` already counts it): the callbacks get
     ``metrics``; then, every ``val_every`` epochs and after the ``last`` one, the greedy
-    validation (kept in ``ctx``, best score too) goes to the callbacks. Returns whether it
-    validated. Shared by :func:`train` and each member of :func:`~optw.train.pack.train_pack`."""
+    validation (kept in ``ctx``, best score too) of the network ``model()`` gives (asked for
+    only then: a pack member's is a copy) goes to the callbacks. Returns whether it validated.
+    Shared by :func:`train` and each member of :func:`~optw.train.pack.train_pack`."""
     for cb in callbacks:
         cb.on_epoch_end(ctx, metrics)
     c = ctx.config
     if not ((c.val_every and ctx.epoch % c.val_every == 0) or last):
         return False
-    val = validate(model, regions, validation, benchmark)
+    val = validate(model(), regions, validation, benchmark)
     ctx.last_validation = val
     if ctx.best_validation is None or val["val_score"] > ctx.best_validation:
         ctx.best_validation = val["val_score"]
@@ -286,7 +288,7 @@ def train(
                    "epochs_per_s": rate}
         out_of_time = bool(limit_s) and train_s >= limit_s
         last = ctx.epoch == config.epochs or out_of_time
-        end_epoch(model, regions, validation, benchmark, ctx, callbacks, metrics, last)
+        end_epoch(lambda: model, regions, validation, benchmark, ctx, callbacks, metrics, last)
         t_last = time.perf_counter()  # callbacks and validation are not training time
         if ctx.stop or out_of_time:
             break

@@ -293,8 +293,8 @@ def train_pack(
                        "entropy": float(entropy.detach()), "grad_norm": float(norms[mb.index]),
                        "lr": lrs[mb.index], "epochs_per_s": rate}
             last = ctx.epoch == c.epochs or bool(c.max_minutes and train_s >= 60 * c.max_minutes)
-            end_epoch(stacked.member(mb.index), [mb.region], mb.validation, mb.benchmark, ctx,
-                      mb.callbacks, metrics, last)
+            end_epoch(lambda mb=mb: stacked.member(mb.index), [mb.region], mb.validation,
+                      mb.benchmark, ctx, mb.callbacks, metrics, last)
             if ctx.stop or last:
                 finish(mb)
         t_last = time.perf_counter()  # validation and callbacks are not training time
