@@ -72,14 +72,15 @@ def ray_cluster(store):
 
 def _profile(catalog, name: str, argv_mode: str = "scratch", **job):
     """The job's profile as ``optw job run`` builds it: a tiny profile file plus the command
-    line's overrides, its groups checked against ``--catalog``."""
+    line's overrides, its groups checked against ``--catalog``. Each worker asks for both CPUs
+    of the test cluster: a stage's models train in one worker (one Ray Train run)."""
     from optw.distributed.cli import profile_from_args
 
     path = Path(catalog.path).parent / f"{name}.toml"
     train = "\n".join(f"{k} = {v}" for k, v in TINY_TRAIN.items())
     path.write_text(f"[job]\nname = '{name}'\n[train]\n{train}\n[finetune]\nepochs = 2\n"
                     "[evaluate]\nbeams = 2\nvalidation_tourists = 4\nbeam_sweep = [1, 2]\n"
-                    "[resources]\ncpus_per_region = 1\nregions_per_worker = 1\n")
+                    "[resources]\ncpus_per_region = 2\nregions_per_worker = 2\n")
     args = argparse.Namespace(profile=str(path), groups=job.get("groups"),
                               regions=job.get("regions"), from_groups=job.get("from_groups"),
                               mode=argv_mode, name=None, catalog=str(catalog.path))
