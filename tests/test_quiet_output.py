@@ -36,9 +36,10 @@ beams = 2
 validation_tourists = 4
 beam_sweep = [1, 2]
 [resources]
-# on a 2-core machine one worker slot: the three regions train in one worker, one after another
-# (one Ray Train run; a worker process each cost more than their training)
-cpus_per_region = 2
+# one worker slot on embedded.sh's head (`nproc` CPUs: 1 here, the job's OMP_NUM_THREADS=1):
+# the three regions train in one worker, one after another (one Ray Train run; a worker
+# process each cost more than their training)
+cpus_per_region = 1
 max_failures = 1
 regions_per_worker = 3
 """
