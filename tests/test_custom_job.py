@@ -143,6 +143,27 @@ def test_custom_regions_train_evaluate_register_and_report(job, custom_catalog, 
         assert tables["regions"]["gap_ils"].notna().all()
 
 
+def test_job_logs_its_tables_and_a_rerun_changes_nothing(job, custom_catalog, store, root):
+    """The job's summary table is logged to its parent run and each town has one registry
+    version; running the job again (same profile and catalog) skips every region, registers
+    nothing new and keeps the earlier report, results and parent run (issue 16)."""
+    from optw.distributed.job import run_job
+    from optw.tracking import get_client
+
+    client = get_client(store)
+    arts = [a.path for a in client.list_artifacts(job.parent_run_id, "tables")]
+    assert any("summary" in a for a in arts), arts
+    report = job.report.read_bytes()
+    profile = _profile(custom_catalog, "towns", groups="custom,towns")
+    again = run_job(profile, catalog_dir=custom_catalog.path, tracking_uri=store,
+                    storage=root / "ray_train", out_dir=root / "out", progress=False)
+    assert sorted(again.skipped) == sorted(CUSTOM) and again.trained == []
+    assert again.parent_run_id == job.parent_run_id and again.report == job.report
+    assert job.report.read_bytes() == report and again.results_path == job.results_path
+    for rid in CUSTOM:
+        assert len(client.search_model_versions(f"name = 'optw-{rid}'")) == 1
+
+
 def test_planner_plans_a_latlon_trip_with_clock_times(job, custom_catalog, store):
     """The planner serves the job's champions: a lat/lon start near the station and "HH:MM"
     times get an itinerary of the town's POI names, clock times and travel legs that passes

@@ -486,16 +486,22 @@ def _check_real_job(summary, store, tmp_path, method: str):
     return df
 
 
-@pytest.mark.parametrize("mode,method", [("scratch", "model"), ("global-ft", "global_ft")])
+@pytest.mark.parametrize("mode,method", [
+    # scratch end to end is in the default suite as test_custom_job.py's job (champions, results,
+    # summary table and report logged, a re-run that changes nothing) and test_embedded.py's;
+    # real regions with stored ILS results as the global-ft and transfer jobs here
+    pytest.param("scratch", "model", marks=pytest.mark.slow),
+    ("global-ft", "global_ft")])
 def test_job_modes_on_real_regions(ray_cluster, real_catalog, tmp_path, mode, method):
     """scratch and global-ft on two real Cordeau regions with stored ILS results (validation
     over several regions, gaps to ILS): both complete and register loadable champions.
-    scratch: each region's champion is the version the job registered, the results, summary
-    table and report are written and logged; running the job again skips every region,
-    registers nothing new and keeps the earlier report, results and parent run (issue 16).
-    global-ft: one global model of the group (validated on both regions), then each region
-    fine-tuned from it (fixed fine-tuning lr, the fine-tuning budget), registered as
-    global_ft."""
+    scratch (slow: test_custom_job.py checks the same on the towns, test_embedded.py through
+    embedded.sh): each region's champion is the version the job registered, the results,
+    summary table and report are written and logged; running the job again skips every
+    region, registers nothing new and keeps the earlier report, results and parent run
+    (issue 16). global-ft: one global model of the group (validated on both regions), then
+    each region fine-tuned from it (fixed fine-tuning lr, the fine-tuning budget), registered
+    as global_ft."""
     import torch
 
     from optw.model import read_checkpoint
