@@ -72,14 +72,15 @@ def ray_cluster(store):
 
 def _profile(catalog, name: str, argv_mode: str = "scratch", **job):
     """The job's profile as ``optw job run`` builds it: a tiny profile file plus the command
-    line's overrides, its groups checked against ``--catalog``."""
+    line's overrides, its groups checked against ``--catalog``. Each worker asks for both CPUs
+    of the test cluster: a stage's models train in one worker (one Ray Train run)."""
     from optw.distributed.cli import profile_from_args
 
     path = Path(catalog.path).parent / f"{name}.toml"
     train = "\n".join(f"{k} = {v}" for k, v in TINY_TRAIN.items())
     path.write_text(f"[job]\nname = '{name}'\n[train]\n{train}\n[finetune]\nepochs = 2\n"
                     "[evaluate]\nbeams = 2\nvalidation_tourists = 4\nbeam_sweep = [1, 2]\n"
-                    "[resources]\ncpus_per_region = 1\nregions_per_worker = 1\n")
+                    "[resources]\ncpus_per_region = 2\nregions_per_worker = 2\n")
     args = argparse.Namespace(profile=str(path), groups=job.get("groups"),
                               regions=job.get("regions"), from_groups=job.get("from_groups"),
                               mode=argv_mode, name=None, catalog=str(catalog.path))
@@ -140,6 +141,27 @@ def test_custom_regions_train_evaluate_register_and_report(job, custom_catalog, 
         tables = evaluate(clean, load_ils_results(custom_catalog.path), load_best_known())
         assert tables["regions"]["best_known"].isna().all()
         assert tables["regions"]["gap_ils"].notna().all()
+
+
+def test_job_logs_its_tables_and_a_rerun_changes_nothing(job, custom_catalog, store, root):
+    """The job's summary table is logged to its parent run and each town has one registry
+    version; running the job again (same profile and catalog) skips every region, registers
+    nothing new and keeps the earlier report, results and parent run (issue 16)."""
+    from optw.distributed.job import run_job
+    from optw.tracking import get_client
+
+    client = get_client(store)
+    arts = [a.path for a in client.list_artifacts(job.parent_run_id, "tables")]
+    assert any("summary" in a for a in arts), arts
+    report = job.report.read_bytes()
+    profile = _profile(custom_catalog, "towns", groups="custom,towns")
+    again = run_job(profile, catalog_dir=custom_catalog.path, tracking_uri=store,
+                    storage=root / "ray_train", out_dir=root / "out", progress=False)
+    assert sorted(again.skipped) == sorted(CUSTOM) and again.trained == []
+    assert again.parent_run_id == job.parent_run_id and again.report == job.report
+    assert job.report.read_bytes() == report and again.results_path == job.results_path
+    for rid in CUSTOM:
+        assert len(client.search_model_versions(f"name = 'optw-{rid}'")) == 1
 
 
 def test_planner_plans_a_latlon_trip_with_clock_times(job, custom_catalog, store):

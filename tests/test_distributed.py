@@ -24,13 +24,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def tiny_profile(name: str, mode: str = "scratch", regions=TINY, pack: int = 1,
                  pack_mode: str = "sequential", **train) -> JobProfile:
+    """A tiny profile; with ``pack`` > 1 each worker asks for both CPUs of the test cluster,
+    so the plan really packs (one worker slot: packs of ``pack``, one Ray Train run a stage;
+    with two slots :func:`optw.distributed.plan.packs` would split two regions 1 + 1)."""
     data = {
         "job": {"name": name, "mode": mode, "regions": list(regions)},
         "train": {"epochs": 4, "batch_size": 4, "val_every": 0, "val_tourists": 4,
                   "checkpoint_every": 2, "threads": 1, **train},
         "finetune": {"epochs": 2},
         "evaluate": {"beams": 2, "validation_tourists": 4, "beam_sweep": [1, 2]},
-        "resources": {"cpus_per_region": 1, "max_failures": 2, "regions_per_worker": pack,
+        "resources": {"cpus_per_region": 1 if pack == 1 else 2, "max_failures": 2,
+                      "regions_per_worker": pack,
                       "pack_mode": pack_mode},
     }
     return JobProfile.from_dict(data, source=f"test-{name}")
@@ -368,15 +372,20 @@ def test_a_job_beside_another_local_ray_names_the_address(ray_cluster, tiny_cata
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("pack,pack_mode", [(1, "sequential"), (2, "sequential"),
-                                            (2, "batched")])
+@pytest.mark.parametrize("pack,pack_mode", [
+    # the one-region worker's restart is checked in the default suite by test_two_node's
+    # killed remote worker (each region in a worker of its own there): `make test-slow`
+    pytest.param(1, "sequential", marks=pytest.mark.slow),
+    (2, "sequential"), (2, "batched")])
 def test_killed_worker_resumes_from_checkpoint(ray_cluster, tiny_catalog, store, tmp_path,
                                                pack, pack_mode):
     """SIGKILL of one region's Ray Train worker after its first checkpoint: Ray Train restarts
     it from that checkpoint, the job completes every region, one registry version each. With
     a pack of both regions in one worker trained one after another (pr99 second), the
     restarted worker keeps r199's finished model instead of training it again; trained side
-    by side, both members resume from the pack's one checkpoint."""
+    by side, both members resume from the pack's one checkpoint. (The plain one-region case,
+    ``pack=1``, is marked slow: test_two_node.py::test_two_node_job_with_killed_remote_worker
+    kills and resumes a one-region worker in the default suite.)"""
     from optw.tracking import get_client
 
     marker = tmp_path / "paused.pid"
@@ -477,16 +486,22 @@ def _check_real_job(summary, store, tmp_path, method: str):
     return df
 
 
-@pytest.mark.parametrize("mode,method", [("scratch", "model"), ("global-ft", "global_ft")])
+@pytest.mark.parametrize("mode,method", [
+    # scratch end to end is in the default suite as test_custom_job.py's job (champions, results,
+    # summary table and report logged, a re-run that changes nothing) and test_embedded.py's;
+    # real regions with stored ILS results as the global-ft and transfer jobs here
+    pytest.param("scratch", "model", marks=pytest.mark.slow),
+    ("global-ft", "global_ft")])
 def test_job_modes_on_real_regions(ray_cluster, real_catalog, tmp_path, mode, method):
     """scratch and global-ft on two real Cordeau regions with stored ILS results (validation
     over several regions, gaps to ILS): both complete and register loadable champions.
-    scratch: each region's champion is the version the job registered, the results, summary
-    table and report are written and logged; running the job again skips every region,
-    registers nothing new and keeps the earlier report, results and parent run (issue 16).
-    global-ft: one global model of the group (validated on both regions), then each region
-    fine-tuned from it (fixed fine-tuning lr, the fine-tuning budget), registered as
-    global_ft."""
+    scratch (slow: test_custom_job.py checks the same on the towns, test_embedded.py through
+    embedded.sh): each region's champion is the version the job registered, the results,
+    summary table and report are written and logged; running the job again skips every
+    region, registers nothing new and keeps the earlier report, results and parent run
+    (issue 16). global-ft: one global model of the group (validated on both regions), then
+    each region fine-tuned from it (fixed fine-tuning lr, the fine-tuning budget), registered
+    as global_ft."""
     import torch
 
     from optw.model import read_checkpoint

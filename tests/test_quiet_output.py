@@ -36,9 +36,12 @@ beams = 2
 validation_tourists = 4
 beam_sweep = [1, 2]
 [resources]
-cpus_per_region = 0.5
+# one worker slot on embedded.sh's head (`nproc` CPUs: 1 here, the job's OMP_NUM_THREADS=1):
+# the three regions train in one worker, one after another (one Ray Train run; a worker
+# process each cost more than their training)
+cpus_per_region = 1
 max_failures = 1
-regions_per_worker = 1
+regions_per_worker = 3
 """
 
 #: What Ray printed in `make run`'s output before it was made quiet (one pattern per kind).

@@ -66,7 +66,8 @@ def test_the_hook_runs_in_a_jobs_actor_process():
     (RUNTIME_ENV; it must not run outside a worker: it would start a Ray of its own). The hook
     imports nothing heavy: every worker process runs it (once it imported torch through
     optw.distributed, seconds of CPU per process), and the process runs at nice 0, not Ray's 15
-    (RAY_ENV)."""
+    (RAY_ENV), with Ray Train's controller polling every 0.5 s, not 2 s (a worker's report
+    waits for a poll: tiny runs spent most of their training time waiting)."""
     assert RUNTIME_ENV["worker_process_setup_hook"] == "optw.raylocal.setup_worker"
     with local_ray(num_cpus=1, object_store_mb=100) as ray:
 
@@ -86,8 +87,15 @@ def test_the_hook_runs_in_a_jobs_actor_process():
 
                 return os.nice(0)
 
+            def env(self, name: str) -> str | None:
+                import os
+
+                return os.environ.get(name)
+
         probe = Probe.remote()
         assert ray.get(probe.filters.remote(), timeout=120) == ["TransientRayTimeouts"]
         assert ray.get(probe.heavy.remote(), timeout=120) == []
         # Ray's default nice 15 starved the job's workers beside any other busy process
         assert ray.get(probe.niceness.remote(), timeout=120) == 0
+        assert ray.get(probe.env.remote("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"),
+                       timeout=120) == "0.5"

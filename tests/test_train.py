@@ -21,10 +21,10 @@ def _config(**kw) -> TrainConfig:
 
 
 def test_training_improves_greedy_validation(tiny_catalog):
-    """A few hundred epochs from scratch on a tiny region raise the mean greedy validation
-    score clearly above the untrained model's."""
+    """150 epochs from scratch on a tiny region raise the mean greedy validation score
+    clearly above the untrained model's (measured: 115.3 against 10.7; 117.2 after 300)."""
     history = MetricsHistory()
-    cfg = _config(regions=["pr99"], epochs=300, batch_size=32, val_every=300, lr=1e-3)
+    cfg = _config(regions=["pr99"], epochs=150, batch_size=32, val_every=150, lr=1e-3)
     before = train(cfg.replace(epochs=1, lr=1e-12), tiny_catalog).last_validation["val_score"]
     after = train(cfg, tiny_catalog, [history]).last_validation["val_score"]
     assert after > before * 1.1, (before, after)

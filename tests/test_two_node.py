@@ -403,7 +403,8 @@ def test_tune_runs_against_the_jobs_storage_uri(cluster, monkeypatch):
     """`optw tune` on the two-node cluster (issue 25, item 4): Ray Tune's and every trial's
     Ray Train files go to the job's storage URI (``$OPTW_STORAGE``, S3), the catalog is given
     by URI (each trial's worker mirrors it on its own node), the early check passes, and the
-    trials report their gap to ILS."""
+    trial reports its gap to ILS. (One trial: test_distributed's sweep checks several trials
+    and the pick of the best.)"""
     import dataclasses
 
     import pyarrow.fs
@@ -414,10 +415,10 @@ def test_tune_runs_against_the_jobs_storage_uri(cluster, monkeypatch):
     monkeypatch.setenv("OPTW_STORAGE", s3)
     base = profile("two-node-tune", epochs=4)
     base = dataclasses.replace(base, train=base.train.replace(val_every=2))
-    res = run_sweep(base, ["r199"], num_samples=2, space={"lr": ("choice", [1e-4, 1e-3])},
+    res = run_sweep(base, ["r199"], num_samples=1, space={"lr": ("choice", [1e-4, 1e-3])},
                     catalog_dir=cluster["catalog"], tracking_uri=server, progress=False,
                     name="two-node-tune")
-    assert len(res.trials) == 2 and res.trials[METRIC].notna().all()
+    assert len(res.trials) == 1 and res.trials[METRIC].notna().all()
     fs, root = st.filesystem(st.join(s3, "ray_tune"))
     files = [i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))]
     assert any(p.startswith(f"{root}/two-node-tune/") for p in files), files  # Tune's state

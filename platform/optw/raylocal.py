@@ -35,6 +35,11 @@ RAY_ENV: dict[str, str] = {
     # a Ray Train worker importing torch on a busy 2-core machine can take more than Ray
     # Train's default 60 s to join its group; a timed-out start can leak its placement group
     "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600",
+    # Ray Train's controller takes one report off a worker's queue (of one) per poll, every 2 s
+    # by default: a worker that reports (metrics, a checkpoint) more often waits for each poll,
+    # and a finished run waits for one; tiny runs spent most of their training time so (a poll
+    # is one small actor call; a hung one is still only failed after 10 minutes)
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
     # Ray Train's preemption watcher (one more actor process per run) only matters on clusters
     # of preemptible nodes
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
