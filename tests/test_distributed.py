@@ -372,6 +372,28 @@ def test_a_job_beside_another_local_ray_names_the_address(ray_cluster, tiny_cata
     assert not (tmp_path / "out").exists()
 
 
+def test_a_worker_no_node_can_hold_is_refused_before_training(ray_cluster, tiny_catalog,
+                                                               store, tmp_path):
+    """A profile whose region worker asks for more CPUs than any node has made Ray wait for
+    ever ("No available node types can fulfill resource request"): it is refused before
+    anything is created, naming resources.cpus_per_region and the largest node."""
+    from optw.distributed.preflight import check_worker_fits
+
+    profile = tiny_profile("too-big")
+    profile.resources.cpus_per_region = 64
+    with pytest.raises(ValueError, match=r"cpus_per_region = 64: .* largest .* has 2 CPUs"):
+        _run(profile, tiny_catalog, store, tmp_path)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "ray_train").exists()
+    nodes = [{"Resources": {"CPU": 2.0}}, {"Resources": {"CPU": 8.0, "GPU": 1.0}}]
+    check_worker_fits(4, 0.25, nodes, 0)  # the second node holds it
+    check_worker_fits(4, None, nodes[:1], can_add=3)  # a launcher may add one
+    with pytest.raises(ValueError, match="largest node of this cluster has 3 CPUs"):
+        check_worker_fits(4, None, [nodes[0], {"Resources": {"CPU": 3.0}}], 0)
+    with pytest.raises(ValueError, match="4 CPUs and a GPU share"):  # CPUs here, GPU there
+        check_worker_fits(4, 0.25, [{"Resources": {"CPU": 8.0}},
+                                    {"Resources": {"CPU": 2.0, "GPU": 1.0}}], 0)
+
+
 @pytest.mark.parametrize("pack,pack_mode", [
     # the one-region worker's restart is checked in the default suite by test_two_node's
     # killed remote worker (each region in a worker of its own there): `make test-slow`

@@ -29,7 +29,7 @@ from optw.catalog import CATALOG_VERSION, open_catalog
 from optw.distributed import storage as st
 from optw.distributed.mirror import local_catalog, push_baselines
 from optw.distributed.plan import Member, PackSpec, Unit, packs, plan, select_regions
-from optw.distributed.preflight import Setting, check_cluster
+from optw.distributed.preflight import Setting, check_cluster, check_worker_fits
 from optw.distributed.profile import JobProfile
 
 
@@ -275,6 +275,9 @@ def run_job(
     st.check_folders(folders)
     if not ray.is_initialized():
         connect(ray_address)  # a bad --address: refused in seconds, nothing created yet
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    check_worker_fits(profile.resources.cpus_per_region,
+                      profile.resources.gpu_fraction if use_gpu else None)
     st.prepare_folders(folders)
     # -- on a cluster of several nodes every node must reach all of it (else: refused here)
     nodes = check_cluster(
@@ -287,7 +290,6 @@ def run_job(
         experiment_id(name, uri)  # the server decides where a new experiment's artifacts go
         check_artifact_location(uri, name, nodes)
     warm_train_coordinator()  # up by the first Ray Train run (after ILS)
-    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     capacity = _capacity(profile, use_gpu)
     where = f"{nodes} nodes, " if nodes > 1 else ""
     _say(progress, f"job {name}: mode {profile.job.mode}, {len(selected)} regions, "

@@ -95,6 +95,27 @@ def alive_nodes() -> list[dict[str, Any]]:
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
+def check_worker_fits(cpus: float, gpu: float | None = None,
+                      nodes: list[dict[str, Any]] | None = None, can_add: int | None = None,
+                      ) -> None:
+    """Refuse a region worker (``resources.cpus_per_region`` CPUs and, with GPUs, ``gpu`` of
+    one, on one node) that no node of the cluster can hold: Ray would wait for one for ever.
+    A cluster whose launcher may add nodes is left to wait for them. ``nodes``, ``can_add``:
+    the connected cluster's (:func:`alive_nodes`, :func:`autoscaling_workers`) unless given."""
+    nodes = alive_nodes() if nodes is None else nodes
+    can_add = autoscaling_workers() if can_add is None else can_add
+    need = {"CPU": cpus, **({"GPU": gpu} if gpu is not None else {})}
+    if can_add or any(all(n.get("Resources", {}).get(k, 0.0) >= v for k, v in need.items())
+                      for n in nodes):
+        return
+    most = max((n.get("Resources", {}).get("CPU", 0.0) for n in nodes), default=0.0)
+    where = "node of this cluster" if len(nodes) > 1 else "this Ray instance"
+    raise ValueError(f"resources.cpus_per_region = {cpus:g}: each region worker asks one node "
+                     f"for {cpus:g} CPUs{' and a GPU share' if gpu is not None else ''}, but "
+                     f"the largest {where} has {most:g} CPUs; lower cpus_per_region (a worker "
+                     "would wait for ever)")
+
+
 def _hint(setting: Setting) -> str:
     return (f"set {setting.name} to a folder every node mounts at the same path (NFS, EFS) or to "
             "an s3:// URI (see docs/cluster.md)")

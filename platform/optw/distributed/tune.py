@@ -25,7 +25,7 @@ from optw import paths
 from optw.catalog import open_catalog
 from optw.distributed import storage as st
 from optw.distributed.mirror import local_catalog
-from optw.distributed.preflight import Setting, check_cluster
+from optw.distributed.preflight import Setting, check_cluster, check_worker_fits
 from optw.distributed.profile import JobProfile, ResourcesSection, load_profile
 from optw.distributed.ray_train import WorkerSpec, make_trainer
 from optw.train.config import ConfigError, TrainConfig
@@ -156,6 +156,9 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
                               "is not overwritten")
     if not ray.is_initialized():
         connect(ray_address)
+    check_worker_fits(profile.resources.cpus_per_region,
+                      profile.resources.gpu_fraction
+                      if ray.cluster_resources().get("GPU", 0) > 0 else None)
     st.prepare_folders([(STORAGE_SETTING, storage)])
     # on a cluster of several nodes: the job's early check (every node reaches the storage and
     # gets the catalog's mirror, which ILS tasks and trials refresh on entry; the tracking
