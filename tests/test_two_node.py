@@ -324,8 +324,9 @@ def test_cluster_refuses_node_local_storage_sqlite_and_head_catalog(cluster, tmp
 def test_two_node_job_with_killed_remote_worker(cluster, monkeypatch):
     """A tiny job on the two-node cluster, its region worker forced onto the hidden second
     node, storage and catalog in S3 (``$OPTW_STORAGE``, ``--catalog s3://``), MLflow over
-    HTTP: killing that worker mid-run resumes it from the checkpoint in S3 (the finished
-    region is not trained again, the other continues where it was), and the checkpoints,
+    HTTP: killing that worker mid-run resumes it from the checkpoint in S3 (each region
+    trains in a worker of its own here: the killed one continues where it was; a pack's
+    finished member is kept by test_distributed's packed variants), and the checkpoints,
     final models, results, report, registered versions (loadable, region bundled) and their
     proxied artifacts all come out complete."""
     import pandas as pd
