@@ -57,9 +57,9 @@ SYNC_EVERY = 8
 #: (e.g. K = 64 × B = 32 on t101, 209k rows) go compacted.
 STATIC_MAX_ROWS = 1 << 16
 #: Most node rows the opt-in ``"graph"`` rollout takes: it runs a fixed number of steps, which
-#: pays while launching kernels is the bottleneck (small batches: on an H200, t101 B = 32
-#: trains 3.3x faster than ``static``) but not on compute-bound ones (B = 512: 0.66x), which go
-#: ``static``.
+#: pays while launching kernels is the bottleneck (small batches: on an H200, t101 at B = 32
+#: trained 4.8x faster than ``static``) but not on compute-bound ones (B = 512: about 0.66x),
+#: which go ``static``.
 GRAPH_MAX_ROWS = 1 << 14
 
 
