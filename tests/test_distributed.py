@@ -255,7 +255,8 @@ def test_packs_keep_every_worker_slot_busy():
 def test_plan_resolves_configs_and_pack_mode_once(catalog):
     """The plan resolves each unit's TrainConfig once (config_for: [train], [finetune] or
     [global.<group>]) and decides per pack whether it trains batched: per-region models of one
-    shape batch, a pack of global models or of mixed model shapes is planned sequential, and
+    shape batch, a pack of global models, of mixed model shapes or with a rollout packs do not
+    take (rollout = "graph") is planned sequential, and
     the sequential profile never batches. The specs are frozen."""
     import dataclasses
 
@@ -273,6 +274,8 @@ def test_plan_resolves_configs_and_pack_mode_once(catalog):
     assert [p.batched for p in packs(first, 4, 1, "batched")] == [False]  # global models
     wide = Member(second[0].unit, second[0].config.replace(model={"d_model": 64}))
     assert [p.batched for p in packs([wide, *second[1:]], 4, 1, "batched")] == [False]
+    graph = Member(second[0].unit, second[0].config.replace(rollout="graph"))
+    assert [p.batched for p in packs([graph, *second[1:]], 4, 1, "batched")] == [False]
     pack = packs(second, 4, 1, "batched")[0]
     assert isinstance(pack, PackSpec) and pack.keys == ["c101", "c102", "pr01"]
     with pytest.raises(dataclasses.FrozenInstanceError):

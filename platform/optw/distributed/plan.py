@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from optw.catalog import CUSTOM_GROUP, GROUPS, PAPER_SUBSET, Catalog
-from optw.train.config import TrainConfig
+from optw.train.config import PACK_ROLLOUTS, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def batchable(configs: Sequence[TrainConfig]) -> bool:
                 c.device, c.threads)
 
     return (len(configs) > 1 and all(len(c.regions) == 1 for c in configs)
-            and all(c.rollout in ("auto", "compact") for c in configs)
+            and all(c.rollout in PACK_ROLLOUTS for c in configs)
             and len({shape(c) for c in configs}) == 1)
 
 

@@ -117,11 +117,11 @@ def _train(args) -> int:
     if config.rollout == "graph":
         from optw.train.loop import resolve_device
 
-        if resolve_device(config.device).type != "cuda":
+        device = resolve_device(config.device)
+        if device.type != "cuda":
             named = "--rollout graph" if args.rollout else f"rollout = 'graph' in {args.config}"
             raise ValueError(f"{named} replays CUDA graphs, but this run's device is "
-                             f"{resolve_device(config.device)}; use a CUDA device or another "
-                             "rollout")
+                             f"{device}; use a CUDA device or another rollout")
     catalog = open_catalog(args.catalog)
     for rid in config.regions:
         catalog.region(rid)  # unknown region: clear error before anything starts

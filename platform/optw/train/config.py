@@ -179,6 +179,8 @@ LR_SCHEDULES = ("step", "cosine", "cosine_time")
 #: ``rollout`` values: auto and :data:`optw.decode.static.TRAIN_ROLLOUTS` (a test keeps them
 #: equal; spelled out here so that reading a config does not import torch).
 ROLLOUT_CHOICES = ("auto", "compact", "static", "static-free", "graph")
+#: ``rollout`` values a pack (:func:`optw.train.pack.train_pack`, which trains compacted) honours.
+PACK_ROLLOUTS = ("auto", "compact")
 
 #: Named presets of training settings (``[train] recipe = "..."``; keys given beside it win).
 #: ``paper`` is the paper's and the published weights' (the defaults above). ``fast`` takes

@@ -111,10 +111,7 @@ class GraphedStep:
         n = instances.n_nodes
         self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream):
-            routes, log_prob, entropy = static_rollout(self.model, instances, self.ids,
-                                                       sampling="free")
-            rl = reinforce_loss(route_reward(instances, self.ids, routes), log_prob, entropy,
-                                self.config.batch_size, self.config.beta)
+            routes, rl = self._loss(instances)
             self.optimizer.zero_grad(set_to_none=True)
             rl.loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
@@ -124,6 +121,15 @@ class GraphedStep:
         longest = routes.shape[1] - 1  # trimmed to the longest route, start included
         self.steps[n] = max(self.steps.get(n, 0), graph_steps(longest, n))
         return rl, grad_norm
+
+    def _loss(self, instances: Instances, steps: int | None = None,
+              ) -> tuple[torch.Tensor, ReinforceLoss]:
+        """The ``static-free`` rollout's routes (``steps``: that many steps, untrimmed; else
+        until every route is done, trimmed) and its REINFORCE loss."""
+        routes, log_prob, entropy = static_rollout(self.model, instances, self.ids,
+                                                   sampling="free", steps=steps)
+        return routes, reinforce_loss(route_reward(instances, self.ids, routes), log_prob,
+                                      entropy, self.config.batch_size, self.config.beta)
 
     def _inputs(self, instances: Instances) -> Instances:
         """The static buffers for this node count, holding ``instances``' tensors."""
@@ -149,10 +155,7 @@ class GraphedStep:
             p.grad = None
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            routes, log_prob, entropy = static_rollout(self.model, inputs, self.ids,
-                                                       sampling="free", steps=steps)
-            rl = reinforce_loss(route_reward(inputs, self.ids, routes), log_prob, entropy,
-                                self.config.batch_size, self.config.beta)
+            routes, rl = self._loss(inputs, steps)
             rl.loss.backward()
             done = all_done(routes, inputs.end)
         cap = _Capture(graph, steps, rl, done, [p.grad for p in self.params])

@@ -34,7 +34,7 @@ from optw.env import make_instances, stack_instances
 from optw.model import PointerNet, read_checkpoint
 from optw.model.stacked import StackedPointerNet
 from optw.train.callbacks import Callback, TrainContext
-from optw.train.config import TrainConfig
+from optw.train.config import PACK_ROLLOUTS, TrainConfig
 from optw.train.loop import (
     TrainResult,
     check_resume,
@@ -158,7 +158,7 @@ def train_pack(
         if len(c.regions) != 1:
             raise ValueError(f"pack member {i}: a pack trains per-region models, but its config "
                              f"has regions {c.regions}")
-        if c.rollout not in ("auto", "compact"):
+        if c.rollout not in PACK_ROLLOUTS:
             raise ValueError(f"pack member {i}: rollout = {c.rollout!r}, but a pack trains "
                              "with the compacted rollout (train it alone, or use auto)")
     devices = {c.device for c in configs}
