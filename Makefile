@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+# Two pytest-xdist workers: the modules that run Ray take one, one after another
+# (tests/conftest.py: RAY_MODULES), the rest of the suite the other.
+PYTEST := $(BIN)/python -m pytest -n 2
 
 .PHONY: browser run test test-under-load test-slow test-all test-cluster lint catalog install clean-catalog \
 	mlflow-server device-prep prometheus
@@ -41,20 +44,20 @@ prometheus:
 	  echo "prometheus could not be installed: the dashboard's Prometheus test will be skipped"
 
 test: catalog browser prometheus
-	$(BIN)/python -m pytest
+	$(PYTEST)
 
 # The default suite beside two CPU-burning processes, as on a machine shared with other work:
 # tests assert behaviour, never speed, so it passes there too (slower).
 test-under-load: catalog browser prometheus
 	@bash -c '$(BIN)/python -c "while True: pass" & a=$$!; \
 	  $(BIN)/python -c "while True: pass" & b=$$!; \
-	  trap "kill $$a $$b" EXIT; $(BIN)/python -m pytest'
+	  trap "kill $$a $$b" EXIT; $(PYTEST)'
 
 test-slow: catalog
-	$(BIN)/python -m pytest -m slow
+	$(PYTEST) -m slow
 
 test-all: catalog
-	$(BIN)/python -m pytest -m "slow or not slow"
+	$(PYTEST) -m "slow or not slow"
 
 # The cluster path alone (also part of `make test`): a real two-node Ray cluster on this machine
 # (needs root for `unshare -m`), S3 on loopback, an MLflow server; see docs/cluster.md.

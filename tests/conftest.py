@@ -68,6 +68,38 @@ def write_tiny_source(root: Path) -> Path:
     return root
 
 
+#: Modules that start Ray (a local instance, `ray start`, Ray Serve, ILS on Ray workers, a job),
+#: stop it (`ray stop --force` stops every Ray of the machine) or use its fixed ports. Under
+#: pytest-xdist (`make test` runs two workers) they run one after another in one worker, in
+#: file order, while the other worker takes the rest of the suite a module at a time
+#: (:class:`RayModulesApart`).
+RAY_MODULES = frozenset({
+    "test_custom_job", "test_dashboards", "test_distributed", "test_embedded", "test_examples",
+    "test_fresh_machine", "test_ils", "test_planner_page", "test_quiet_output", "test_raylogs",
+    "test_report", "test_serve", "test_serve_cli", "test_serve_latlon", "test_two_node"})
+
+
+class RayModulesApart:
+    """pytest-xdist's scheduler for this suite: a scope per module (its module fixtures run
+    once), except the Ray modules, which form one scope (the largest: it goes first)."""
+
+    @staticmethod
+    def pytest_xdist_make_scheduler(config, log):
+        from xdist.scheduler import LoadScopeScheduling
+
+        class Scheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                module = Path(nodeid.split("::", 1)[0]).stem
+                return "ray" if module in RAY_MODULES else module
+
+        return Scheduling(config, log)
+
+
+def pytest_configure(config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):  # its hook exists only with xdist installed
+        config.pluginmanager.register(RayModulesApart(), "optw-ray-modules-apart")
+
+
 @pytest.fixture(scope="session")
 def catalog() -> Catalog:
     """The project's catalog of the 109 benchmark regions (built here if missing)."""

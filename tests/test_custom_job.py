@@ -3,13 +3,14 @@
 Two custom regions are added to a private copy of the tiny catalog with the catalog's own
 ``add_region``: ``towncsv`` from ``tests/fixtures/custom/town.csv`` (group ``custom``) and
 ``towngeo`` from ``town.geojson`` (a custom group of its own, ``towns``). The job then runs as a
-user would start it (``optw job run --groups custom,towns --catalog ...``: the command line's
-profile, checked against THAT catalog) on a real local Ray and a temporary MLflow sqlite store:
-ILS baseline, a few epochs of training per region, evaluation, registry, report. Then the
-planner (Ray Serve on the same Ray) serves the registered champions over HTTP, and a lat/lon
-start with "HH:MM" times gets a named itinerary that passes the route validator. Last, mode
-``transfer-to`` fine-tunes a global model of the Solomon group (the tiny r199) onto the
-GeoJSON town.
+user would start it (``optw job run --mode transfer-to --groups custom,towns --from-groups
+solomon --catalog ...``: the command line's profile, checked against THAT catalog) on a real
+local Ray and a temporary MLflow sqlite store: ILS baseline, a global model of the Solomon group
+(the tiny r199) evaluated as it is on both towns, then fine-tuned on each for a few epochs,
+evaluation, registry, report. Then the planner (Ray Serve on the same Ray) serves the
+registered champions over HTTP, and a lat/lon start with "HH:MM" times gets a named itinerary
+that passes the route validator. (Training from scratch runs through the same job, worker and
+evaluation code: test_embedded.py's job and test_distributed.py's killed-worker job.)
 """
 
 from __future__ import annotations
@@ -89,10 +90,12 @@ def _profile(catalog, name: str, argv_mode: str = "scratch", **job):
 
 @pytest.fixture(scope="module")
 def job(ray_cluster, custom_catalog, store, root):
-    """``optw job run --groups custom,towns`` (scratch) on the custom catalog."""
+    """``optw job run --mode transfer-to --groups custom,towns --from-groups solomon`` on the
+    custom catalog."""
     from optw.distributed.job import run_job
 
-    profile = _profile(custom_catalog, "towns", groups="custom,towns")
+    profile = _profile(custom_catalog, "towns", argv_mode="transfer-to", groups="custom,towns",
+                       from_groups="solomon")
     return run_job(profile, catalog_dir=custom_catalog.path, tracking_uri=store,
                    storage=root / "ray_train", out_dir=root / "out", progress=False)
 
@@ -120,12 +123,13 @@ def test_custom_regions_train_evaluate_register_and_report(job, custom_catalog, 
     the custom groups ("custom", "towns") as groups of their own."""
     from optw.tracking import champion
 
-    assert sorted(job.trained) == sorted(CUSTOM) and sorted(job.registered) == sorted(CUSTOM)
+    assert sorted(job.trained) == sorted(["source-solomon", *CUSTOM])
+    assert sorted(job.registered) == sorted(CUSTOM)
     for rid in CUSTOM:
         champ = champion(rid, uri=store)
         assert champ is not None and champ.version == job.registered[rid]
     df = pd.read_parquet(job.results_path)
-    assert set(df["region"]) == set(CUSTOM) and {"model", "model_greedy"} <= set(df["method"])
+    assert set(df["region"]) == set(CUSTOM) and {"ft_tl", "ft_tl_greedy"} <= set(df["method"])
     summary = job.tables["summary"]
     assert {"custom", "towns"} <= set(summary["group"].astype(str))
     assert summary["ils"].notna().all() and summary["gap_ils"].notna().all()
@@ -154,7 +158,8 @@ def test_job_logs_its_tables_and_a_rerun_changes_nothing(job, custom_catalog, st
     arts = [a.path for a in client.list_artifacts(job.parent_run_id, "tables")]
     assert any("summary" in a for a in arts), arts
     report = job.report.read_bytes()
-    profile = _profile(custom_catalog, "towns", groups="custom,towns")
+    profile = _profile(custom_catalog, "towns", argv_mode="transfer-to", groups="custom,towns",
+                       from_groups="solomon")
     again = run_job(profile, catalog_dir=custom_catalog.path, tracking_uri=store,
                     storage=root / "ray_train", out_dir=root / "out", progress=False)
     assert sorted(again.skipped) == sorted(CUSTOM) and again.trained == []
@@ -194,29 +199,23 @@ def test_planner_plans_a_latlon_trip_with_clock_times(job, custom_catalog, store
         stop_planner()
 
 
-def test_transfer_to_fine_tunes_a_benchmark_global_model_onto_a_town(
-        job, custom_catalog, store, root):
-    """``--mode transfer-to --regions towngeo --from-groups solomon``: a global model of the
-    Solomon regions (r199 here) is trained, evaluated as it is on the town (``tl``), then
-    fine-tuned on it from its final checkpoint and registered (``ft_tl``)."""
+def test_transfer_to_fine_tunes_a_benchmark_global_model_onto_the_towns(job, root):
+    """Mode ``transfer-to``: the global model of the Solomon regions (r199 here, no town) is
+    evaluated as it is on each town (``tl``), then fine-tuned on each town from its final
+    checkpoint (the fine-tuning budget) and registered (``ft_tl``); both methods are in the
+    job's results and summary table."""
     import torch
 
-    from optw.distributed.job import run_job
-
-    profile = _profile(custom_catalog, "to-town", argv_mode="transfer-to", regions="towngeo",
-                       from_groups="solomon")
-    out = root / "transfer"
-    summary = run_job(profile, catalog_dir=custom_catalog.path, tracking_uri=store,
-                      storage=out / "ray_train", out_dir=out, progress=False)
-    assert sorted(summary.trained) == ["source-solomon", "towngeo"]
-    assert list(summary.registered) == ["towngeo"]
-    ft = torch.load(out / "models" / "finetune-towngeo.pt", weights_only=True)
-    assert ft["train"]["config"]["finetune"] is True and ft["train"]["epoch"] == 2
-    assert ft["train"]["config"]["regions"] == ["towngeo"]
-    glob = torch.load(out / "models" / "global-source-solomon.pt", weights_only=True)
+    models = root / "out" / "models"
+    glob = torch.load(models / "global-source-solomon.pt", weights_only=True)
     assert glob["train"]["config"]["regions"] == ["r199"]
-    methods = set(pd.read_parquet(summary.results_path)["method"])
-    assert {"tl", "ft_tl"} <= methods
+    for rid in CUSTOM:
+        ft = torch.load(models / f"finetune-{rid}.pt", weights_only=True)
+        assert ft["train"]["config"]["finetune"] is True and ft["train"]["epoch"] == 2
+        assert ft["train"]["config"]["regions"] == [rid]
+    methods = set(pd.read_parquet(job.results_path)["method"])
+    assert {"tl", "tl_greedy", "ft_tl"} <= methods
+    assert {"tl", "ft_tl"} <= set(job.tables["summary"]["method"])
 
 
 def test_report_groups_custom_models_by_their_group():

@@ -252,6 +252,21 @@ def test_packs_keep_every_worker_slot_busy():
     assert [len(p) for p in packs(members(5), 1, capacity=8)] == [1] * 5
 
 
+def test_worker_slots_count_what_each_worker_asks_node_by_node():
+    """The job's worker slots (the capacity its packs are planned for) count, on each node,
+    how many workers fit every resource they ask for: CPUs, a GPU share and custom resources
+    (a job's ``worker_resources``), never a CPU of one node plus one of another."""
+    from optw.distributed.preflight import worker_slots
+
+    head, node = {"Resources": {"CPU": 3.0}}, {"Resources": {"CPU": 3.0, "GPU": 1.0, "t": 2.0}}
+    assert worker_slots({"CPU": 2}, [head, node]) == 2  # not 6 // 2
+    assert worker_slots({"CPU": 1}, [head, node]) == 6
+    assert worker_slots({"CPU": 1, "t": 1}, [head, node]) == 2  # only the node has "t"
+    assert worker_slots({"CPU": 1, "GPU": 0.25}, [head, node]) == 3
+    assert worker_slots({"CPU": 1, "GPU": 1 / 3}, [head, node]) == 3  # fractions round well
+    assert worker_slots({"CPU": 8}, [head, node]) == 1  # none yet: a launcher may add nodes
+
+
 def test_plan_resolves_configs_and_pack_mode_once(catalog):
     """The plan resolves each unit's TrainConfig once (config_for: [train], [finetune] or
     [global.<group>]) and decides per pack whether it trains batched: per-region models of one
@@ -342,6 +357,8 @@ def test_plan_per_mode(catalog):
     assert {u.key for u in g} == {"global-solomon", "global-cordeau", "global-gavalas"}
     assert all(u.key == f"global-{u.group}" for u in g)  # whose [global.<group>] applies
     assert all(u.init_from == f"global-{catalog.regions_table.at[u.key, 'group']}" for u in f)
+    assert all(u.method == "global_ft" and u.register for u in f)
+    assert all(not u.register and not u.eval_regions for u in g)
     tg, tf = plan("transfer", catalog, ["c101", "c103", "pr01"])
     sol = next(u for u in tg if u.key == "transfer-solomon")
     assert "c101" not in sol.train_regions and "c103" in sol.train_regions
@@ -398,19 +415,22 @@ def test_a_worker_no_node_can_hold_is_refused_before_training(ray_cluster, tiny_
 
 
 @pytest.mark.parametrize("pack,pack_mode", [
-    # the one-region worker's restart is checked in the default suite by test_two_node's
-    # killed remote worker (each region in a worker of its own there): `make test-slow`
+    # `make test-slow`: the default suite checks the one-region worker's restart and the
+    # one-after-another pack's in test_two_node's killed remote worker (a pack of both regions
+    # trained one after another, killed during its second one)
     pytest.param(1, "sequential", marks=pytest.mark.slow),
-    (2, "sequential"), (2, "batched")])
+    pytest.param(2, "sequential", marks=pytest.mark.slow),
+    (2, "batched")])
 def test_killed_worker_resumes_from_checkpoint(ray_cluster, tiny_catalog, store, tmp_path,
                                                pack, pack_mode):
     """SIGKILL of one region's Ray Train worker after its first checkpoint: Ray Train restarts
     it from that checkpoint, the job completes every region, one registry version each. With
     a pack of both regions in one worker trained one after another (pr99 second), the
     restarted worker keeps r199's finished model instead of training it again; trained side
-    by side, both members resume from the pack's one checkpoint. (The plain one-region case,
-    ``pack=1``, is marked slow: test_two_node.py::test_two_node_job_with_killed_remote_worker
-    kills and resumes a one-region worker in the default suite.)"""
+    by side, both members resume from the pack's one checkpoint. (``pack=1`` and the
+    one-after-another pack are marked slow: test_two_node.py::
+    test_two_node_job_with_killed_remote_worker kills a one-after-another pack of both regions
+    during its second region in the default suite.)"""
     from optw.tracking import get_client
 
     marker = tmp_path / "paused.pid"
@@ -452,9 +472,13 @@ def test_killed_worker_resumes_from_checkpoint(ray_cluster, tiny_catalog, store,
         assert ckpt["train"]["epoch"] == 6
 
 
+@pytest.mark.slow
 def test_tune_sweep_few_trials(ray_cluster, tiny_catalog, store, tmp_path):
-    """A Tune sweep of a few trials reports gap to ILS, picks the best, writes a profile."""
-    from optw.distributed.tune import run_sweep, write_profile
+    """A Tune sweep of a few trials on a local Ray reports gap to ILS and picks the best.
+    (`make test-slow`: the default suite runs a sweep of two trials on the two-node cluster,
+    test_two_node.py::test_tune_runs_against_the_jobs_storage_uri, and writes a profile from
+    a best trial in test_tune_writes_the_best_trial_as_a_profile.)"""
+    from optw.distributed.tune import run_sweep
 
     profile = tiny_profile("sweep", epochs=4, val_every=2)
     res = run_sweep(profile, ["r199"], num_samples=2,
@@ -463,14 +487,22 @@ def test_tune_sweep_few_trials(ray_cluster, tiny_catalog, store, tmp_path):
                     storage=tmp_path / "tune", progress=False)
     assert len(res.trials) == 2 and res.best_config["lr"] in (1e-4, 1e-3)
     assert set(res.best_trial) == {"lr", "model.clip"}
+
+
+def test_tune_writes_the_best_trial_as_a_profile(tmp_path):
+    """A sweep's best trial (its sampled settings, dotted keys as in the search space) becomes
+    a profile that keeps the base profile's budget, takes the file's name as the job's, and is
+    never written over an existing file."""
+    from optw.distributed.tune import write_profile
+
+    best_trial = {"lr": 1e-3, "model.clip": 5.0}
     base = tiny_profile("sweep", epochs=40, val_every=10)  # the budget a written profile keeps
-    out = write_profile(base, res.best_trial, tmp_path / "best.toml")
+    out = write_profile(base, best_trial, tmp_path / "best.toml")
     best = load_profile(out)
-    assert best.train.lr == res.best_config["lr"]
-    assert best.train.model.get("clip") == res.best_config["model"]["clip"]
+    assert best.train.lr == 1e-3 and best.train.model.get("clip") == 5.0
     assert best.job.name == "best" and best.train.epochs == 40 and best.train.val_every == 10
     with pytest.raises(FileExistsError):
-        write_profile(base, res.best_trial, out)  # never overwritten
+        write_profile(base, best_trial, out)  # never overwritten
 
 
 # ----------------------------------------------------------------------------- real regions
@@ -512,16 +544,18 @@ def _check_real_job(summary, store, tmp_path, method: str):
 
 
 @pytest.mark.parametrize("mode,method", [
-    # scratch end to end is in the default suite as test_custom_job.py's job (champions, results,
-    # summary table and report logged, a re-run that changes nothing) and test_embedded.py's;
-    # real regions with stored ILS results as the global-ft and transfer jobs here
+    # `make test-slow`. The default suite checks scratch end to end through test_embedded.py's
+    # job and test_distributed's killed-worker job; a job's global stage and fine-tuning stage
+    # (champions, results, summary table and report logged, a re-run that changes nothing)
+    # through test_custom_job.py's transfer-to job; a global model validated on several regions
+    # in test_pack.py, its gap to ILS in test_evaluate.py; global-ft's plan in test_plan_per_mode
     pytest.param("scratch", "model", marks=pytest.mark.slow),
-    ("global-ft", "global_ft")])
+    pytest.param("global-ft", "global_ft", marks=pytest.mark.slow)])
 def test_job_modes_on_real_regions(ray_cluster, real_catalog, tmp_path, mode, method):
     """scratch and global-ft on two real Cordeau regions with stored ILS results (validation
-    over several regions, gaps to ILS): both complete and register loadable champions.
-    scratch (slow: test_custom_job.py checks the same on the towns, test_embedded.py through
-    embedded.sh): each region's champion is the version the job registered, the results,
+    over several regions, gaps to ILS): both complete and register loadable champions (both
+    slow: see the parameters for where the default suite checks the same). scratch: each
+    region's champion is the version the job registered, the results,
     summary table and report are written and logged; running the job again skips every
     region, registers nothing new and keeps the earlier report, results and parent run
     (issue 16). global-ft: one global model of the group (validated on both regions), then
@@ -564,9 +598,12 @@ def test_job_modes_on_real_regions(ray_cluster, real_catalog, tmp_path, mode, me
         assert len(client.search_model_versions(f"name = 'optw-{rid}'")) == 1
 
 
+@pytest.mark.slow
 def test_transfer_mode_on_real_regions(ray_cluster, real_catalog, tmp_path):
     """transfer on a Cordeau subset: the global model (trained without pr01, pr02) is
-    evaluated as is (tl) and fine-tuned (ft_tl); both are in the job's tables."""
+    evaluated as is (tl) and fine-tuned (ft_tl); both are in the job's tables. (`make
+    test-slow`: the default suite runs the same two stages, tl then ft_tl, as test_custom_job's
+    transfer-to job, and checks transfer's plan in test_plan_per_mode.)"""
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     profile = tiny_profile("real-transfer", mode="transfer", regions=REAL, val_tourists=1,
                            epochs=2, pack=2)

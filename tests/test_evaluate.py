@@ -332,3 +332,18 @@ def test_evaluation_stores_per_tourist_solve_times(tiny_catalog, tmp_path, one_b
                                   EvaluateSettings(beams=2, validation_tourists=6,
                                                    beam_sweep=[]), str(tiny_catalog.path))
         assert [r["score"] for r in batch] == [r["score"] for r in rows]
+
+
+def test_gap_to_ils_of_a_model_validated_on_several_regions():
+    """A global model's validation gap to ILS (what Ray Tune ranks trials on and the job's
+    gauges show) is the mean over its regions of each region's gap, each region's score taken
+    from its ``val_score/<region>``; a one-region model's plain ``val_score`` serves its one
+    region; regions without an ILS mean (or a zero one) are left out; None without any."""
+    from optw.evaluate.protocol import gap_to_ils
+
+    metrics = {"val_score/pr01": 90.0, "val_score/pr02": 150.0, "val_score": 120.0}
+    ils = {"pr01": 100.0, "pr02": 200.0}
+    assert gap_to_ils(metrics, ils) == pytest.approx((10.0 + 25.0) / 2)
+    assert gap_to_ils({"val_score": 110.0}, {"r199": 100.0}) == pytest.approx(-10.0)
+    assert gap_to_ils(metrics, {"pr01": 100.0, "c101": 0.0}) == pytest.approx(10.0)
+    assert gap_to_ils(metrics, {}) is None

@@ -49,14 +49,16 @@ BUCKET = "optw-test"
 HIDDEN = ("runs", "mlartifacts", "region_catalog")
 
 
-def profile(name: str, epochs: int = 6) -> JobProfile:
-    """Both tiny regions in one pack (one Ray Train worker, r199 first)."""
+def profile(name: str, epochs: int = 6, cpus: int = 1) -> JobProfile:
+    """Both tiny regions with two a worker; a worker asking for ``cpus`` = 2 takes the whole
+    second node, so the plan really packs them (one Ray Train worker, r199 first; with 1 CPU
+    a worker the node's two slots get one region each)."""
     return JobProfile.from_dict({
         "job": {"name": name, "mode": "scratch", "regions": REGIONS},
         "train": {"epochs": epochs, "batch_size": 4, "val_every": 0, "val_tourists": 4,
                   "checkpoint_every": 2, "threads": 1},
         "evaluate": {"beams": 2, "validation_tourists": 4, "beam_sweep": [1, 2]},
-        "resources": {"cpus_per_region": 1, "max_failures": 2, "regions_per_worker": 2},
+        "resources": {"cpus_per_region": cpus, "max_failures": 2, "regions_per_worker": 2},
     }, source=f"test-{name}")
 
 
@@ -98,7 +100,7 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 60
     raise RuntimeError(f"{what} not listening on {port} after {timeout:.0f} s")
 
 
-def _stop_tree(proc: subprocess.Popen, timeout: float = 10) -> None:
+def _stop_tree(proc: subprocess.Popen, timeout: float = 3) -> None:
     """Stop a ``ray start --block`` we started and every process under it (what ``ray stop``
     does, but only for these): SIGTERM to all, SIGKILL to what is left after ``timeout`` s."""
     import psutil
@@ -322,13 +324,14 @@ def test_cluster_refuses_node_local_storage_sqlite_and_head_catalog(cluster, tmp
 
 
 def test_two_node_job_with_killed_remote_worker(cluster, monkeypatch):
-    """A tiny job on the two-node cluster, its region worker forced onto the hidden second
+    """A tiny job on the two-node cluster, its pack's worker forced onto the hidden second
     node, storage and catalog in S3 (``$OPTW_STORAGE``, ``--catalog s3://``), MLflow over
-    HTTP: killing that worker mid-run resumes it from the checkpoint in S3 (each region
-    trains in a worker of its own here: the killed one continues where it was; a pack's
-    finished member is kept by test_distributed's packed variants), and the checkpoints,
-    final models, results, report, registered versions (loadable, region bundled) and their
-    proxied artifacts all come out complete."""
+    HTTP: killing that worker mid-run resumes it from the checkpoint in S3. Both regions
+    train in that one worker, one after another: the restarted worker keeps r199's finished
+    model instead of training it again, and pr99 (the plain one-region case: a running
+    member) continues from its epoch-2 checkpoint. The checkpoints, final models, results,
+    report, registered versions (loadable, region bundled) and their proxied artifacts all
+    come out complete. (test_distributed's side-by-side pack covers the batched restart.)"""
     import pandas as pd
     import pyarrow.fs
     import torch
@@ -355,7 +358,8 @@ def test_two_node_job_with_killed_remote_worker(cluster, monkeypatch):
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     name = "two-node"
-    summary = run_job(profile(name), catalog_dir=cluster["catalog"], tracking_uri=server,
+    summary = run_job(profile(name, cpus=2), catalog_dir=cluster["catalog"],
+                      tracking_uri=server,
                       progress=False, worker_resources={RESOURCE: 1},
                       callbacks={"pr99": [PauseAfterCheckpoint(str(marker))]})
     thread.join(5)
@@ -377,6 +381,7 @@ def test_two_node_job_with_killed_remote_worker(cluster, monkeypatch):
     files = [i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))]
     packs = [p for p in files if p.endswith("/pack.json")]
     assert len(packs) >= 2, files  # every checkpoint of the pack, before and after the kill
+    assert all("-pack2-" in p for p in packs), packs  # both regions in one worker
     for rid in REGIONS:
         with st.local_file(st.join(out, "models", f"scratch-{rid}.pt")) as path:
             assert torch.load(path, weights_only=True)["train"]["epoch"] == 6
@@ -404,8 +409,7 @@ def test_tune_runs_against_the_jobs_storage_uri(cluster, monkeypatch):
     """`optw tune` on the two-node cluster (issue 25, item 4): Ray Tune's and every trial's
     Ray Train files go to the job's storage URI (``$OPTW_STORAGE``, S3), the catalog is given
     by URI (each trial's worker mirrors it on its own node), the early check passes, and the
-    trial reports its gap to ILS. (One trial: test_distributed's sweep checks several trials
-    and the pick of the best.)"""
+    trials report their gap to ILS; the best of the two is picked."""
     import dataclasses
 
     import pyarrow.fs
@@ -416,10 +420,13 @@ def test_tune_runs_against_the_jobs_storage_uri(cluster, monkeypatch):
     monkeypatch.setenv("OPTW_STORAGE", s3)
     base = profile("two-node-tune", epochs=4)
     base = dataclasses.replace(base, train=base.train.replace(val_every=2))
-    res = run_sweep(base, ["r199"], num_samples=1, space={"lr": ("choice", [1e-4, 1e-3])},
+    res = run_sweep(base, ["r199"], num_samples=2,
+                    space={"lr": ("choice", [1e-4, 1e-3]), "model.clip": ("choice", [5.0, 10.0])},
                     catalog_dir=cluster["catalog"], tracking_uri=server, progress=False,
                     name="two-node-tune")
-    assert len(res.trials) == 1 and res.trials[METRIC].notna().all()
+    assert len(res.trials) == 2 and res.trials[METRIC].notna().all()
+    assert set(res.best_trial) == {"lr", "model.clip"} and res.best_config["lr"] in (1e-4, 1e-3)
+    assert res.best_gap == res.trials[METRIC].min()  # the smallest gap to ILS
     fs, root = st.filesystem(st.join(s3, "ray_tune"))
     files = [i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))]
     assert any(p.startswith(f"{root}/two-node-tune/") for p in files), files  # Tune's state

@@ -29,7 +29,7 @@ from optw.catalog import CATALOG_VERSION, open_catalog
 from optw.distributed import storage as st
 from optw.distributed.mirror import local_catalog, push_baselines
 from optw.distributed.plan import Member, PackSpec, Unit, packs, plan, select_regions
-from optw.distributed.preflight import Setting, check_cluster, check_worker_fits
+from optw.distributed.preflight import Setting, check_cluster, check_worker_fits, worker_slots
 from optw.distributed.profile import JobProfile
 
 
@@ -199,15 +199,13 @@ def _finish_unit(unit: Unit, run_id: str, checkpoint: str, local: Path, config: 
 # ----------------------------------------------------------------------------- the job
 
 
-def _capacity(profile: JobProfile, use_gpu: bool) -> int:
-    import ray
-
-    res = ray.cluster_resources()
-    by_cpu = int(res.get("CPU", 1) // profile.resources.cpus_per_region)
+def _capacity(profile: JobProfile, use_gpu: bool, worker_resources: dict[str, float]) -> int:
+    """Region workers the cluster holds at once: what each asks for (its CPUs, GPU share and
+    custom resources), node by node."""
+    need = {"CPU": profile.resources.cpus_per_region, **worker_resources}
     if use_gpu:
-        by_gpu = int(res.get("GPU", 0) // profile.resources.gpu_fraction)
-        return max(1, min(by_cpu, by_gpu))
-    return max(1, by_cpu)
+        need["GPU"] = profile.resources.gpu_fraction
+    return worker_slots(need)
 
 
 def _skip_done(stages: list[list[Unit]], config_hash: str,
@@ -290,7 +288,8 @@ def run_job(
         experiment_id(name, uri)  # the server decides where a new experiment's artifacts go
         check_artifact_location(uri, name, nodes)
     warm_train_coordinator()  # up by the first Ray Train run (after ILS)
-    capacity = _capacity(profile, use_gpu)
+    capacity = _capacity(profile, use_gpu, {k: float(v) for k, v in
+                                            (worker_resources or {}).items()})
     where = f"{nodes} nodes, " if nodes > 1 else ""
     _say(progress, f"job {name}: mode {profile.job.mode}, {len(selected)} regions, "
          f"{sum(len(s) for s in stages)} models, {capacity} at a time "

@@ -95,6 +95,21 @@ def alive_nodes() -> list[dict[str, Any]]:
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
+def worker_slots(need: dict[str, float], nodes: list[dict[str, Any]] | None = None) -> int:
+    """How many region workers asking for ``need`` (Ray resources of one node: ``CPU``, maybe
+    ``GPU`` and custom ones) the cluster's nodes hold at once, node by node (two nodes of 3
+    CPUs hold two 2-CPU workers, not three); at least 1 (a cluster whose launcher adds nodes
+    may have none yet). ``nodes``: the connected cluster's (:func:`alive_nodes`) unless
+    given."""
+    nodes = alive_nodes() if nodes is None else nodes
+    asked = {k: float(v) for k, v in need.items() if v > 0}
+
+    def holds(have: dict[str, float]) -> int:  # a small tolerance for fractions (GPU shares)
+        return int(min((have.get(k, 0.0) + 1e-9) // v for k, v in asked.items()))
+
+    return max(1, sum(holds(n.get("Resources", {})) for n in nodes) if asked else len(nodes))
+
+
 def check_worker_fits(cpus: float, gpu: float | None = None,
                       nodes: list[dict[str, Any]] | None = None, can_add: int | None = None,
                       ) -> None:
