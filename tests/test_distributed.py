@@ -475,9 +475,10 @@ def test_killed_worker_resumes_from_checkpoint(ray_cluster, tiny_catalog, store,
 @pytest.mark.slow
 def test_tune_sweep_few_trials(ray_cluster, tiny_catalog, store, tmp_path):
     """A Tune sweep of a few trials on a local Ray reports gap to ILS and picks the best.
-    (`make test-slow`: the default suite runs a sweep of two trials on the two-node cluster,
-    test_two_node.py::test_tune_runs_against_the_jobs_storage_uri, and writes a profile from
-    a best trial in test_tune_writes_the_best_trial_as_a_profile.)"""
+    (`make test-slow`: the default suite runs a sweep on the two-node cluster,
+    test_two_node.py::test_tune_runs_against_the_jobs_storage_uri, picks the best of a trials
+    table in test_tune_picks_the_trial_closest_to_ils and writes a profile from it in
+    test_tune_writes_the_best_trial_as_a_profile.)"""
     from optw.distributed.tune import run_sweep
 
     profile = tiny_profile("sweep", epochs=4, val_every=2)
@@ -487,6 +488,25 @@ def test_tune_sweep_few_trials(ray_cluster, tiny_catalog, store, tmp_path):
                     storage=tmp_path / "tune", progress=False)
     assert len(res.trials) == 2 and res.best_config["lr"] in (1e-4, 1e-3)
     assert set(res.best_trial) == {"lr", "model.clip"}
+
+
+def test_tune_picks_the_trial_closest_to_ils():
+    """The sweep's best trial is the one with the smallest gap to ILS among the trials that
+    reported one (a failed trial has none), its drawn values as plain Python numbers; a
+    sweep where no trial reported fails naming the trials' errors."""
+    import math
+
+    import pandas as pd
+
+    from optw.distributed.tune import METRIC, pick_best
+
+    trials = pd.DataFrame({"trial.lr": [1e-4, 1e-3, 3e-4], "trial.model.clip": [5.0, 10.0, 5.0],
+                           METRIC: [12.5, 3.0, math.nan], "error": ["", "", "boom"]})
+    best, drawn = pick_best(trials)
+    assert best[METRIC] == 3.0 and drawn == {"lr": 1e-3, "model.clip": 10.0}
+    assert all(type(v) is float for v in drawn.values())
+    with pytest.raises(RuntimeError, match="boom"):
+        pick_best(trials.iloc[2:])
 
 
 def test_tune_writes_the_best_trial_as_a_profile(tmp_path):
@@ -503,6 +523,24 @@ def test_tune_writes_the_best_trial_as_a_profile(tmp_path):
     assert best.job.name == "best" and best.train.epochs == 40 and best.train.val_every == 10
     with pytest.raises(FileExistsError):
         write_profile(base, best_trial, out)  # never overwritten
+
+
+@pytest.mark.slow
+def test_report_of_a_real_tiny_job(ray_cluster, tiny_catalog, tmp_path):
+    """The report of a real tiny platform job (Ray, two regions) has training curves, gap
+    and time/score plots, and is logged as `report/` of the parent run. (Here, with the
+    other tests that start Ray; the report's own tests are in test_report.py.)"""
+    from optw.report import write_and_log_report
+    from optw.tracking import get_client
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    summary = _run(tiny_profile("report-e2e", val_every=2), tiny_catalog, uri, tmp_path)
+    index = write_and_log_report(summary.parent_run_id, tmp_path / "out" / "report", uri)
+    plots = sorted(p.name for p in (index.parent / "plots").iterdir())
+    assert "time_score.png" in plots and "gaps_benchmark.png" in plots
+    assert any(p.startswith("curves_") for p in plots)
+    names = {f.path for f in get_client(uri).list_artifacts(summary.parent_run_id, "report")}
+    assert "report/index.html" in names
 
 
 # ----------------------------------------------------------------------------- real regions

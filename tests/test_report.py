@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import local_ray, stop_process
+from conftest import stop_process
 
 REGIONS = {"r199": "solomon", "c199": "solomon", "pr99": "cordeau", "t199": "gavalas"}
 BEST_KNOWN = {"r199": 60.0, "c199": 70.0, "pr99": 90.0, "t199": 80.0}
@@ -411,27 +411,3 @@ def test_report_in_headless_chromium(job_store, tmp_path, output_dir):
     finally:
         stop_process(proc)
 
-
-# ----------------------------------------------------------------------------- the real job
-
-
-@pytest.mark.slow
-def test_report_of_a_real_tiny_job(tiny_catalog, tmp_path):
-    """The report of a real tiny platform job (Ray, two regions) has training curves, gap
-    and time/score plots, and is logged as `report/` of the parent run."""
-    from optw.distributed.job import run_job
-    from optw.report import write_and_log_report
-    from optw.tracking import get_client
-    from test_distributed import tiny_profile
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    with local_ray():
-        summary = run_job(tiny_profile("report-e2e", val_every=2), catalog_dir=tiny_catalog.path,
-                          tracking_uri=uri, storage=tmp_path / "ray_train",
-                          out_dir=tmp_path / "out", progress=False)
-    index = write_and_log_report(summary.parent_run_id, tmp_path / "out" / "report", uri)
-    plots = sorted(p.name for p in (index.parent / "plots").iterdir())
-    assert "time_score.png" in plots and "gaps_benchmark.png" in plots
-    assert any(p.startswith("curves_") for p in plots)
-    names = {f.path for f in get_client(uri).list_artifacts(summary.parent_run_id, "report")}
-    assert "report/index.html" in names

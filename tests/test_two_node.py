@@ -409,7 +409,8 @@ def test_tune_runs_against_the_jobs_storage_uri(cluster, monkeypatch):
     """`optw tune` on the two-node cluster (issue 25, item 4): Ray Tune's and every trial's
     Ray Train files go to the job's storage URI (``$OPTW_STORAGE``, S3), the catalog is given
     by URI (each trial's worker mirrors it on its own node), the early check passes, and the
-    trials report their gap to ILS; the best of the two is picked."""
+    trial reports its gap to ILS. (One trial: the pick of the best is checked on a trials
+    table in test_distributed.py::test_tune_picks_the_trial_closest_to_ils.)"""
     import dataclasses
 
     import pyarrow.fs
@@ -420,13 +421,13 @@ def test_tune_runs_against_the_jobs_storage_uri(cluster, monkeypatch):
     monkeypatch.setenv("OPTW_STORAGE", s3)
     base = profile("two-node-tune", epochs=4)
     base = dataclasses.replace(base, train=base.train.replace(val_every=2))
-    res = run_sweep(base, ["r199"], num_samples=2,
+    res = run_sweep(base, ["r199"], num_samples=1,
                     space={"lr": ("choice", [1e-4, 1e-3]), "model.clip": ("choice", [5.0, 10.0])},
                     catalog_dir=cluster["catalog"], tracking_uri=server, progress=False,
                     name="two-node-tune")
-    assert len(res.trials) == 2 and res.trials[METRIC].notna().all()
+    assert len(res.trials) == 1 and res.trials[METRIC].notna().all()
     assert set(res.best_trial) == {"lr", "model.clip"} and res.best_config["lr"] in (1e-4, 1e-3)
-    assert res.best_gap == res.trials[METRIC].min()  # the smallest gap to ILS
+    assert res.best_gap == res.trials[METRIC].min()
     fs, root = st.filesystem(st.join(s3, "ray_tune"))
     files = [i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))]
     assert any(p.startswith(f"{root}/two-node-tune/") for p in files), files  # Tune's state

@@ -288,8 +288,8 @@ def run_job(
         experiment_id(name, uri)  # the server decides where a new experiment's artifacts go
         check_artifact_location(uri, name, nodes)
     warm_train_coordinator()  # up by the first Ray Train run (after ILS)
-    capacity = _capacity(profile, use_gpu, {k: float(v) for k, v in
-                                            (worker_resources or {}).items()})
+    extra = {k: float(v) for k, v in (worker_resources or {}).items()}
+    capacity = _capacity(profile, use_gpu, extra)
     where = f"{nodes} nodes, " if nodes > 1 else ""
     _say(progress, f"job {name}: mode {profile.job.mode}, {len(selected)} regions, "
          f"{sum(len(s) for s in stages)} models, {capacity} at a time "
@@ -324,7 +324,7 @@ def run_job(
         "catalog_version": CATALOG_VERSION, "regions": len(selected)}, uri=uri)
     ctx = JobContext(job, name, uri, catalog_loc, storage, st.join(out, "models"), profile,
                      config_hash, use_gpu, {k: tuple(v) for k, v in (callbacks or {}).items()},
-                     {k: float(v) for k, v in (worker_resources or {}).items()})
+                     extra)
     remote = ray.remote(num_cpus=0, max_retries=0)(run_pack)
     results: dict[str, dict[str, Any]] = {}
     trained: list[str] = []

@@ -214,13 +214,11 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
                      METRIC: m.get(METRIC), "epoch": m.get("epoch"),
                      "val_score": m.get("val_score"), "error": str(res.error or "")})
     trials = pd.DataFrame(rows)
-    ok = trials.dropna(subset=[METRIC])
-    if ok.empty:
+    try:
+        best, best_trial = pick_best(trials)
+    except RuntimeError:
         job.finish("FAILED")
-        raise RuntimeError(f"no trial reported {METRIC}; see the trial errors:\n{trials}")
-    best = ok.sort_values(METRIC).iloc[0]
-    best_trial = {k[len("trial."):]: v.item() if hasattr(v, "item") else v  # numpy -> Python
-                  for k, v in best.items() if k.startswith("trial.")}
+        raise
     best_train = apply_trial(train, best_trial).to_dict()
     best_train.pop("regions")
     log_tables(job.run_id, {"trials": trials}, uri=uri)
@@ -244,6 +242,19 @@ def profile_name(path: str | Path) -> str:
     stem = Path(path).stem.strip()
     name = "".join("-" if c in "/\\ " else c for c in stem).strip("-")
     return name or "tuned"
+
+
+def pick_best(trials: Any) -> tuple[Any, dict[str, Any]]:
+    """The best trial of a sweep's trials table (one row per trial: its ``trial.<key>`` values,
+    its last ``METRIC``): the row with the smallest gap to ILS among those that reported one,
+    and the values it drew (plain Python numbers). RuntimeError when none reported."""
+    ok = trials.dropna(subset=[METRIC])
+    if ok.empty:
+        raise RuntimeError(f"no trial reported {METRIC}; see the trial errors:\n{trials}")
+    best = ok.sort_values(METRIC).iloc[0]
+    drawn = {k[len("trial."):]: v.item() if hasattr(v, "item") else v  # numpy -> Python
+             for k, v in best.items() if k.startswith("trial.")}
+    return best, drawn
 
 
 def write_profile(base: JobProfile, best_trial: dict[str, Any], path: str | Path,
