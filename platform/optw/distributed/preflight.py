@@ -102,12 +102,15 @@ def worker_slots(need: dict[str, float], nodes: list[dict[str, Any]] | None = No
     may have none yet). ``nodes``: the connected cluster's (:func:`alive_nodes`) unless
     given."""
     nodes = alive_nodes() if nodes is None else nodes
+    return max(1, sum(_holds(n, need) for n in nodes))
+
+
+def _holds(node: dict[str, Any], need: dict[str, float]) -> int:
+    """How many workers asking for ``need`` fit on ``node`` (an :func:`alive_nodes` entry);
+    a small tolerance keeps fractions (GPU shares) whole."""
+    have = node.get("Resources", {})
     asked = {k: float(v) for k, v in need.items() if v > 0}
-
-    def holds(have: dict[str, float]) -> int:  # a small tolerance for fractions (GPU shares)
-        return int(min((have.get(k, 0.0) + 1e-9) // v for k, v in asked.items()))
-
-    return max(1, sum(holds(n.get("Resources", {})) for n in nodes) if asked else len(nodes))
+    return int(min((have.get(k, 0.0) + 1e-9) // v for k, v in asked.items())) if asked else 1
 
 
 def check_worker_fits(cpus: float, gpu: float | None = None,
@@ -120,8 +123,7 @@ def check_worker_fits(cpus: float, gpu: float | None = None,
     nodes = alive_nodes() if nodes is None else nodes
     can_add = autoscaling_workers() if can_add is None else can_add
     need = {"CPU": cpus, **({"GPU": gpu} if gpu is not None else {})}
-    if can_add or any(all(n.get("Resources", {}).get(k, 0.0) >= v for k, v in need.items())
-                      for n in nodes):
+    if can_add or any(_holds(n, need) for n in nodes):
         return
     most = max((n.get("Resources", {}).get("CPU", 0.0) for n in nodes), default=0.0)
     where = "node of this cluster" if len(nodes) > 1 else "this Ray instance"
