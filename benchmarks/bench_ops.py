@@ -94,7 +94,6 @@ class Runner:
     def epoch(self) -> None:
         from optw.catalog import sample_tourists
         from optw.env import make_instances
-        from optw.train.loop import train_step
 
         c = self.config
         inst = make_instances(self.region, sample_tourists(self.region, c.tourists_per_epoch,
@@ -102,8 +101,31 @@ class Runner:
                               self.device)
         if self.graphed is not None:
             self.graphed(inst, 1e-5)
-        else:
-            train_step(self.model, self.opt, inst, self.ids, self.gen, c, 1e-5, self.mode)
+            return
+        try:
+            from optw.train.loop import train_step
+        except ImportError:  # a baseline from before train_step (2f4bf16): its loop, inline
+            legacy_step(self.model, self.opt, inst, self.ids, self.gen, c, 1e-5)
+            return
+        train_step(self.model, self.opt, inst, self.ids, self.gen, c, 1e-5, self.mode)
+
+
+def legacy_step(model, opt, inst, ids, gen, c, lr: float) -> None:
+    """One epoch's learning step as :func:`optw.train.train` did it before ``train_step``
+    existed (2f4bf16, the code issue 24 measured): compacted rollout, REINFORCE with the
+    per-tourist mean baseline and the entropy bonus, clipping, one Adam step."""
+    from optw.decode import rollout
+
+    out = rollout(model, inst, ids, greedy=False, generator=gen)
+    reward = out.reward.view(c.tourists_per_epoch, c.batch_size)
+    advantage = (reward - reward.mean(dim=1, keepdim=True)).view(-1)
+    loss = -(advantage.detach() * out.log_prob).mean() - c.beta * out.entropy.mean()
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
+    opt.step()
 
 
 def count_ops(runner: Runner, epochs: int) -> dict[str, float]:

@@ -89,6 +89,23 @@ def test_beam_with_keep_greedy_is_never_below_greedy(catalog, untrained):
                 assert b.score >= g.score - 1e-9
 
 
+def test_keep_greedy_reuses_given_greedy_solutions(catalog, untrained):
+    """Beam search and sampling given the batch's greedy solutions (an evaluation that reports
+    greedy too) return the routes and scores they find decoding greedy themselves, with the
+    greedy seconds added; greedy solutions of other tourists are refused, naming the argument."""
+    region = catalog.region("t201")
+    tourists = catalog.validation("t201")[:5]
+    greedy = solve(untrained, region, tourists, "greedy")
+    for method, kw in (("beam", {"beams": 4}), ("sampling", {"samples": 4})):
+        own = solve(untrained, region, tourists, method, **kw)
+        given = solve(untrained, region, tourists, method, greedy=greedy, **kw)
+        assert [s.route for s in given] == [s.route for s in own]
+        assert [s.score for s in given] == [s.score for s in own]
+        assert all(s.seconds >= greedy[0].seconds for s in given)
+    with pytest.raises(ValueError, match="greedy: one greedy solution per tourist"):
+        solve(untrained, region, tourists[:3], "beam", beams=2, greedy=greedy)
+
+
 def test_every_method_returns_valid_solutions(catalog, untrained):
     """Every method returns one validated Solution per tourist with a consistent schedule."""
     region = catalog.region("t101")

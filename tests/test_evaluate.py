@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -332,6 +333,37 @@ def test_evaluation_stores_per_tourist_solve_times(tiny_catalog, tmp_path, one_b
                                   EvaluateSettings(beams=2, validation_tourists=6,
                                                    beam_sweep=[]), str(tiny_catalog.path))
         assert [r["score"] for r in batch] == [r["score"] for r in rows]
+
+
+def test_evaluation_rows_are_the_methods_own_solutions(tiny_catalog, tmp_path):
+    """The evaluation decodes greedy once and lets beam search and the sweep keep its routes:
+    every row and sweep entry has the route and score ``solve`` gives for that method alone
+    (keep_greedy decoding greedy itself), and the sweep's entry at the evaluation's own width
+    is the benchmark tourist's beam row."""
+    from optw.catalog import open_catalog
+    from optw.decode import solve
+    from optw.evaluate.protocol import EvaluateSettings, evaluate_model
+    from optw.model import ModelConfig, PointerNet, load_model, save_model
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(1)
+    ckpt = save_model(PointerNet(ModelConfig()), tmp_path / "m.pt")
+    settings = EvaluateSettings(beams=4, validation_tourists=5, beam_sweep=[1, 4])
+    rows, sweep = evaluate_model(str(ckpt), ["pr99"], "model", settings,
+                                 str(tiny_catalog.path))
+    cat, model = open_catalog(tiny_catalog.path), load_model(ckpt)
+    region = cat.region("pr99")
+    bench, val = cat.benchmark("pr99"), cat.validation("pr99")[:5]
+    for name, method, kw in (("model_greedy", "greedy", {}), ("model", "beam", {"beams": 4})):
+        want = [s for t in (bench, val) for s in solve(model, region, t, method, **kw)]
+        got = [r for r in rows if r["method"] == name]
+        assert [json.loads(r["route"]) for r in got] == [s.route for s in want]
+        assert [r["score"] for r in got] == [s.score for s in want]
+    assert [s["beams"] for s in sweep] == [1, 4]
+    one = solve(model, region, bench, "beam", beams=1)[0]
+    assert sweep[0]["score"] == one.score
+    bench_row = next(r for r in rows if r["method"] == "model" and r["kind"] == "benchmark")
+    assert (sweep[1]["score"], sweep[1]["seconds"]) == (bench_row["score"], bench_row["seconds"])
 
 
 def test_gap_to_ils_of_a_model_validated_on_several_regions():

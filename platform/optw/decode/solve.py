@@ -101,6 +101,7 @@ def solve(
     seed: int | None = 0,
     device: str | torch.device | None = None,
     progress: Callable[[int, float], None] | None = None,
+    greedy: list[Solution] | None = None,
 ) -> list[Solution]:
     """Solve every tourist of ``tourists`` (one region) with ``method``:
 
@@ -117,10 +118,17 @@ def solve(
     sample); ``keep_greedy=False`` reproduces the published outputs exactly.
     ``seed`` seeds sampling and active search (None: not seeded). ``progress(k, reward)`` is
     called after every active-search epoch of tourist ``k`` with the best reward sampled in it.
+    ``greedy``: this model's greedy solutions of the same tourists, when the caller has them
+    (an evaluation that reports greedy too): ``keep_greedy`` takes their routes instead of
+    decoding them again, and adds their seconds to each solution's (the same routes and the
+    same accounting as decoding them here).
     """
     _check_args(method, beams, samples)
     if len(tourists) == 0:
         return []
+    if greedy is not None and [g.tourist for g in greedy] != [
+            int(t) for t in tourists.tourist_id]:
+        raise ValueError("greedy: one greedy solution per tourist of the batch, in its order")
     if device is None:
         device = next(model.parameters()).device
     model = model.to(device)
@@ -157,12 +165,16 @@ def solve(
                                     else functools.partial(progress, k))
                 routes.append(res.route)
                 per_tourist.append(time.perf_counter() - tk)
+        reused = 0.0
         if keep_greedy and method in ("sampling", "beam"):
             scores = inst.scores.double()
+            if greedy is None:
+                kept = _greedy_routes(model, inst)
+            else:
+                kept, reused = [g.route for g in greedy], sum(g.seconds for g in greedy)
             routes = [_better(r, g, scores[k])
-                      for k, (r, g) in enumerate(zip(routes, _greedy_routes(model, inst),
-                                                     strict=True))]
-        elapsed = time.perf_counter() - t0
+                      for k, (r, g) in enumerate(zip(routes, kept, strict=True))]
+        elapsed = time.perf_counter() - t0 + reused
     finally:
         model.train(was_training)
     return [

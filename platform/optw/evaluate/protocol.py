@@ -76,7 +76,9 @@ def evaluate_model(checkpoint: str, regions: list[str], method: str,
     and generated tourists (``settings.tourists``): one row per (region, tourist, method), with
     its solve seconds and ``kind`` (the benchmark tourist is solved on its own, the generated
     ones one by one or as a batch, see :class:`EvaluateSettings`); and the beam-width sweep on
-    each benchmark tourist: one row per (region, beams)."""
+    each benchmark tourist: one row per (region, beams). Greedy runs once per batch: beam
+    search and the sweep keep its routes (``keep_greedy``) without decoding them again, and the
+    sweep reuses the evaluation's own width on the benchmark tourist."""
     import torch
 
     from optw.catalog import open_catalog
@@ -94,23 +96,31 @@ def evaluate_model(checkpoint: str, regions: list[str], method: str,
         batches = [catalog.benchmark(rid)]
         if len(val):
             batches += [val[k] for k in range(len(val))] if settings.one_by_one else [val]
-        runs = [(f"{method}_greedy", {"method": "greedy"}),
-                (method, {"method": "beam", "beams": settings.beams,
-                          "keep_greedy": settings.keep_greedy})]
+        # greedy first: beam search (and the sweep) keep the greedy route through these
+        # solutions instead of decoding it again (same routes, its seconds added)
+        greedy = [solve(model, region, tourists, "greedy") for tourists in batches]
+        reuse = settings.keep_greedy
+        beam = [solve(model, region, tourists, "beam", beams=settings.beams, keep_greedy=reuse,
+                      greedy=g if reuse else None)
+                for tourists, g in zip(batches, greedy, strict=True)]
+        runs: list[tuple[str, list[list[Any]]]] = [(f"{method}_greedy", greedy), (method, beam)]
         if settings.active_search:
-            runs.append((f"{method}_as", {"method": "active_search", "beams": settings.beams,
-                                          "epochs": settings.active_search}))
-        for name, kwargs in runs:
-            for tourists in batches:
-                for i, sol in enumerate(solve(model, region, tourists, **kwargs)):
+            runs.append((f"{method}_as", [
+                solve(model, region, tourists, "active_search", beams=settings.beams,
+                      epochs=settings.active_search) for tourists in batches]))
+        for name, solved in runs:
+            for tourists, sols in zip(batches, solved, strict=True):
+                for i, sol in enumerate(sols):
                     tid = int(tourists.tourist_id[i])
                     rows.append({"region": rid, "tourist": tid, "kind": tourists.kind,
                                  "method": name, "score": float(sol.score),
                                  "seconds": float(sol.seconds), "route": json.dumps(sol.route)})
-        bench = catalog.benchmark(rid)
+        bench = batches[0]
         for width in settings.beam_sweep:
-            sol = solve(model, region, bench, "beam", beams=width,
-                        keep_greedy=settings.keep_greedy)[0]
+            # the evaluation's own width on the benchmark tourist was solved just above
+            sol = (beam[0][0] if width == settings.beams else
+                   solve(model, region, bench, "beam", beams=width,
+                         keep_greedy=reuse, greedy=greedy[0] if reuse else None)[0])
             sweep.append({"region": rid, "method": method, "beams": width,
                           "score": float(sol.score), "seconds": float(sol.seconds)})
     return rows, sweep
