@@ -89,8 +89,25 @@ class Layout:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
               scale: float) -> torch.Tensor:
-    """softmax(q·kᵀ·scale + bias)·v over [R, H, m, d_k] (PyTorch's fused kernel)."""
+    """softmax(q·kᵀ·scale + bias)·v over [R, H, m, d_k]: PyTorch's fused kernel, or on the CPU
+    three batched products where they are faster (:func:`_products_win`; the same values up
+    to float rounding)."""
+    r, m = q.shape[0], q.shape[2]
+    if q.device.type == "cpu" and _products_win(r, m, torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or v.requires_grad)):
+        scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(bias)
+        return torch.matmul(scores.softmax(-1), v)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+
+
+def _products_win(r: int, m: int, grad: bool) -> bool:
+    """Whether plain batched products beat PyTorch's fused CPU attention (torch 2.13, 8 heads of
+    16) for ``r`` tables of ``m`` rows: measured (``benchmarks/bench_attention.py``) up to 2x
+    faster for 32..64 rows with 2+ threads, where the fused kernel hardly uses a second
+    thread, and for training on 1 thread up to 48 rows; slower for small or wide tables."""
+    if torch.get_num_threads() >= 2:
+        return (r >= 4 and 32 <= m <= 64) or (r >= 32 and m <= 16)
+    return grad and r >= 16 and m <= 48
 
 
 def bucket_attention(q_all: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor,
