@@ -63,6 +63,21 @@ def test_cosine_over_the_time_budget():
         TrainConfig(lr_schedule="cosine_time")
 
 
+def test_cosine_over_whichever_budget_ends_first():
+    """``cosine_budget`` (make run's global models) reaches lr_min at the epoch budget on a fast
+    machine and at the time budget on a slow one, so a capped run still ends its schedule; it
+    too needs a time budget and names the setting when it has none."""
+    cfg = TrainConfig(lr=1e-3, lr_min=1e-5, lr_schedule="cosine_budget", max_minutes=2.0,
+                      epochs=100)
+    half = pytest.approx(1e-5 + 0.5 * (1e-3 - 1e-5))
+    assert cfg.learning_rate(0, 0.0) == pytest.approx(1e-3)
+    assert cfg.learning_rate(50, 1.0) == half  # fast machine: the epochs lead
+    assert cfg.learning_rate(5, 60.0) == half  # slow machine: the time leads
+    assert cfg.learning_rate(100, 1.0) == cfg.learning_rate(7, 120.0) == pytest.approx(1e-5)
+    with pytest.raises(ConfigError, match="lr_schedule.*cosine_budget.*max_minutes"):
+        TrainConfig(lr_schedule="cosine_budget")
+
+
 def test_configs_and_checkpoints_from_before_the_new_settings_are_unchanged():
     """Settings added for the fast recipe leave earlier configs' hashes alone and let
     checkpoints written before them resume (their defaults are what those runs used)."""

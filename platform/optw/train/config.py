@@ -38,7 +38,9 @@ class TrainConfig:
     lr_decay_every: int = 5_000
     lr_min: float = 1e-5
     #: step: lr·decay^(epoch // every) (the paper); cosine: to lr_min over ``epochs``;
-    #: cosine_time: to lr_min over ``max_minutes`` of training (time-boxed runs)
+    #: cosine_time: to lr_min over ``max_minutes`` of training (time-boxed runs);
+    #: cosine_budget: to lr_min over ``epochs`` or ``max_minutes``, whichever ends first (a
+    #: run capped in time still finishes its schedule on a slow machine)
     lr_schedule: str = "step"
     warmup_epochs: int = 0  # linear warm-up of the lr over the first epochs (0: none)
     recipe: str = "paper"  # the preset the other values started from (RECIPES), logged
@@ -99,8 +101,9 @@ class TrainConfig:
         need(self.recipe in RECIPES, "recipe", f"must be one of {sorted(RECIPES)}")
         need(self.max_minutes is None or (number(self.max_minutes) and self.max_minutes > 0),
              "max_minutes", "must be a finite number > 0 or unset")
-        need(self.lr_schedule != "cosine_time" or self.max_minutes is not None, "lr_schedule",
-             "cosine_time decays over max_minutes: set max_minutes")
+        need(self.lr_schedule not in ("cosine_time", "cosine_budget")
+             or self.max_minutes is not None, "lr_schedule",
+             f"{self.lr_schedule} decays over max_minutes: set max_minutes")
         from optw.catalog.generator import SCORE_KINDS
 
         need(self.score_kind is None or self.score_kind in SCORE_KINDS, "score_kind",
@@ -158,14 +161,17 @@ class TrainConfig:
 
     def learning_rate(self, epoch: int, train_s: float = 0.0) -> float:
         """The schedule: fixed for fine-tuning; else ``step`` (lr·decay^(epoch // every)),
-        ``cosine`` (lr to lr_min over ``epochs``) or ``cosine_time`` (lr to lr_min over
-        ``max_minutes``, ``train_s`` being the seconds trained so far), floored at lr_min, after
-        a linear warm-up over ``warmup_epochs``."""
+        ``cosine`` (lr to lr_min over ``epochs``), ``cosine_time`` (lr to lr_min over
+        ``max_minutes``, ``train_s`` being the seconds trained so far) or ``cosine_budget``
+        (over whichever of the two ends first), floored at lr_min, after a linear warm-up over
+        ``warmup_epochs``."""
         if self.finetune:
             return self.finetune_lr
-        if self.lr_schedule in ("cosine", "cosine_time"):
-            frac = (epoch / max(self.epochs, 1) if self.lr_schedule == "cosine"
-                    else train_s / (60 * (self.max_minutes or math.inf)))
+        if self.lr_schedule in ("cosine", "cosine_time", "cosine_budget"):
+            by_epoch = epoch / max(self.epochs, 1)
+            by_time = train_s / (60 * (self.max_minutes or math.inf))
+            frac = {"cosine": by_epoch, "cosine_time": by_time}.get(self.lr_schedule,
+                                                                   max(by_epoch, by_time))
             frac = min(frac, 1.0)
             lr = self.lr_min + 0.5 * (self.lr - self.lr_min) * (1 + math.cos(math.pi * frac))
         else:
@@ -175,7 +181,7 @@ class TrainConfig:
         return lr
 
 
-LR_SCHEDULES = ("step", "cosine", "cosine_time")
+LR_SCHEDULES = ("step", "cosine", "cosine_time", "cosine_budget")
 #: ``rollout`` values: auto and :data:`optw.decode.static.TRAIN_ROLLOUTS` (a test keeps them
 #: equal; spelled out here so that reading a config does not import torch).
 ROLLOUT_CHOICES = ("auto", "compact", "static", "static-free", "graph")
