@@ -16,6 +16,7 @@ RANK = {
     "raylocal": 1,  # Ray's token, its files, the workers' setup hook (uses raylogs)
     "raylogs": 0,  # the one filter of Ray's lines (jobs, Ray Train workers, serve)
     "threads": 0,  # optw/threads.py: torch threads from the cores actually free
+    "allocator": 0,  # optw/allocator.py: glibc's mmap threshold for the decoder's tables
     "catalog": 1,
     "env": 2,
     "model": 3,

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from optw.allocator import reuse_large_blocks
 from optw.decode.static import ROLLOUTS, static_rollout
 from optw.env.instances import Instances
 from optw.env.state import State, graph_mask, reset, step, visit, visit_end
@@ -178,6 +179,7 @@ class Decoder:
 
     def __init__(self, model: PointerNet, inst: Instances, compact: bool = True,
                  track_routes: bool = True):
+        reuse_large_blocks()  # large tables at every step: keep freed blocks (optw.allocator)
         self.model = model
         self.inst = inst
         self.compact = compact
