@@ -19,7 +19,10 @@ Reports per mode, from ``torch.profiler`` on the CPU over ``--profile-epochs`` e
   empty allocations): about the kernels a GPU would launch;
 
 and epochs/s with ``--threads`` threads (modes interleaved round by round, best round kept,
-since other work on the machine only slows runs down), with ratios to ``compact``.
+since other work on the machine only slows runs down), with ratios to ``compact``. Against a
+baseline, the speed-up is also given per round: round k of both runs the same epochs (same
+seed, tourists and route lengths), so the median of the per-round ratios is the steadier
+figure on a shared machine.
 
 ``--baseline-ref REF`` (default ``dbd4f57``, the code before issue 24's CPU work; ``none``
 skips it) runs the same measurement, same weights, seed, B and threads, in a subprocess
@@ -189,29 +192,38 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         bench = Bench(args, modes)
-        best = {m: float("inf") for m in modes}
-        base_best = dict(best)
+        times: dict[str, list[float]] = {m: [] for m in modes}
+        base_times: dict[str, list[float]] = {m: [] for m in modes}
         for _ in range(args.rounds):  # rounds interleaved with the baseline's: same load
             if base is not None:
                 for m, sec in base.round().items():
-                    base_best[m] = min(base_best[m], sec)
+                    base_times[m].append(sec)
             for m, sec in bench.round().items():
-                best[m] = min(best[m], sec)
+                times[m].append(sec)
     finally:
         if base is not None:
             base.close()
-    out = bench.summary(best)
+    out = bench.summary({m: min(t) for m, t in times.items()})
     if base is not None:
-        base_rows = bench.summary(base_best, base.ops, log=None)
-        print(f"vs {args.baseline_ref} (same run, rounds interleaved):")
+        base_rows = bench.summary({m: min(t) for m, t in base_times.items()}, base.ops, log=None)
+        # round k of both ran the same epochs (same seed, same tourists): paired ratios
+        paired = {m: [o / n for o, n in zip(base_times[m], times[m], strict=True)]
+                  for m in modes}
+        print(f"vs {args.baseline_ref} (same run, rounds interleaved; speed: best rounds, and "
+              "the median and range of the per-round ratios, round k of both on the same "
+              "epochs):")
         print(f"{'mode':12} {'ops old':>9} {'ops new':>9} {'ops x':>7} "
-              f"{'ep/s old':>9} {'ep/s new':>9} {'speed x':>8}")
+              f"{'ep/s old':>9} {'ep/s new':>9} {'best x':>7} {'median x':>9} {'range':>12}")
         for m in modes:
             o, n = base_rows["modes"][m], out["modes"][m]
+            r = sorted(paired[m])
+            n["speedup_vs_baseline"] = {"best_rounds": n["epochs_per_s"] / o["epochs_per_s"],
+                                        "median_round": float(np.median(r)),
+                                        "rounds": paired[m]}
             print(f"{m:12} {o['dispatched']:9.0f} {n['dispatched']:9.0f} "
                   f"{n['dispatched'] / o['dispatched']:7.3f} {o['epochs_per_s']:9.2f} "
-                  f"{n['epochs_per_s']:9.2f} {n['epochs_per_s'] / o['epochs_per_s']:7.2f}x",
-                  flush=True)
+                  f"{n['epochs_per_s']:9.2f} {n['epochs_per_s'] / o['epochs_per_s']:6.2f}x "
+                  f"{np.median(r):8.2f}x {r[0]:5.2f}-{r[-1]:.2f}x", flush=True)
         out["baseline"] = {"ref": args.baseline_ref, **base_rows}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

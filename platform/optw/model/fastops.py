@@ -1,12 +1,23 @@
-"""Fast building blocks: linear layers through oneDNN on CPU, memory-lean training blocks.
+"""Fast building blocks: linear layers on CPU through the faster of MKL and oneDNN, memory-lean
+training blocks.
 
-PyTorch sends float32 ``F.linear`` on CPU to MKL's sgemm, which on AMD processors runs its
-generic path (~100 GFLOP/s per core on the development machine) while oneDNN's AVX-512 kernels,
-reachable through ``torch.ops.mkldnn._linear_pointwise`` (the op PyTorch's own compiler emits
-for CPU linear layers), run ~2.3x faster and can fuse the activation (ReLU, tanh) or a residual
-addition. :func:`linear` uses that op for 2-D float32 CPU tensors of at least
-:data:`MIN_ROWS` rows, with a hand-written backward, and falls back to ``F.linear`` anywhere
-else (small inputs, GPU, other dtypes, a PyTorch build without oneDNN, or ``OPTW_ONEDNN=0``).
+PyTorch sends float32 ``F.linear`` on CPU to MKL's sgemm. oneDNN's kernels are reachable
+through ``torch.ops.mkldnn._linear_pointwise`` (the op PyTorch's own compiler emits for CPU
+linear layers), which also fuses the activation (ReLU, tanh) or a residual addition. Which is
+faster depends on the processor and the work (:data:`TRAIN_ONEDNN`, :data:`INFER_ONEDNN`):
+
+- on AVX-512 processors MKL runs its generic path on AMD (~100 GFLOP/s per core on the first
+  development machine) and oneDNN ~2.3x faster: oneDNN everywhere;
+- on AVX2 processors (the 2-core machine of later sessions, an AMD EPYC) oneDNN is ~1.13x
+  faster for inference's large tables (``make run``'s evaluation of pr10), but training, with
+  its many row counts and backward products, ran 1.3-1.4x faster with MKL (t101, B = 32,
+  2 threads, the same lean blocks): oneDNN for inference only.
+
+:func:`linear` takes the fast path for 2-D float32 CPU tensors of at least :data:`MIN_ROWS`
+rows, with a hand-written backward, and falls back to ``F.linear`` anywhere else (small
+inputs, GPU, other dtypes, a PyTorch build without oneDNN, or ``OPTW_ONEDNN=0``;
+``OPTW_ONEDNN=1`` takes oneDNN for training too). A given computation always takes the same
+kernels on a given machine (resumed runs stay exact).
 
 oneDNN compiles one kernel per input shape (~0.6 MB each, kept in two caches of 1024 entries
 by default), so callers should keep the number of distinct row counts small (the decoder pads
@@ -53,10 +64,22 @@ def _probe() -> bool:
 
 
 ONEDNN = _probe()
+#: Whether torch runs this processor's AVX-512 kernels (see the module docstring).
+AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+#: Products of inference (no gradient) go to oneDNN.
+INFER_ONEDNN = ONEDNN
+#: Products of training (forward and backward) go to oneDNN: AVX-512, or ``OPTW_ONEDNN=1``.
+TRAIN_ONEDNN = ONEDNN and (AVX512 or os.environ.get("OPTW_ONEDNN", "").strip() == "1")
 
 
 def _mm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, act: str,
-        other: torch.Tensor | None) -> torch.Tensor:
+        other: torch.Tensor | None, dnn: bool) -> torch.Tensor:
+    """``act(x·wᵀ + b + other)`` through oneDNN (``dnn``) or MKL."""
+    if not dnn:
+        y = F.linear(x, w, b)
+        if other is not None:
+            y.add_(other)
+        return y if act == "none" else (y.relu_() if act == "relu" else y.tanh_())
     op = torch.ops.mkldnn._linear_pointwise
     if other is not None:
         y = op.binary(x, other, w, b, "add")
@@ -92,20 +115,20 @@ def _fast_rows(x: torch.Tensor) -> bool:
 
 
 def fast_rows(x: torch.Tensor) -> bool:
-    """Does :func:`raw_linear` take the oneDNN path for ``x`` (2-D float32 CPU, enough rows)?"""
+    """Does :func:`raw_linear` take the fast path for ``x`` (2-D float32 CPU, enough rows)?"""
     return _fast_rows(x)
 
 
 def raw_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """``x·wᵀ + b`` through oneDNN, without autograd (for callers with their own backward;
-    only where :func:`fast_rows` holds)."""
-    return _mm(x.contiguous(), w, b, "none", None)
+    """``x·wᵀ + b`` as training computes it, without autograd (for callers with their own
+    backward; only where :func:`fast_rows` holds)."""
+    return _mm(x.contiguous(), w, b, "none", None, TRAIN_ONEDNN)
 
 
-class _OneDNNLinear(torch.autograd.Function):
+class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, act, other):  # noqa: D102
-        y = _mm(x, w, b, act, other)
+        y = _mm(x, w, b, act, other, TRAIN_ONEDNN)
         ctx.act = act
         ctx.has_other = other is not None
         ctx.save_for_backward(x, w, y if act != "none" else None)
@@ -120,7 +143,7 @@ class _OneDNNLinear(torch.autograd.Function):
             g = g * (1.0 - y * y)
         g = g.contiguous()
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        gx = _mm(g, _transposed(w), None, "none", None) if need_x else None
+        gx = _mm(g, _transposed(w), None, "none", None, TRAIN_ONEDNN) if need_x else None
         gw = torch.mm(g.t(), x) if need_w else None
         gb = g.sum(0) if need_b else None
         return gx, gw, gb, None, (g if ctx.has_other else None)
@@ -141,8 +164,8 @@ def linear(
         x = x.contiguous()
         add = add.contiguous() if add is not None else None
         if _grad_needed(x, weight, bias, add):
-            return _OneDNNLinear.apply(x, weight, bias, act, add)
-        return _mm(x, weight, bias, act, add)
+            return _Linear.apply(x, weight, bias, act, add)
+        return _mm(x, weight, bias, act, add, INFER_ONEDNN)
     y = F.linear(x, weight, bias)
     if add is not None:
         y = y + add
@@ -220,22 +243,22 @@ class _FeedForward(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, y, w1, b1, w2, b2):  # noqa: D102
-        f = _mm(y, w1, b1, "relu", None)
+        f = _mm(y, w1, b1, "relu", None, TRAIN_ONEDNN)
         ctx.keep = f.numel() <= KEEP_HIDDEN
         ctx.save_for_backward(y, w1, b1, w2, f if ctx.keep else None)
-        return _mm(f, w2, b2, "none", y)
+        return _mm(f, w2, b2, "none", y, TRAIN_ONEDNN)
 
     @staticmethod
     def backward(ctx, g):  # noqa: D102
         y, w1, b1, w2, f = ctx.saved_tensors
         g = g.contiguous()
         if f is None:
-            f = _mm(y, w1, b1, "relu", None)
+            f = _mm(y, w1, b1, "relu", None, TRAIN_ONEDNN)
         gw2, gb2 = torch.mm(g.t(), f), g.sum(0)
-        gf = _mm(g, _transposed(w2), None, "none", None).masked_fill_(f <= 0, 0.0)
+        gf = _mm(g, _transposed(w2), None, "none", None, TRAIN_ONEDNN).masked_fill_(f <= 0, 0.0)
         del f
         gw1, gb1 = torch.mm(gf.t(), y), gf.sum(0)
-        gy = _mm(gf, _transposed(w1), None, "none", g)
+        gy = _mm(gf, _transposed(w1), None, "none", g, TRAIN_ONEDNN)
         return gy, gw1, gb1, gw2, gb2
 
 
@@ -253,7 +276,7 @@ class _Pointer(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, enc, w_ref, query, route, v, clip):  # noqa: D102
-        u = _mm(enc, w_ref, None, "tanh", query.index_select(0, route))
+        u = _mm(enc, w_ref, None, "tanh", query.index_select(0, route), TRAIN_ONEDNN)
         t = torch.tanh(torch.mv(u, v))
         ctx.clip = clip
         keep = u.numel() <= KEEP_HIDDEN
@@ -264,12 +287,12 @@ class _Pointer(torch.autograd.Function):
     def backward(ctx, g):  # noqa: D102
         enc, w_ref, query, route, v, t, u = ctx.saved_tensors
         if u is None:
-            u = _mm(enc, w_ref, None, "tanh", query.index_select(0, route))
+            u = _mm(enc, w_ref, None, "tanh", query.index_select(0, route), TRAIN_ONEDNN)
         gs = g * ctx.clip * (1.0 - t * t)
         gv = torch.mv(u.t(), gs)
         gpre = torch.outer(gs, v).mul_(1.0 - u * u)
         del u
-        g_enc = _mm(gpre, _transposed(w_ref), None, "none", None)
+        g_enc = _mm(gpre, _transposed(w_ref), None, "none", None, TRAIN_ONEDNN)
         g_w = torch.mm(gpre.t(), enc)
         g_query = torch.zeros_like(query).index_add_(0, route, gpre)
         return g_enc, g_w, g_query, None, gv, None
@@ -289,7 +312,9 @@ class _Embed(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, static, dyn, w, b):  # noqa: D102
-        x = torch.cat([static, linear(dyn, w, b, act="tanh")], dim=1)
+        h = (_mm(dyn.contiguous(), w, b, "tanh", None, TRAIN_ONEDNN) if _fast_rows(dyn)
+             else torch.tanh(F.linear(dyn, w, b)))  # as training computes products
+        x = torch.cat([static, h], dim=1)
         ctx.split = static.shape[1]
         ctx.save_for_backward(dyn, x)
         return x
