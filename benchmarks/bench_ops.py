@@ -24,8 +24,8 @@ baseline, the speed-up is also given per round: round k of both runs the same ep
 seed, tourists and route lengths), so the median of the per-round ratios is the steadier
 figure on a shared machine.
 
-``--baseline-ref REF`` (default ``dbd4f57``, the code before issue 24's CPU work; ``none``
-skips it) runs the same measurement, same weights, seed, B and threads, in a subprocess
+``--baseline-ref REF`` (default ``2f4bf16``, the code issue 24 measured; ``none`` skips it;
+a ref from before ``train_step`` runs its own loop's step, :func:`legacy_step`) runs the same measurement, same weights, seed, B and threads, in a subprocess
 on a ``git archive`` of REF's ``platform/``, next to this checkout's, and prints
 the ratios (ops: new / old, epochs/s: new / old). The baseline runs as a worker process whose
 timed rounds alternate with this checkout's (so both see the same load on a shared machine)::
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="fewer epochs and rounds")
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
-    p.add_argument("--baseline-ref", default="dbd4f57",
+    p.add_argument("--baseline-ref", default="2f4bf16",
                    help="git ref whose platform/ is measured first, for ratios ('none': skip)")
     p.add_argument("--json-stdout", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
