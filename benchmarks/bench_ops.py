@@ -25,10 +25,11 @@ seed, tourists and route lengths), so the median of the per-round ratios is the 
 figure on a shared machine.
 
 ``--baseline-ref REF`` (default ``2f4bf16``, the code issue 24 measured; ``none`` skips it;
-a ref from before ``train_step`` runs its own loop's step, :func:`legacy_step`) runs the same measurement, same weights, seed, B and threads, in a subprocess
-on a ``git archive`` of REF's ``platform/``, next to this checkout's, and prints
-the ratios (ops: new / old, epochs/s: new / old). The baseline runs as a worker process whose
-timed rounds alternate with this checkout's (so both see the same load on a shared machine)::
+a ref from before ``train_step`` runs its own loop's step, :func:`legacy_step`) runs the same
+measurement, same weights, seed, B and threads, in a subprocess on a ``git archive`` of REF's
+``platform/``, next to this checkout's, and prints the ratios (ops: new / old, epochs/s:
+new / old). The baseline runs as a worker process whose timed rounds alternate with this
+checkout's (so both see the same load on a shared machine)::
 
     PYTHONPATH=platform .venv/bin/python benchmarks/bench_ops.py --modes compact
 """

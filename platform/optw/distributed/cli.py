@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Ray + MLflow.")
     r.add_argument("--profile", default="quick",
                    help="quick | smoke | paper | a TOML/YAML profile file (default: quick, "
-                        "trained models for every region on a laptop in under half an hour; "
+                        "trained models for every region on a 2-core laptop in 25-40 minutes; "
                         "smoke: the pipeline in minutes; paper: the paper's budgets)")
     r.add_argument("--groups", default=None,
                    help="comma-separated groups (solomon,cordeau,gavalas; custom or any custom "
