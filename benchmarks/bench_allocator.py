@@ -24,9 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchutil import WEIGHTS
+from benchutil import PRETRAINED, WEIGHTS
 
-PRETRAINED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "pretrained"
 VARIANTS = {"glibc default": "0", "optw.allocator": "1"}
 
 

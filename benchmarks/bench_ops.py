@@ -50,10 +50,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchutil import WEIGHTS
+from benchutil import PRETRAINED, WEIGHTS
 
 ROOT = Path(__file__).resolve().parents[1]
-PRETRAINED = ROOT.parent / "shared" / "reference" / "pretrained"
 MODES = ("compact", "static", "static-free")
 #: Modes a CUDA device can also run (``graph``: :mod:`optw.train.graphed`, CUDA graphs).
 CUDA_MODES = (*MODES, "graph")

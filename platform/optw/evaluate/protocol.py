@@ -101,8 +101,7 @@ def evaluate_model(checkpoint: str, regions: list[str], method: str,
         greedy = [solve(model, region, tourists, "greedy") for tourists in batches]
         reuse = settings.keep_greedy
         beam = [solve(model, region, tourists, "beam", beams=settings.beams, keep_greedy=reuse,
-                      greedy=g if reuse else None)
-                for tourists, g in zip(batches, greedy, strict=True)]
+                      greedy=g) for tourists, g in zip(batches, greedy, strict=True)]
         runs: list[tuple[str, list[list[Any]]]] = [(f"{method}_greedy", greedy), (method, beam)]
         if settings.active_search:
             runs.append((f"{method}_as", [
@@ -120,7 +119,7 @@ def evaluate_model(checkpoint: str, regions: list[str], method: str,
             # the evaluation's own width on the benchmark tourist was solved just above
             sol = (beam[0][0] if width == settings.beams else
                    solve(model, region, bench, "beam", beams=width,
-                         keep_greedy=reuse, greedy=greedy[0] if reuse else None)[0])
+                         keep_greedy=reuse, greedy=greedy[0])[0])
             sweep.append({"region": rid, "method": method, "beams": width,
                           "score": float(sol.score), "seconds": float(sol.seconds)})
     return rows, sweep
