@@ -81,7 +81,12 @@ class Runner:
         self.model = PointerNet(cfg)
         self.model.load_state_dict(state)
         self.model.to(self.device).train()
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-5)
+        try:  # the run's optimiser, as optw.train.train makes it
+            from optw.train.loop import make_optimizer
+        except ImportError:  # a baseline from before make_optimizer
+            self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-5)
+        else:
+            self.opt = make_optimizer(self.model, 1e-5)
         self.config = TrainConfig(regions=[region.id], batch_size=batch,
                                   tourists_per_epoch=tourists)
         self.region = region

@@ -18,7 +18,14 @@ from optw.model import (
     read_checkpoint,
     save_model,
 )
-from optw.model.fastops import embed, feed_forward, layer_norm, linear, pointer_logits
+from optw.model.fastops import (
+    deferred_grads,
+    embed,
+    feed_forward,
+    layer_norm,
+    linear,
+    pointer_logits,
+)
 
 PRETRAINED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "pretrained"
 PR01 = PRETRAINED / "pr01_uni_samp_500000.pt"
@@ -235,6 +242,43 @@ def test_memory_lean_blocks_match_the_plain_composition():
     check(lambda s, w, b: embed(s, dyn, w, b),
           lambda s, w, b: torch.cat([s, torch.tanh(F.linear(dyn, w, b))], 1),
           [req(n, 16), req(16, 8), req(16)])
+
+
+def test_deferred_grads_equal_autograds_own(catalog):
+    """Inside ``deferred_grads`` a training rollout's backward gives every parameter the
+    gradient autograd gives it alone (within float rounding), weights used at many steps and
+    in passes below the fast path's size alike; and a backward after the block takes the usual
+    path."""
+    from optw.decode.reinforce import reinforce_loss
+
+    region = catalog.region("pr01")
+    inst = make_instances(region, catalog.validation("pr01")[:4])
+    ids = torch.arange(4).repeat_interleave(16)
+    torch.manual_seed(0)
+    model = PointerNet().train()
+
+    def grads(defer: bool) -> dict[str, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        out = rollout(model, inst, ids, generator=torch.Generator().manual_seed(1))
+        loss = reinforce_loss(out.reward, out.log_prob, out.entropy, 16, 0.01).loss
+        if defer:
+            with deferred_grads() as sums:
+                loss.backward()
+                assert len(sums) == 10  # per layer qv, out, ff1, ff2; pointer; embedding
+        else:
+            loss.backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    plain, deferred = grads(False), grads(True)
+    assert plain.keys() == deferred.keys()
+    for name, g in plain.items():
+        assert torch.allclose(deferred[name], g, rtol=1e-4, atol=1e-6 * float(g.abs().max())), name
+
+    w = torch.randn(16, 24, requires_grad=True)
+    with deferred_grads():  # only the forward inside: the backward outside is autograd's
+        y = linear(torch.randn(100, 24), w)
+    y.sum().backward()
+    assert w.grad is not None
 
 
 def test_variants_decode_valid_routes(catalog):

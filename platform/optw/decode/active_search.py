@@ -62,7 +62,7 @@ def active_search(
     net.train()
     for p in net.parameters():
         p.requires_grad_(True)
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    opt = torch.optim.Adam(net.parameters(), lr=lr, foreach=True)  # same values as the loop
     ids = torch.zeros(batch_size, dtype=torch.long, device=inst.device)
     scores = inst.scores[0].double()
     best: tuple[float, list[int]] | None = None
@@ -74,7 +74,7 @@ def active_search(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(net.parameters(), max_grad_norm, foreach=True)
         opt.step()
         history.append(float(out.reward.mean()))
         if keep_greedy:

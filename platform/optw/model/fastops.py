@@ -26,12 +26,16 @@ rows on a grid); the cache capacities are lowered here unless already set.
 :func:`layer_norm`, :func:`feed_forward`, :func:`pointer_logits` and :func:`embed` compute the
 same values as the plain compositions but, when gradients are recorded, keep fewer tensors for
 the backward (deriving them from outputs that are kept anyway, or recomputing cheap ones).
+Inside :func:`deferred_grads` their backward sums each weight's gradient in place over its
+uses (a training rollout's decoding steps) instead of leaving one buffer per use to autograd.
 """
 
 from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")
 os.environ.setdefault("LRU_CACHE_CAPACITY", "256")
@@ -109,6 +113,92 @@ def _grad_needed(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+# --- weight gradients summed in place ---------------------------------------------------------
+class WeightGrads:
+    """Weight gradients of a backward summed in place (:func:`deferred_grads`).
+
+    A training rollout uses each weight once per decoding step. Left to autograd, each use
+    costs a transposed product ``gᵀ·x`` over that step's rows and then an addition into the
+    gradient (two buffers, three dispatched operations). Here the blocks below hand over
+    ``(g, x)`` instead, and each weight's sum grows by one in-place ``addmm_`` per use (its
+    bias's by ``g.sum(0)``); the sums land in ``.grad`` when the backward is done. The same
+    sums in the same order (within float rounding: the product adds into the sum)."""
+
+    def __init__(self) -> None:
+        self._sums: dict[tuple[int, int], list] = {}
+
+    def add(self, w: torch.Tensor, b: torch.Tensor | None, g: torch.Tensor,
+            x: torch.Tensor) -> None:
+        """``w.grad += gᵀ·x`` (and ``b.grad += g.sum(0)``) once the backward is done."""
+        entry = self._sums.get((id(w), id(b)))
+        if entry is None:
+            self._sums[(id(w), id(b))] = [w, b, _weight_grad(g, x),
+                                          None if b is None else g.sum(0)]
+            return
+        gw = entry[2]
+        if x.shape[1] < 16:  # kept as the transposed product, see _weight_grad
+            gw.t().addmm_(x.t(), g)
+        else:
+            gw.addmm_(g.t(), x)
+        if b is not None:
+            entry[3].add_(g.sum(0))
+
+    def __len__(self) -> int:
+        """How many weights have a sum."""
+        return len(self._sums)
+
+    def flush(self) -> None:
+        """Add every weight's sum to its ``.grad``."""
+        for w, b, gw, gb in self._sums.values():
+            _accumulate(w, gw)
+            if b is not None:
+                _accumulate(b, gb)
+        self._sums.clear()
+
+
+def _weight_grad(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``gᵀ·x``; for few input features (the embedding's 8) as ``(xᵀ·g)ᵀ``, which MKL runs
+    several times faster."""
+    return torch.mm(x.t(), g).t() if x.shape[1] < 16 else torch.mm(g.t(), x)
+
+
+def _accumulate(p: torch.Tensor, g: torch.Tensor) -> None:
+    if p.grad is None:
+        p.grad = g.contiguous()
+    else:
+        p.grad.add_(g)
+
+
+_DEFERRED: WeightGrads | None = None
+
+
+@contextmanager
+def deferred_grads() -> Iterator[WeightGrads]:
+    """Within this block, backward passes sum the leaf weights' gradients of the blocks below
+    in place (:class:`WeightGrads`); the sums land in ``.grad`` when the block ends (a backward
+    run after it takes the usual path). Not for concurrent backward passes in other threads of
+    the same process."""
+    global _DEFERRED
+    outer, stash = _DEFERRED, WeightGrads()
+    _DEFERRED = stash
+    try:
+        yield stash
+    finally:
+        _DEFERRED = outer
+        stash.flush()
+
+
+def _defer(w: torch.Tensor, b: torch.Tensor | None, g: torch.Tensor, x: torch.Tensor,
+           need_w: bool, need_b: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(gᵀ·x, g.sum(0))`` for the weights that need them, or ``(None, None)`` when a
+    :func:`deferred_grads` block takes them over (both leaves, both needing gradients)."""
+    stash = _DEFERRED
+    if (stash is not None and need_w and w.is_leaf and (b is None or (need_b and b.is_leaf))):
+        stash.add(w, b, g, x)
+        return None, None
+    return (_weight_grad(g, x) if need_w else None), (g.sum(0) if need_b else None)
+
+
 def _fast_rows(x: torch.Tensor) -> bool:
     return (ONEDNN and x.dim() == 2 and x.shape[0] >= MIN_ROWS and x.dtype == torch.float32
             and x.device.type == "cpu")
@@ -130,6 +220,7 @@ class _Linear(torch.autograd.Function):
     def forward(ctx, x, w, b, act, other):  # noqa: D102
         y = _mm(x, w, b, act, other, TRAIN_ONEDNN)
         ctx.act = act
+        ctx.bias = b
         ctx.has_other = other is not None
         ctx.save_for_backward(x, w, y if act != "none" else None)
         return y
@@ -144,8 +235,7 @@ class _Linear(torch.autograd.Function):
         g = g.contiguous()
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         gx = _mm(g, _transposed(w), None, "none", None, TRAIN_ONEDNN) if need_x else None
-        gw = torch.mm(g.t(), x) if need_w else None
-        gb = g.sum(0) if need_b else None
+        gw, gb = _defer(w, ctx.bias, g, x, need_w, need_b)
         return gx, gw, gb, None, (g if ctx.has_other else None)
 
 
@@ -245,19 +335,22 @@ class _FeedForward(torch.autograd.Function):
     def forward(ctx, y, w1, b1, w2, b2):  # noqa: D102
         f = _mm(y, w1, b1, "relu", None, TRAIN_ONEDNN)
         ctx.keep = f.numel() <= KEEP_HIDDEN
+        ctx.b2 = b2
         ctx.save_for_backward(y, w1, b1, w2, f if ctx.keep else None)
         return _mm(f, w2, b2, "none", y, TRAIN_ONEDNN)
 
     @staticmethod
     def backward(ctx, g):  # noqa: D102
         y, w1, b1, w2, f = ctx.saved_tensors
+        b2 = ctx.b2
         g = g.contiguous()
         if f is None:
             f = _mm(y, w1, b1, "relu", None, TRAIN_ONEDNN)
-        gw2, gb2 = torch.mm(g.t(), f), g.sum(0)
+        need = ctx.needs_input_grad
+        gw2, gb2 = _defer(w2, b2, g, f, need[3], need[4])
         gf = _mm(g, _transposed(w2), None, "none", None, TRAIN_ONEDNN).masked_fill_(f <= 0, 0.0)
         del f
-        gw1, gb1 = torch.mm(gf.t(), y), gf.sum(0)
+        gw1, gb1 = _defer(w1, b1, gf, y, need[1], need[2])
         gy = _mm(gf, _transposed(w1), None, "none", g, TRAIN_ONEDNN)
         return gy, gw1, gb1, gw2, gb2
 
@@ -293,7 +386,7 @@ class _Pointer(torch.autograd.Function):
         gpre = torch.outer(gs, v).mul_(1.0 - u * u)
         del u
         g_enc = _mm(gpre, _transposed(w_ref), None, "none", None, TRAIN_ONEDNN)
-        g_w = torch.mm(gpre.t(), enc)
+        g_w = _defer(w_ref, None, gpre, enc, ctx.needs_input_grad[1], False)[0]
         g_query = torch.zeros_like(query).index_add_(0, route, gpre)
         return g_enc, g_w, g_query, None, gv, None
 
@@ -316,6 +409,7 @@ class _Embed(torch.autograd.Function):
              else torch.tanh(F.linear(dyn, w, b)))  # as training computes products
         x = torch.cat([static, h], dim=1)
         ctx.split = static.shape[1]
+        ctx.weight, ctx.bias = w, b
         ctx.save_for_backward(dyn, x)
         return x
 
@@ -325,8 +419,8 @@ class _Embed(torch.autograd.Function):
         k = ctx.split
         t = x[:, k:]
         gpre = g[:, k:] * (1.0 - t * t)
-        # (dynᵀ·gpre)ᵀ: MKL is several times faster this way round for 8 input features
-        return g[:, :k], None, torch.mm(dyn.t(), gpre).t(), gpre.sum(0)
+        gw, gb = _defer(ctx.weight, ctx.bias, gpre, dyn, *ctx.needs_input_grad[2:4])
+        return g[:, :k], None, gw, gb
 
 
 def embed(static: torch.Tensor, dyn: torch.Tensor, w: torch.Tensor,

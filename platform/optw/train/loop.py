@@ -25,6 +25,7 @@ from optw.decode.reinforce import ReinforceLoss, reinforce_loss
 from optw.decode.static import training_rollout
 from optw.env import Instances, make_instances, stack_instances
 from optw.model import ModelConfig, PointerNet, checkpoint_dict, load_model, read_checkpoint
+from optw.model.fastops import deferred_grads
 from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import TrainConfig
 from optw.train.graphed import GraphedStep
@@ -86,10 +87,18 @@ def train_step(model: PointerNet, optimizer: torch.optim.Optimizer, instances: I
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
-    rl.loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+    with deferred_grads():  # each weight's uses summed in place (fastops.WeightGrads)
+        rl.loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm,
+                                               foreach=True)
     optimizer.step()
     return rl, grad_norm
+
+
+def make_optimizer(model: PointerNet, lr: float) -> torch.optim.Adam:
+    """The run's Adam. ``foreach``: a few dispatched operations per step instead of ~14 per
+    parameter; on the CPU the same values as the per-parameter loop, bit for bit."""
+    return torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
 
 
 def end_epoch(model: Callable[[], PointerNet], regions: list[Region],
@@ -230,11 +239,13 @@ def train(
                      str(resume))
     model = start_model(config, init, state)
     model.to(device).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate(0))
+    optimizer = make_optimizer(model, config.learning_rate(0))
     ctx = TrainContext(region_ids=[r.id for r in regions], config=config,
                        total_epochs=config.epochs)
     if state is not None:
         optimizer.load_state_dict(state["train"]["optimizer"])
+        for group in optimizer.param_groups:  # checkpoints from before foreach (same values)
+            group["foreach"] = True
         restore_run(state, ctx, np_rng, gen)
     start_epoch = ctx.epoch
 
