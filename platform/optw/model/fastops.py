@@ -79,16 +79,15 @@ TRAIN_ONEDNN = ONEDNN and (AVX512 or os.environ.get("OPTW_ONEDNN", "").strip() =
 def _mm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, act: str,
         other: torch.Tensor | None, dnn: bool) -> torch.Tensor:
     """``act(x·wᵀ + b + other)`` through oneDNN (``dnn``) or MKL."""
-    if not dnn:
+    if dnn and other is None:  # the activation fused
+        return torch.ops.mkldnn._linear_pointwise(x, w, b, act, [], "")
+    if dnn:  # the addition fused
+        y = torch.ops.mkldnn._linear_pointwise.binary(x, other, w, b, "add")
+    else:
         y = F.linear(x, w, b)
         if other is not None:
             y.add_(other)
-        return y if act == "none" else (y.relu_() if act == "relu" else y.tanh_())
-    op = torch.ops.mkldnn._linear_pointwise
-    if other is not None:
-        y = op.binary(x, other, w, b, "add")
-        return y if act == "none" else (torch.relu(y) if act == "relu" else torch.tanh(y))
-    return op(x, w, b, act, [], "")
+    return y if act == "none" else (y.relu_() if act == "relu" else y.tanh_())
 
 
 _WT: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
