@@ -82,7 +82,7 @@ class Runner:
         self.model.load_state_dict(state)
         self.model.to(self.device).train()
         try:  # the run's optimiser, as optw.train.train makes it
-            from optw.train.loop import make_optimizer
+            from optw.decode.reinforce import make_optimizer
         except ImportError:  # a baseline from before make_optimizer
             self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-5)
         else:

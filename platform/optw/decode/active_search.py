@@ -19,7 +19,7 @@ import torch
 from optw.decode.beam import beam_search
 from optw.decode.core import rollout
 from optw.decode.limits import PAPER_BEAMS
-from optw.decode.reinforce import reinforce_loss
+from optw.decode.reinforce import make_optimizer, reinforce_loss
 from optw.env.instances import Instances
 from optw.model.network import PointerNet
 
@@ -62,7 +62,7 @@ def active_search(
     net.train()
     for p in net.parameters():
         p.requires_grad_(True)
-    opt = torch.optim.Adam(net.parameters(), lr=lr, foreach=True)  # same values as the loop
+    opt = make_optimizer(net, lr)
     ids = torch.zeros(batch_size, dtype=torch.long, device=inst.device)
     scores = inst.scores[0].double()
     best: tuple[float, list[int]] | None = None

@@ -1,4 +1,4 @@
-"""The REINFORCE loss, written once for training, packs and active search.
+"""The REINFORCE loss and its optimiser, written once for training, packs and active search.
 
 Each tourist's routes use that tourist's mean reward as the baseline (the paper's Algorithm 1;
 with one tourist, the batch mean of active search, Algorithm 2), and an entropy bonus ``beta``
@@ -31,3 +31,10 @@ def reinforce_loss(reward: torch.Tensor, log_prob: torch.Tensor, entropy: torch.
     policy_loss = -(advantage.detach() * log_prob).mean()
     mean_entropy = entropy.mean()
     return ReinforceLoss(policy_loss - beta * mean_entropy, per_tourist, mean_entropy)
+
+
+def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Adam:
+    """Adam for training and active search. ``foreach``: a few dispatched operations per step
+    instead of ~14 per parameter; on the CPU the same values as the per-parameter loop, bit for
+    bit."""
+    return torch.optim.Adam(model.parameters(), lr=lr, foreach=True)

@@ -134,11 +134,7 @@ class WeightGrads:
             self._sums[(id(w), id(b))] = [w, b, _weight_grad(g, x),
                                           None if b is None else g.sum(0)]
             return
-        gw = entry[2]
-        if x.shape[1] < 16:  # kept as the transposed product, see _weight_grad
-            gw.t().addmm_(x.t(), g)
-        else:
-            gw.addmm_(g.t(), x)
+        _weight_grad(g, x, into=entry[2])
         if b is not None:
             entry[3].add_(g.sum(0))
 
@@ -155,10 +151,18 @@ class WeightGrads:
         self._sums.clear()
 
 
-def _weight_grad(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``gᵀ·x``; for few input features (the embedding's 8) as ``(xᵀ·g)ᵀ``, which MKL runs
-    several times faster."""
-    return torch.mm(x.t(), g).t() if x.shape[1] < 16 else torch.mm(g.t(), x)
+def _weight_grad(g: torch.Tensor, x: torch.Tensor,
+                 into: torch.Tensor | None = None) -> torch.Tensor:
+    """``gᵀ·x``, or added in place to ``into`` (an earlier result of this function); for few
+    input features (the embedding's 8) as ``(xᵀ·g)ᵀ``, which MKL runs several times faster."""
+    few = x.shape[1] < 16
+    if into is None:
+        return torch.mm(x.t(), g).t() if few else torch.mm(g.t(), x)
+    if few:
+        into.t().addmm_(x.t(), g)
+    else:
+        into.addmm_(g.t(), x)
+    return into
 
 
 def _accumulate(p: torch.Tensor, g: torch.Tensor) -> None:
@@ -219,14 +223,13 @@ class _Linear(torch.autograd.Function):
     def forward(ctx, x, w, b, act, other):  # noqa: D102
         y = _mm(x, w, b, act, other, TRAIN_ONEDNN)
         ctx.act = act
-        ctx.bias = b
         ctx.has_other = other is not None
-        ctx.save_for_backward(x, w, y if act != "none" else None)
+        ctx.save_for_backward(x, w, b, y if act != "none" else None)
         return y
 
     @staticmethod
     def backward(ctx, g):  # noqa: D102
-        x, w, y = ctx.saved_tensors
+        x, w, b, y = ctx.saved_tensors
         if ctx.act == "relu":
             g = g.masked_fill(y <= 0, 0.0)
         elif ctx.act == "tanh":
@@ -234,7 +237,7 @@ class _Linear(torch.autograd.Function):
         g = g.contiguous()
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         gx = _mm(g, _transposed(w), None, "none", None, TRAIN_ONEDNN) if need_x else None
-        gw, gb = _defer(w, ctx.bias, g, x, need_w, need_b)
+        gw, gb = _defer(w, b, g, x, need_w, need_b)
         return gx, gw, gb, None, (g if ctx.has_other else None)
 
 
@@ -334,14 +337,12 @@ class _FeedForward(torch.autograd.Function):
     def forward(ctx, y, w1, b1, w2, b2):  # noqa: D102
         f = _mm(y, w1, b1, "relu", None, TRAIN_ONEDNN)
         ctx.keep = f.numel() <= KEEP_HIDDEN
-        ctx.b2 = b2
-        ctx.save_for_backward(y, w1, b1, w2, f if ctx.keep else None)
+        ctx.save_for_backward(y, w1, b1, w2, b2, f if ctx.keep else None)
         return _mm(f, w2, b2, "none", y, TRAIN_ONEDNN)
 
     @staticmethod
     def backward(ctx, g):  # noqa: D102
-        y, w1, b1, w2, f = ctx.saved_tensors
-        b2 = ctx.b2
+        y, w1, b1, w2, b2, f = ctx.saved_tensors
         g = g.contiguous()
         if f is None:
             f = _mm(y, w1, b1, "relu", None, TRAIN_ONEDNN)
@@ -408,17 +409,16 @@ class _Embed(torch.autograd.Function):
              else torch.tanh(F.linear(dyn, w, b)))  # as training computes products
         x = torch.cat([static, h], dim=1)
         ctx.split = static.shape[1]
-        ctx.weight, ctx.bias = w, b
-        ctx.save_for_backward(dyn, x)
+        ctx.save_for_backward(dyn, x, w, b)
         return x
 
     @staticmethod
     def backward(ctx, g):  # noqa: D102
-        dyn, x = ctx.saved_tensors
+        dyn, x, w, b = ctx.saved_tensors
         k = ctx.split
         t = x[:, k:]
         gpre = g[:, k:] * (1.0 - t * t)
-        gw, gb = _defer(ctx.weight, ctx.bias, gpre, dyn, *ctx.needs_input_grad[2:4])
+        gw, gb = _defer(w, b, gpre, dyn, *ctx.needs_input_grad[2:4])
         return g[:, :k], None, gw, gb
 
 

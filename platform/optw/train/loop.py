@@ -21,7 +21,7 @@ import torch
 
 from optw.catalog import Catalog, Region, Tourists, sample_tourists
 from optw.decode import rollout, solve
-from optw.decode.reinforce import ReinforceLoss, reinforce_loss
+from optw.decode.reinforce import ReinforceLoss, make_optimizer, reinforce_loss
 from optw.decode.static import training_rollout
 from optw.env import Instances, make_instances, stack_instances
 from optw.model import ModelConfig, PointerNet, checkpoint_dict, load_model, read_checkpoint
@@ -93,12 +93,6 @@ def train_step(model: PointerNet, optimizer: torch.optim.Optimizer, instances: I
                                                foreach=True)
     optimizer.step()
     return rl, grad_norm
-
-
-def make_optimizer(model: PointerNet, lr: float) -> torch.optim.Adam:
-    """The run's Adam. ``foreach``: a few dispatched operations per step instead of ~14 per
-    parameter; on the CPU the same values as the per-parameter loop, bit for bit."""
-    return torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
 
 
 def end_epoch(model: Callable[[], PointerNet], regions: list[Region],
