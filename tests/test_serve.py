@@ -967,9 +967,17 @@ def test_healthz_answers_while_more_solves_than_slots_are_in_flight(service):
         bodies = [{"region": "t199", "method": "active-search", "beams": 2}] + [
             {"region": "t199", "method": "greedy"}] * 19
         with ThreadPoolExecutor(len(bodies)) as pool:
-            plans = [pool.submit(_post, f"{base}/plan", b, 600) for b in bodies]
-            seen = 0
+            # the active search first, and the greedy plans only once it is in flight: sent
+            # all at once, a few greedy plans could take the slot before it, finish at once
+            # and never be seen in flight together with the rest
             deadline = time.monotonic() + 300  # a hang guard
+            plans = [pool.submit(_post, f"{base}/plan", bodies[0], 600)]
+            while _get(f"{base}/healthz")[1]["plans_in_flight"] < 1:
+                assert not plans[0].done() and time.monotonic() < deadline, plans[0]
+                time.sleep(0.01)
+            time.sleep(0.2)  # past the model look-up and into the slot
+            plans += [pool.submit(_post, f"{base}/plan", b, 600) for b in bodies[1:]]
+            seen = 0
             while seen < len(bodies) and not all(p.done() for p in plans):
                 status, health = _get(f"{base}/healthz")
                 assert status == 200 and health["status"] == "ok"
