@@ -54,8 +54,12 @@ from benchutil import PRETRAINED, WEIGHTS
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("compact", "static", "static-free")
-#: Modes a CUDA device can also run (``graph``: :mod:`optw.train.graphed`, CUDA graphs).
-CUDA_MODES = (*MODES, "graph")
+#: Modes ``--modes`` also takes: ``compiled``, ``static-free`` with each step through
+#: ``torch.compile`` (opt-in; for GPUs; compiles in its first epoch; no baseline has it).
+CPU_MODES = (*MODES, "compiled")
+#: Modes a CUDA device can also run (``graph``: :mod:`optw.train.graphed`, CUDA graphs;
+#: ``graph-compiled``: the same, each step through ``torch.compile``).
+CUDA_MODES = (*MODES, "graph", "graph-compiled")
 #: aten ops that launch no kernel (views, metadata, allocation).
 METADATA_OPS = {
     "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::_unsafe_view",
@@ -94,10 +98,11 @@ class Runner:
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.ids = torch.arange(tourists, device=self.device).repeat_interleave(batch)
         self.graphed = None
-        if name == "graph":
+        if name in ("graph", "graph-compiled"):
             from optw.train.graphed import GraphedStep
 
-            self.graphed = GraphedStep(self.model, self.opt, self.config, self.ids)
+            self.graphed = GraphedStep(self.model, self.opt, self.config, self.ids,
+                                       compiled=name == "graph-compiled")
 
     def epoch(self) -> None:
         from optw.catalog import sample_tourists
@@ -161,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=10, help="epochs per timed round")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per mode")
     p.add_argument("--profile-epochs", type=int, default=3)
-    p.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
+    p.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(CPU_MODES)}")
     p.add_argument("--catalog", type=Path, default=None, help="built catalog folder")
     p.add_argument("--pretrained", type=Path, default=PRETRAINED,
                    help="folder with the published weights (else a seeded model)")
@@ -173,10 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json-stdout", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
+    bad = [m for m in modes if m not in CPU_MODES]
     if bad or not modes:
-        print(f"bench_ops: error: --modes: unknown {bad or modes}; expected of {list(MODES)}",
-              file=sys.stderr)
+        print(f"bench_ops: error: --modes: unknown {bad or modes}; expected of "
+              f"{list(CPU_MODES)}", file=sys.stderr)
+        return 2
+    if "compiled" in modes and args.baseline_ref != "none" and not args.json_stdout:
+        print("bench_ops: error: --modes compiled: no baseline ref has that rollout; add "
+              "--baseline-ref none", file=sys.stderr)
         return 2
     if args.quick:
         args.epochs, args.rounds, args.profile_epochs = 2, 1, 1

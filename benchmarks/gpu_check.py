@@ -17,12 +17,15 @@ Checks (each PASS or FAIL with its figures; everything also in ``OUT/gpu_check.j
 5. ``pack``: a pack of three per-region models trained side by side on the device samples the
    same routes as each trained alone there, with weights equal within rounding;
 6. ``graph``: the opt-in CUDA-graph training step replays what the same steps compute eagerly
-   from the same random state, and learns (needs CUDA).
+   from the same random state, and learns (needs CUDA);
+7. ``graph_compiled``: the same for ``graph-compiled`` (each step through ``torch.compile``
+   before capture), against the same compiled steps run eagerly; it also reports the seconds
+   of the first eager epoch, which compiles (needs CUDA).
 
 Figures, device beside CPU: training epochs/s on t101 (B = 32, from scratch; on CUDA also with
 ``OPTW_ROLLOUT=graph``), beam-128 latency on t101's benchmark tourist, and the device's peak
 memory for each; on the device: per training rollout (compact, static, static-free, and on
-CUDA graph; t101, B = 32, published weights) the ops dispatched and
+CUDA graph and graph-compiled; t101, B = 32, published weights) the ops dispatched and
 kernels launched per epoch, the GPU busy fraction and epochs/s (``ops_t101``); sampled routes/s
 at B = 512 and K = 64 x 32 with the rollout training uses there (``routes_t101``); the summed
 region-epochs/s of all 56 Solomon regions trained in packs (of 14 and of 56). Exit code 1 when
@@ -123,11 +126,12 @@ def rollout_env(mode: str) -> Iterator[None]:
 
 
 def check_graph(catalog, pretrained: Path, device: torch.device,
-                epochs: int = 300) -> dict[str, Any]:
+                epochs: int = 300, compiled: bool = False) -> dict[str, Any]:
     """Rollout ``graph`` (opt-in: the epoch's forward and backward replayed as a CUDA graph):
     a replayed epoch gives the rewards, loss and clipped gradients that the same steps give
     eagerly from the same random state (t101, B = 32, published weights, lr 0), and a run from
-    scratch learns as ``learns`` asks."""
+    scratch learns as ``learns`` asks. ``compiled``: the same for ``graph-compiled``, each
+    step through ``torch.compile`` (the eager reference runs the same compiled steps)."""
     import numpy as np
 
     from optw.catalog import sample_tourists
@@ -144,13 +148,17 @@ def check_graph(catalog, pretrained: Path, device: torch.device,
     region, rng = catalog.region("t101"), np.random.default_rng(5)
     ids = torch.zeros(32, dtype=torch.long, device=device)
     params = list(model.parameters())
-    step = GraphedStep(model, torch.optim.Adam(params, lr=0.0), cfg, ids)
+    step = GraphedStep(model, torch.optim.Adam(params, lr=0.0), cfg, ids, compiled=compiled)
 
     def tourist():
         return make_instances(region, sample_tourists(region, 1, rng, cfg.score_kind), device)
 
-    for _ in range(WARMUP + 1):  # eager warm-up epochs, then the first capture
+    first_s = []
+    for _ in range(WARMUP + 1):  # eager warm-up epochs (compiled: the first compiles), then
+        t0 = time.perf_counter()  # the first capture
         step(tourist(), 0.0)
+        sync(device)
+        first_s.append(round(time.perf_counter() - t0, 2))
     x = tourist()
     for _ in range(3):  # a replay that grew S ran twice: take one that ran once
         before = step.recaptures
@@ -162,7 +170,8 @@ def check_graph(catalog, pretrained: Path, device: torch.device,
     steps = step.steps[x.n_nodes]
     torch.cuda.manual_seed(11)
     model.zero_grad(set_to_none=True)
-    routes, lp, ent = static_rollout(model, x, ids, sampling="free", steps=steps)
+    routes, lp, ent = static_rollout(model, x, ids, sampling="free", steps=steps,
+                                     compiled=compiled)
     eager = reinforce_loss(route_reward(x, ids, routes), lp, ent, 32, cfg.beta)
     eager.loss.backward()
     torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
@@ -182,12 +191,12 @@ def check_graph(catalog, pretrained: Path, device: torch.device,
             fn()
         sync(device)
         timing[name] = (time.perf_counter() - t0) / 20 * 1e3
-    with rollout_env("graph"):
+    with rollout_env("graph-compiled" if compiled else "graph"):
         learns = check_learns(catalog, device, epochs)
     ok = same and loss_diff < 1e-4 and grad_diff < 1e-3 and learns["ok"]
     return {"steps": steps, "recaptures": step.recaptures, "same_rewards": same,
             "loss_diff": loss_diff, "max_rel_grad_diff": grad_diff, **timing,
-            "learns": learns, "ok": ok}
+            "warmup_epoch_s": first_s, "learns": learns, "ok": ok}
 
 
 def check_static(catalog, pretrained: Path, device: torch.device) -> dict[str, Any]:
@@ -324,7 +333,7 @@ def measure_ops(catalog, pretrained: Path, device: torch.device, epochs: int,
     out: dict[str, Any] = {}
     for mode in bench.CUDA_MODES if device.type == "cuda" else bench.MODES:
         runner = bench.Runner(mode, state, cfg, region, 0, 32, 1, device)
-        for _ in range(warm + (3 if mode == "graph" else 0)):  # graph: warm-up, capture
+        for _ in range(warm + (3 if mode.startswith("graph") else 0)):  # graph: warm-up, capture
             runner.epoch()
         row: dict[str, Any] = bench.count_ops(runner, warm)
         if device.type == "cuda":
@@ -424,7 +433,9 @@ def main(argv: list[str] | None = None) -> int:
               "learns": lambda: check_learns(catalog, device, 100 if args.quick else 300),
               "pack": lambda: check_pack(catalog, device),
               "graph": lambda: check_graph(catalog, args.pretrained, device,
-                                           100 if args.quick else 300)}
+                                           100 if args.quick else 300),
+              "graph_compiled": lambda: check_graph(catalog, args.pretrained, device,
+                                                    100 if args.quick else 300, compiled=True)}
     figures = {
         "train_t101": lambda: {"device": measure_training(catalog, device, epochs),
                                **({"device_graph": measure_training(catalog, device, epochs,

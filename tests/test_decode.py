@@ -269,6 +269,13 @@ def test_static_rollout_on_padded_regions_and_free_sampling(catalog, untrained, 
     with pytest.raises(ValueError, match="needs a CUDA device"):
         training_rollout("cpu")
     assert training_rollout("cuda", 32 * 102, "compact") == "compact"  # a run's setting wins
+    monkeypatch.setenv("OPTW_ROLLOUT", "graph-compiled")  # the same, each step compiled
+    assert training_rollout("cuda", 32 * 102) == "graph-compiled"
+    assert training_rollout("cuda", 512 * 102) == "compiled"
+    assert training_rollout("cuda", 64 * 32 * 102) == "compact"
+    with pytest.raises(ValueError, match="graph-compiled replays CUDA graphs"):
+        training_rollout("cpu")
+    assert training_rollout("cpu", 32 * 102, "compiled") == "compiled"
     monkeypatch.setenv("OPTW_ROLLOUT", "graphs")
     with pytest.raises(ValueError, match="OPTW_ROLLOUT='graphs'"):
         training_rollout("cuda")
@@ -323,6 +330,63 @@ def test_fixed_step_rollout_is_the_free_rollout_without_host_syncs(catalog, publ
     assert [graph_steps(k, 500) for k in (10, 15, 16, 499)] == [12, 16, 20, 500]
     with pytest.raises(ValueError, match="sampling='free'"):
         static_rollout(model, inst, ids, steps=4)
+
+
+def test_compiled_rollout_is_the_free_rollout_within_rounding(tiny_catalog):
+    """Rollout "compiled" (opt-in; each step through torch.compile, what "graph-compiled"
+    captures on CUDA) draws the routes of the eager "static-free" rollout from the same
+    generator, with log-probs, entropies and gradients within float rounding; the backward
+    also runs inside deferred_grads (the training step's). Compiled code takes the plain
+    blocks, never the CPU's hand-written ones. A fixed number of compiled steps and their
+    backward read no value back (what a CUDA graph captures), and a shape compiles once. A
+    small model: compiling takes ~40 s."""
+    from torch._dynamo.utils import counters
+
+    from optw.decode.static import static_rollout
+    from optw.model.fastops import deferred_grads
+
+    graphs = counters["stats"]["unique_graphs"]  # compilations so far in this process
+    torch.manual_seed(5)
+    model = PointerNet(ModelConfig(d_model=16, n_heads=2, d_ff=32))
+    inst = make_instances(tiny_catalog.region("pr99"), tiny_catalog.validation("pr99")[:2])
+    ids = torch.arange(2).repeat_interleave(4)
+    outs = {}
+    for mode in ("static-free", "compiled"):
+        model.zero_grad(set_to_none=True)
+        out = rollout(model, inst, ids, generator=torch.Generator().manual_seed(6), mode=mode)
+        with deferred_grads():
+            (out.log_prob.sum() + out.entropy.sum()).backward()
+        outs[mode] = out, [p.grad.clone() for p in model.parameters()]
+    (eager, eager_grads), (comp, comp_grads) = outs["static-free"], outs["compiled"]
+    assert torch.equal(eager.routes, comp.routes) and torch.equal(eager.reward, comp.reward)
+    assert torch.allclose(eager.log_prob, comp.log_prob, atol=1e-4)
+    assert torch.allclose(eager.entropy, comp.entropy, atol=1e-4)
+    for a, b in zip(eager_grads, comp_grads, strict=True):
+        assert float((a - b).abs().max()) <= 1e-4 * (float(a.abs().max()) + 1e-6)
+    # what "graph-compiled" captures: a fixed number of compiled steps, then the backward,
+    # with no value read back (a capture would fail), the eager fixed steps' routes
+    from torch.profiler import profile
+
+    from optw.decode.core import route_reward
+    from optw.decode.reinforce import reinforce_loss
+
+    steps = eager.routes.shape[1]
+    with profile() as prof:
+        routes, lp, ent = static_rollout(model, inst, ids, sampling="free", steps=steps,
+                                         generator=torch.Generator().manual_seed(6),
+                                         compiled=True)
+        reinforce_loss(route_reward(inst, ids, routes), lp, ent, 4, 0.1).loss.backward()
+    syncs = {"aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten::nonzero"}
+    assert not [e.name for e in prof.events() if e.name in syncs]
+    assert torch.equal(routes[:, :steps], eager.routes)
+    # one compilation per shape: neither another model of the same configuration nor the
+    # first step's strided inputs compile again (a recompilation costs minutes on a GPU)
+    rollout(PointerNet(model.cfg), inst, ids, generator=torch.Generator().manual_seed(7),
+            mode="compiled")
+    assert counters["stats"]["unique_graphs"] <= graphs + 1
+    for kwargs in ({"sampling": "compat"}, {"sampling": "free", "greedy": True}):
+        with pytest.raises(ValueError, match="compiled=True"):
+            static_rollout(model, inst, ids, compiled=True, **kwargs)
 
 
 def test_active_search_leaves_the_model_untouched(catalog, untrained):

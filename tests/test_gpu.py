@@ -67,3 +67,11 @@ def test_graph_rollout_replays_what_eager_computes_on_cuda(catalog):
     scratch with it learns."""
     res = gpu_check.check_graph(catalog, PRETRAINED, CUDA)
     assert res["ok"], res
+
+
+@needs_weights
+def test_graph_compiled_rollout_replays_what_its_compiled_steps_compute_on_cuda(catalog):
+    """Rollout "graph-compiled" (opt-in; each step through torch.compile, then captured): a
+    replayed epoch gives what the same compiled steps give eagerly, and training learns."""
+    res = gpu_check.check_graph(catalog, PRETRAINED, CUDA, compiled=True)
+    assert res["ok"], res

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -54,18 +55,38 @@ def test_resume_reproduces_uninterrupted_run(tiny_catalog, tmp_path):
         assert torch.allclose(v, w, atol=1e-6), k
 
 
+def test_compiled_rollout_trains(tiny_catalog):
+    """``rollout = "compiled"`` (opt-in: each static-free step through torch.compile) trains
+    on the CPU through train(): finite losses and gradients every epoch, the weights move, and
+    the setting is part of the run's config (it changes what the epochs compute). The same
+    small model and shapes as test_decode's compiled test, so the compiler's cache is shared."""
+    cfg = _config(regions=["pr99"], epochs=3, tourists_per_epoch=2, batch_size=4,
+                  val_tourists=2, rollout="compiled",
+                  model={"d_model": 16, "n_heads": 2, "d_ff": 32})
+    hist = MetricsHistory()
+    torch.manual_seed(0)
+    result = train(cfg, tiny_catalog, [hist])
+    assert len(hist.epochs) == 3
+    assert all(np.isfinite([m["loss"], m["grad_norm"], m["mean_reward"]]).all()
+               for m in hist.epochs)
+    assert hist.epochs[-1]["grad_norm"] > 0
+    assert cfg.config_hash() != cfg.replace(rollout="static-free").config_hash()
+    assert result.model.cfg.d_model == 16
+
+
 def test_static_rollout_trains_the_same_model(tiny_catalog):
     """Training with the static-shape rollout (CUDA's default, asked for here on the CPU with
     ``rollout``) samples the same routes every epoch as with the compacted one, and ends
     with weights equal within rounding: which rollout ran does not change a run. The CUDA
-    graph rollout is refused on the CPU, naming the setting."""
+    graph rollouts are refused on the CPU, naming the setting."""
     cfg = _config(epochs=4, tourists_per_epoch=2, batch_size=4, val_tourists=2)
     runs = {}
     for mode in ("compact", "static"):
         hist = MetricsHistory()
         runs[mode] = (train(cfg.replace(rollout=mode), tiny_catalog, [hist]), hist)
-    with pytest.raises(ValueError, match="rollout=graph .* needs a CUDA device"):
-        train(cfg.replace(rollout="graph", device="cpu"), tiny_catalog)
+    for graph in ("graph", "graph-compiled"):
+        with pytest.raises(ValueError, match=f"rollout={graph} .* needs a CUDA device"):
+            train(cfg.replace(rollout=graph, device="cpu"), tiny_catalog)
     (a, ha), (b, hb) = runs["compact"], runs["static"]
     assert [m["mean_reward"] for m in ha.epochs] == [m["mean_reward"] for m in hb.epochs]
     for (k, v), w in zip(a.model.state_dict().items(), b.model.state_dict().values(),

@@ -184,4 +184,6 @@ def test_rollout_option_is_logged_and_graph_needs_cuda(tiny_catalog, tmp_path, c
     cfg.write_text("[train]\nrollout = 'graph'\n")
     assert main(_train(tiny_catalog, refused, "--config", str(cfg))) == 2
     assert f"rollout = 'graph' in {cfg}" in _one_line(capsys)
+    assert main(_train(tiny_catalog, refused, "--rollout", "graph-compiled")) == 2
+    assert "--rollout graph-compiled replays CUDA graphs" in _one_line(capsys)
     assert not refused.exists()

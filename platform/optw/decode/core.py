@@ -489,8 +489,9 @@ def rollout(
 
     ``mode="static"`` runs :func:`~optw.decode.static.static_rollout` instead (fixed shapes,
     every node a row: for GPUs; it draws what this decoder draws), ``"static-free"`` the same
-    with Gumbel sampling and no host synchronisation (another random stream; opt-in). Packs
-    always run compacted.
+    with Gumbel sampling and no host synchronisation (another random stream; opt-in);
+    ``"compiled"`` the ``static-free`` rollout with each step through ``torch.compile`` (the
+    same draws, values within float rounding only; opt-in). Packs always run compacted.
     """
     dev = instances.device
     if ids is None:
@@ -502,7 +503,7 @@ def rollout(
         assert not isinstance(generator, (list, tuple))
         routes, log_prob, entropy = static_rollout(
             model, instances, ids, greedy, generator,
-            "free" if mode == "static-free" else "compat")
+            "compat" if mode == "static" else "free", compiled=mode == "compiled")
         return _finish(instances, ids, routes, log_prob, entropy)
     if isinstance(model, StackedPointerNet):
         if member is None or not isinstance(generator, (list, tuple)) and not greedy:

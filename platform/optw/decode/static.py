@@ -29,11 +29,19 @@ Sampling modes:
   (``argmax p / Exp(1)``), no host synchronisation except a done check every
   :data:`SYNC_EVERY` steps. The same distribution, another random stream (so other routes
   than the compacted decoder for the same seed): opt-in.
+
+Rollout mode ``"compiled"`` (opt-in) runs each ``"free"`` step as one ``torch.compile``-d
+function (:func:`compiled_step`): the same draws and routes, values within float rounding,
+far fewer operations per step; for GPUs (``docs/model.md``, technique 14).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import warnings
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -42,12 +50,16 @@ from optw.env.state import visit_end
 from optw.model.network import MASKED_SCORE, PointerNet
 
 SAMPLINGS = ("compat", "free")
-#: Rollout modes of :func:`optw.decode.rollout` (``static-free``: static, ``"free"`` sampling).
-ROLLOUTS = ("compact", "static", "static-free")
-#: Rollouts training can take: :data:`ROLLOUTS` and ``"graph"``, the ``static-free`` rollout
+#: Rollout modes of :func:`optw.decode.rollout` (``static-free``: static, ``"free"`` sampling;
+#: ``compiled``: ``static-free`` with each step through ``torch.compile``, opt-in, not exact).
+ROLLOUTS = ("compact", "static", "static-free", "compiled")
+#: Rollouts training can take: :data:`ROLLOUTS`, ``"graph"``, the ``static-free`` rollout
 #: with a fixed number of steps, replayed with its backward as a CUDA graph
 #: (:mod:`optw.train.graphed`; CUDA only, opt-in).
-TRAIN_ROLLOUTS = (*ROLLOUTS, "graph")
+#: and ``"graph-compiled"``, the ``compiled`` one replayed the same way.
+TRAIN_ROLLOUTS = (*ROLLOUTS, "graph", "graph-compiled")
+#: The rollouts replayed as CUDA graphs.
+GRAPH_ROLLOUTS = ("graph", "graph-compiled")
 #: In ``"free"`` sampling, steps between two checks whether every route is done.
 SYNC_EVERY = 8
 
@@ -69,7 +81,8 @@ def training_rollout(device: torch.device | str, rows: int = 0, choice: str = "a
     variable ``OPTW_ROLLOUT`` if set, else ``"static"`` on CUDA (launch-bound) up to
     :data:`STATIC_MAX_ROWS` and ``"compact"`` otherwise (compute-bound CPU, or too large).
     ``"graph"`` needs CUDA, and goes ``"static"`` above :data:`GRAPH_MAX_ROWS`, ``"compact"``
-    above :data:`STATIC_MAX_ROWS`."""
+    above :data:`STATIC_MAX_ROWS`; ``"graph-compiled"`` likewise, with ``"compiled"`` for
+    ``"static"``."""
     where = "rollout"
     forced = choice
     if choice == "auto":
@@ -78,12 +91,167 @@ def training_rollout(device: torch.device | str, rows: int = 0, choice: str = "a
     if forced:
         if forced not in TRAIN_ROLLOUTS:
             raise ValueError(f"{where}={forced!r}; expected one of {TRAIN_ROLLOUTS}")
-        if forced == "graph" and not cuda:
-            raise ValueError(f"{where}=graph replays CUDA graphs: it needs a CUDA device, "
+        if forced in GRAPH_ROLLOUTS and not cuda:
+            raise ValueError(f"{where}={forced} replays CUDA graphs: it needs a CUDA device, "
                              f"not {torch.device(device)}")
-        if forced != "graph" or rows <= GRAPH_MAX_ROWS:
+        if forced not in GRAPH_ROLLOUTS or rows <= GRAPH_MAX_ROWS:
             return forced
+        if forced == "graph-compiled" and rows <= STATIC_MAX_ROWS:
+            return "compiled"
     return "static" if cuda and rows <= STATIC_MAX_ROWS else "compact"
+
+
+class _Tables(NamedTuple):
+    """What a static rollout's steps read and never change: per route, its tourist's tables."""
+
+    rr: torch.Tensor  # route numbers [R]
+    col: torch.Tensor  # node numbers [n]
+    is_end: torch.Tensor  # col == end
+    eye: torch.Tensor  # [n, n] bool
+    row_route: torch.Tensor  # route of each node row [R·n]
+    static_rows: torch.Tensor  # static embeddings [R·n, d/2]
+    dist: torch.Tensor  # [R, n, n] int32
+    opening: torch.Tensor  # [R, n] each: opening, visit duration, latest start
+    dur: torch.Tensor
+    latest: torch.Tensor
+    span: torch.Tensor  # T_end - T_start [R, 1, 1] float
+    fixed: torch.Tensor  # the dynamic features' constant part [R, n, 8]
+    coef_t: torch.Tensor  # and their coefficients of t and of the arrival [8]
+    coef_a: torch.Tensor
+
+
+def _tables(model: PointerNet, inst: Instances, ids: torch.Tensor) -> _Tables:
+    dev = inst.device
+    r, n = ids.shape[0], inst.n_nodes
+    rr = torch.arange(r, device=dev)
+    col = torch.arange(n, device=dev)
+    opening, closing, dur, latest = inst.node_u.index_select(0, ids).unbind(-1)  # [R, n] each
+    ts = inst.t_start_u.index_select(0, ids).unsqueeze(1)  # [R, 1]
+    te = inst.t_end_u.index_select(0, ids).unsqueeze(1)
+    # dynamic features (o - t, c - t, T_end - t, t - T_start, a - T_start, o - a, c - a,
+    # T_end - a) = fixed + t·coef_t + a·coef_a, in exact integer time units
+    te_n, ts_n = te.expand(r, n), ts.expand(r, n)
+    fixed = torch.stack([opening, closing, te_n, -ts_n, -ts_n, opening, closing, te_n], dim=-1)
+    coef_t, coef_a = _coefficients(dev, fixed.dtype)
+    return _Tables(
+        rr=rr, col=col, is_end=col == n - 1, eye=torch.eye(n, dtype=torch.bool, device=dev),
+        row_route=rr.repeat_interleave(n),
+        static_rows=model.embed_static(inst.static).index_select(0, ids).reshape(r * n, -1),
+        dist=inst.dist_u.index_select(0, ids), opening=opening, dur=dur, latest=latest,
+        span=(te - ts).to(torch.float32).unsqueeze(2), fixed=fixed, coef_t=coef_t,
+        coef_a=coef_a)
+
+
+def _observe(model: PointerNet, tb: _Tables, cur: torch.Tensor, t: torch.Tensor,
+             mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Network inputs of every node [R·n, d] and the graph's attention bias [R, 1, n, n]
+    (:func:`~optw.env.state.node_features` and :func:`~optw.env.state.graph_mask`)."""
+    r, n = mask.shape
+    arrival = t.unsqueeze(1) + tb.dist[tb.rr, cur]  # [R, n]
+    # the 8 features as exact integers: fixed part + t·coef_t + arrival·coef_a
+    feats = tb.fixed + t.view(r, 1, 1) * tb.coef_t + arrival.unsqueeze(2) * tb.coef_a
+    dyn = (feats.to(torch.float32) / tb.span).view(r * n, -1)
+    adj = mask.unsqueeze(1)
+    if model.cfg.graph == "lookahead":
+        leave = visit_end(arrival, tb.opening, tb.dur)
+        adj = adj & ((leave.unsqueeze(2) + tb.dist) <= tb.latest.unsqueeze(1))
+    adj = adj | tb.eye
+    bias = torch.where(adj, 0.0, MASKED_SCORE).unsqueeze(1)
+    return model.embed(tb.static_rows, dyn), bias
+
+
+def _policy(model: PointerNet, tb: _Tables, cur: torch.Tensor, t: torch.Tensor,
+            mask: torch.Tensor, done: torch.Tensor, prev: torch.Tensor, lstm_in: torch.Tensor,
+            h: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """One decoding step's network pass: the encodings ``enc`` [R·n, d], the LSTM state, the
+    logits and log-probabilities [R, n] and the nodes allowed (a finished route: the end)."""
+    r, n = mask.shape
+    x, bias = _observe(model, tb, cur, t, mask)
+    enc = model.encode_dense(x, prev, bias)
+    h, c = model.lstm(lstm_in, (h, c))
+    allowed = mask | (done.unsqueeze(1) & tb.is_end)  # finished routes: the end, p = 1
+    logits = model.pointer(enc, h, tb.row_route).view(r, n).masked_fill(~allowed,
+                                                                        float("-inf"))
+    return enc, h, c, logits, torch.log_softmax(logits, dim=1), allowed
+
+
+def _advance(tb: _Tables, choice: torch.Tensor, enc: torch.Tensor, logp: torch.Tensor,
+             allowed: torch.Tensor, cur: torch.Tensor, t: torch.Tensor, mask: torch.Tensor,
+             done: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The step's log-probability and entropy [R] of ``choice``, the routes' new column
+    (-1 for routes done before), and the next step's LSTM input, time, node, done and mask."""
+    r, n = mask.shape
+    d = enc.shape[1]
+    rr = tb.rr
+    lp = logp.gather(1, choice.unsqueeze(1)).squeeze(1)
+    ent = -(logp.exp() * logp.masked_fill(~allowed, 0.0)).sum(1)
+    live = ~done
+    column = torch.where(live, choice, -1)
+    # a gather (not enc[rr, choice]): its backward is a plain scatter-add
+    lstm_in = enc.view(r, n, d).gather(1, choice.view(r, 1, 1).expand(r, 1, d)).squeeze(1)
+    arrival = t + tb.dist[rr, cur, choice]
+    t = torch.where(live, visit_end(arrival, tb.opening[rr, choice], tb.dur[rr, choice]), t)
+    cur = torch.where(live, choice, cur)
+    done = done | (choice == n - 1)
+    mask = (mask & (tb.col != choice.unsqueeze(1)) & ~done.unsqueeze(1)
+            & ((t.unsqueeze(1) + tb.dist[rr, cur]) <= tb.latest))
+    return lp, ent, column, lstm_in, t, cur, done, mask
+
+
+def _gumbel_choice(logp: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """``"free"`` sampling: ``argmax p / q`` for ``noise`` q ~ Exp(1) (Gumbel-max)."""
+    return (logp.detach().exp() / noise).argmax(1)
+
+
+def _free_step(model: PointerNet, tb: _Tables, cur: torch.Tensor, t: torch.Tensor,
+               mask: torch.Tensor, done: torch.Tensor, prev: torch.Tensor,
+               lstm_in: torch.Tensor, h: torch.Tensor, c: torch.Tensor, noise: torch.Tensor,
+               ) -> tuple[torch.Tensor, ...]:
+    """A whole ``"free"`` sampling step (:func:`_policy`, the draw, :func:`_advance`): what
+    ``compiled`` rollouts hand to ``torch.compile``. Returns ``enc, h, c`` and
+    :func:`_advance`'s values."""
+    enc, h, c, _, logp, allowed = _policy(model, tb, cur, t, mask, done, prev, lstm_in, h, c)
+    choice = _gumbel_choice(logp, noise)
+    return enc, h, c, *_advance(tb, choice, enc, logp, allowed, cur, t, mask, done)
+
+
+class _Stepper(torch.nn.Module):
+    """:func:`_free_step` of ``model`` as a module's forward, for ``functional_call``."""
+
+    def __init__(self, model: PointerNet):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:  # noqa: D102
+        return _free_step(self.model, *args)
+
+
+def _flat_step(stepper: _Stepper, names: tuple[str, ...], shapes: tuple[torch.Size, ...],
+               flat: torch.Tensor, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """:func:`_free_step` with every parameter a view of ``flat`` (the parameters
+    concatenated): each step's backward then yields one gradient, ``flat``'s, instead of one per
+    parameter (autograd's per-step accumulations, ~35 small additions per step, become one)."""
+    views = flat.split([s.numel() for s in shapes])
+    params = {f"model.{n}": v.view(s) for n, v, s in zip(names, views, shapes, strict=True)}
+    return torch.func.functional_call(stepper, params, args)
+
+
+_COMPILED_STEP: list[Callable[..., tuple[torch.Tensor, ...]]] = []
+
+
+def compiled_step() -> Callable[..., tuple[torch.Tensor, ...]]:
+    """:func:`_flat_step` through ``torch.compile`` (made once per process; each new shape,
+    i.e. routes × nodes, compiles once more, on first use)."""
+    if not _COMPILED_STEP:
+        import torch._dynamo
+
+        with warnings.catch_warnings():  # torch 2.13's compiler imports its own deprecated
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script_method
+            import torch._inductor.compile_fx  # noqa: F401
+        # one graph per (routes, nodes) shape and per model configuration
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        _COMPILED_STEP.append(torch.compile(_flat_step, dynamic=False, fullgraph=True))
+    return _COMPILED_STEP[0]
 
 
 def static_rollout(
@@ -94,6 +262,7 @@ def static_rollout(
     generator: torch.Generator | None = None,
     sampling: str = "compat",
     steps: int | None = None,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Routes ``[R, n + 1]`` (padded with -1), summed log-probabilities and entropies [R] of one
     route per entry of ``ids``; see the module docstring. (:func:`optw.decode.rollout` wraps
@@ -102,94 +271,62 @@ def static_rollout(
     ``steps``: run exactly that many decoding steps (at most n), with no host synchronisation
     at all (``"free"`` sampling or greedy only), and return the routes untrimmed ``[R, n + 1]``;
     a route still unfinished then has no end node (:func:`all_done`). For CUDA-graph capture
-    (:mod:`optw.train.graphed`)."""
+    (:mod:`optw.train.graphed`).
+
+    ``compiled`` (``"free"`` sampling only): each decoding step runs as one
+    ``torch.compile``-d function (:func:`compiled_step`): fused kernels, the same draws,
+    values equal to the eager step's within float rounding only (opt-in)."""
     if sampling not in SAMPLINGS:
         raise ValueError(f"unknown sampling {sampling!r}; expected one of {SAMPLINGS}")
     if steps is not None and sampling != "free" and not greedy:
         raise ValueError("a fixed number of steps needs sampling='free' (or greedy): the "
                          "compat draw synchronises with the host")
+    if compiled and (sampling != "free" or greedy):
+        raise ValueError("compiled=True compiles the 'free' sampling step: it needs "
+                         "sampling='free' and greedy=False")
     dev = inst.device
     r, n = ids.shape[0], inst.n_nodes
-    end = n - 1
     d = model.cfg.d_model
-    rr = torch.arange(r, device=dev)
-    col = torch.arange(n, device=dev)
-    is_end = col == end
-    # per route, fixed for the whole rollout
-    static_rows = model.embed_static(inst.static).index_select(0, ids).reshape(r * n, -1)
-    dist = inst.dist_u.index_select(0, ids)  # [R, n, n] int32
-    opening, closing, dur, latest = inst.node_u.index_select(0, ids).unbind(-1)  # [R, n] each
-    ts = inst.t_start_u.index_select(0, ids).unsqueeze(1)  # [R, 1]
-    te = inst.t_end_u.index_select(0, ids).unsqueeze(1)
-    span = (te - ts).to(torch.float32).unsqueeze(2)  # [R, 1, 1]
-    # dynamic features (o - t, c - t, T_end - t, t - T_start, a - T_start, o - a, c - a,
-    # T_end - a) = fixed + t·coef_t + a·coef_a, in exact integer time units
-    te_n, ts_n = te.expand(r, n), ts.expand(r, n)
-    fixed = torch.stack([opening, closing, te_n, -ts_n, -ts_n, opening, closing, te_n], dim=-1)
-    coef_t, coef_a = _coefficients(dev, fixed.dtype)
-    row_route = rr.repeat_interleave(n)
-    eye = torch.eye(n, dtype=torch.bool, device=dev)
-    lookahead = model.cfg.graph == "lookahead"
-
-    def observe(cur: torch.Tensor, t: torch.Tensor, mask: torch.Tensor,
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Network inputs of every node [R·n, d] and the graph's attention bias [R, 1, n, n]
-        (:func:`~optw.env.state.node_features` and :func:`~optw.env.state.graph_mask`)."""
-        arrival = t.unsqueeze(1) + dist[rr, cur]  # [R, n]
-        # the 8 features as exact integers: fixed part + t·coef_t + arrival·coef_a
-        feats = fixed + t.view(r, 1, 1) * coef_t + arrival.unsqueeze(2) * coef_a
-        dyn = (feats.to(torch.float32) / span).view(r * n, -1)
-        adj = mask.unsqueeze(1)
-        if lookahead:
-            leave = visit_end(arrival, opening, dur)
-            adj = adj & ((leave.unsqueeze(2) + dist) <= latest.unsqueeze(1))
-        adj = adj | eye
-        bias = torch.where(adj, 0.0, MASKED_SCORE).unsqueeze(1)
-        return model.embed(static_rows, dyn), bias
+    tb = _tables(model, inst, ids)
+    step_fn = functools.partial(_free_step, model)
+    if compiled:
+        named = list(model.named_parameters())
+        flat = torch.cat([p.reshape(-1) for _, p in named])
+        step_fn = functools.partial(compiled_step(), _Stepper(model),
+                                    tuple(n for n, _ in named),
+                                    tuple(p.shape for _, p in named), flat)
 
     # steps 1-2 of the decoding sequence: the start still admissible, then visited
     cur = torch.zeros(r, dtype=torch.long, device=dev)
-    t = ts.squeeze(1)
-    mask = (t.unsqueeze(1) + dist[:, 0]) <= latest
-    x, bias = observe(cur, t, mask)
+    t = inst.t_start_u.index_select(0, ids)
+    mask = (t.unsqueeze(1) + tb.dist[:, 0]) <= tb.latest
+    x, bias = _observe(model, tb, cur, t, mask)
     prev = model.encode_dense(x, x, bias)
     lstm_in = prev.view(r, n, d)[:, 0]
-    mask = mask & (col != 0)
+    mask = mask & (tb.col != 0)
     h, c = model.initial_state(r)
+    if compiled:  # the strides of every later step's inputs: one compilation, not two
+        lstm_in, h, c = lstm_in.contiguous(), h.contiguous(), c.contiguous()
     done = torch.zeros(r, dtype=torch.bool, device=dev)
     routes = torch.full((r, n + 1), -1, dtype=torch.long, device=dev)
     routes[:, 0] = 0
     steps_lp: list[torch.Tensor] = []
     steps_ent: list[torch.Tensor] = []
     for step in range(1, n + 1 if steps is None else min(steps, n) + 1):
-        x, bias = observe(cur, t, mask)
-        enc = model.encode_dense(x, prev, bias)
-        h, c = model.lstm(lstm_in, (h, c))
-        allowed = mask | (done.unsqueeze(1) & is_end)  # finished routes: the end, p = 1
-        logits = model.pointer(enc, h, row_route).view(r, n).masked_fill(~allowed,
-                                                                         float("-inf"))
-        logp = torch.log_softmax(logits, dim=1)
-        with torch.no_grad():
-            if greedy:
-                choice = logits.argmax(1)
-            elif sampling == "free":
-                q = torch.empty(r, n, device=dev).exponential_(1, generator=generator)
-                choice = (logp.exp() / q).argmax(1)
-            else:
-                choice = _compat_choice(logp, mask, done, end, generator)
-        steps_lp.append(logp.gather(1, choice.unsqueeze(1)).squeeze(1))
-        steps_ent.append(-(logp.exp() * logp.masked_fill(~allowed, 0.0)).sum(1))
-        live = ~done
-        routes[:, step] = torch.where(live, choice, -1)
-        # a gather (not enc[rr, choice]): its backward is a plain scatter-add
-        lstm_in = enc.view(r, n, d).gather(1, choice.view(r, 1, 1).expand(r, 1, d)).squeeze(1)
+        if sampling == "free" and not greedy:
+            noise = torch.empty(r, n, device=dev).exponential_(1, generator=generator)
+            enc, h, c, *after = step_fn(tb, cur, t, mask, done, prev, lstm_in, h, c, noise)
+        else:
+            enc, h, c, logits, logp, allowed = _policy(model, tb, cur, t, mask, done, prev,
+                                                       lstm_in, h, c)
+            with torch.no_grad():
+                choice = (logits.argmax(1) if greedy
+                          else _compat_choice(logp, mask, done, n - 1, generator))
+            after = _advance(tb, choice, enc, logp, allowed, cur, t, mask, done)
+        lp, ent, routes[:, step], lstm_in, t, cur, done, mask = after
+        steps_lp.append(lp)
+        steps_ent.append(ent)
         prev = enc
-        arrival = t + dist[rr, cur, choice]
-        t = torch.where(live, visit_end(arrival, opening[rr, choice], dur[rr, choice]), t)
-        cur = torch.where(live, choice, cur)
-        done = done | (choice == end)
-        mask = (mask & (col != choice.unsqueeze(1)) & ~done.unsqueeze(1)
-                & ((t.unsqueeze(1) + dist[rr, cur]) <= latest))
         if steps is None and (sampling != "free" or greedy or step % SYNC_EVERY == 0) and bool(
                 done.all()):
             break

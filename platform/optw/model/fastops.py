@@ -202,9 +202,15 @@ def _defer(w: torch.Tensor, b: torch.Tensor | None, g: torch.Tensor, x: torch.Te
     return (_weight_grad(g, x) if need_w else None), (g.sum(0) if need_b else None)
 
 
+def tracing() -> bool:
+    """Is ``torch.compile`` tracing this call? Compiled code takes the plain compositions (the
+    compiler fuses them itself; the hand-written blocks below are for eager code)."""
+    return torch.compiler.is_compiling()
+
+
 def _fast_rows(x: torch.Tensor) -> bool:
-    return (ONEDNN and x.dim() == 2 and x.shape[0] >= MIN_ROWS and x.dtype == torch.float32
-            and x.device.type == "cpu")
+    return (ONEDNN and not tracing() and x.dim() == 2 and x.shape[0] >= MIN_ROWS
+            and x.dtype == torch.float32 and x.device.type == "cpu")
 
 
 def fast_rows(x: torch.Tensor) -> bool:
@@ -318,7 +324,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     call), unless some weight is near 0 (a check that would cost a GPU a host
     synchronisation per call, so GPUs keep PyTorch's backward)."""
     if (_grad_needed(x, weight, bias) and x.dim() == 2 and x.device.type == "cpu"
-            and _ln_weight_ok(weight)):
+            and not tracing() and _ln_weight_ok(weight)):
         return _LayerNormFromOutput.apply(x, weight, bias, eps)
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
@@ -425,6 +431,7 @@ class _Embed(torch.autograd.Function):
 def embed(static: torch.Tensor, dyn: torch.Tensor, w: torch.Tensor,
           b: torch.Tensor) -> torch.Tensor:
     """Node inputs ``[static, tanh(W dyn + b)]`` (``dyn`` is data: no gradient to it)."""
-    if _grad_needed(static, w, b) and static.dim() == 2 and not dyn.requires_grad:
+    if (_grad_needed(static, w, b) and static.dim() == 2 and not dyn.requires_grad
+            and not tracing()):
         return _Embed.apply(static, dyn, w, b)
     return torch.cat([static, linear(dyn, w, b, act="tanh")], dim=1)

@@ -28,7 +28,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from optw.model.config import ModelConfig
-from optw.model.fastops import _grad_needed, feed_forward, layer_norm, linear, pointer_logits
+from optw.model.fastops import (
+    _grad_needed,
+    feed_forward,
+    layer_norm,
+    linear,
+    pointer_logits,
+    tracing,
+)
 from optw.model.fastops import embed as embed_rows
 
 #: Score given to attention entries outside the graph (the authors' value).
@@ -93,7 +100,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     three batched products where they are faster (:func:`_products_win`; the same values up
     to float rounding)."""
     r, m = q.shape[0], q.shape[2]
-    if q.device.type == "cpu" and _products_win(r, m, _grad_needed(q, k, v)):
+    if q.device.type == "cpu" and not tracing() and _products_win(r, m, _grad_needed(q, k, v)):
         scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(bias)
         return torch.matmul(scores.softmax(-1), v)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)

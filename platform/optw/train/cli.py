@@ -114,12 +114,13 @@ def _train(args) -> int:
                          "the --config file)")
     _check_device(config.device, "--device" if args.device is not None else
                   f"device in {args.config}")
-    if config.rollout == "graph":
+    if config.rollout in ("graph", "graph-compiled"):
         from optw.train.loop import resolve_device
 
         device = resolve_device(config.device)
         if device.type != "cuda":
-            named = "--rollout graph" if args.rollout else f"rollout = 'graph' in {args.config}"
+            named = (f"--rollout {config.rollout}" if args.rollout
+                     else f"rollout = '{config.rollout}' in {args.config}")
             raise ValueError(f"{named} replays CUDA graphs, but this run's device is "
                              f"{device}; use a CUDA device or another rollout")
     catalog = open_catalog(args.catalog)

@@ -63,7 +63,9 @@ class TrainConfig:
     threads: int | None = None
     #: the training rollout (ROLLOUT_CHOICES): auto picks ``static`` on CUDA and ``compact``
     #: elsewhere (the environment variable OPTW_ROLLOUT may pick for auto); ``graph`` replays
-    #: each epoch as a CUDA graph (CUDA only; another random stream: docs/gpu.md)
+    #: each epoch as a CUDA graph (CUDA only; another random stream: docs/gpu.md);
+    #: ``compiled`` and ``graph-compiled`` compile each decoding step (torch.compile; values
+    #: within float rounding of the eager step's, so opt-in: docs/gpu.md)
     rollout: str = "auto"
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides
 
@@ -184,7 +186,8 @@ class TrainConfig:
 LR_SCHEDULES = ("step", "cosine", "cosine_time", "cosine_budget")
 #: ``rollout`` values: auto and :data:`optw.decode.static.TRAIN_ROLLOUTS` (a test keeps them
 #: equal; spelled out here so that reading a config does not import torch).
-ROLLOUT_CHOICES = ("auto", "compact", "static", "static-free", "graph")
+ROLLOUT_CHOICES = ("auto", "compact", "static", "static-free", "compiled", "graph",
+                   "graph-compiled")
 #: ``rollout`` values a pack (:func:`optw.train.pack.train_pack`, which trains compacted) honours.
 PACK_ROLLOUTS = ("auto", "compact")
 

@@ -23,6 +23,10 @@ optimiser is the ordinary one.
   opt-in, not the default.
 - The first :data:`WARMUP` epochs of each node count run eagerly (``static-free``) on a side
   stream, as CUDA graph capture asks; they are real training epochs.
+- ``rollout = "graph-compiled"`` (``compiled=True``) captures the ``compiled`` rollout's steps
+  (each through ``torch.compile``, which fuses them into fewer kernels) instead of the eager
+  ones; the first warm-up epoch compiles. Its values are the compiled steps' (within float
+  rounding of the eager ones).
 """
 
 from __future__ import annotations
@@ -66,14 +70,16 @@ def graph_steps(longest: int, n: int) -> int:
 
 
 class GraphedStep:
-    """:func:`~optw.train.loop.train_step` for rollout ``"graph"``: call it with each epoch's
-    instances and learning rate; returns the loss and the gradient norm as ``train_step``."""
+    """:func:`~optw.train.loop.train_step` for rollout ``"graph"`` (``compiled``:
+    ``"graph-compiled"``): call it with each epoch's instances and learning rate; returns the
+    loss and the gradient norm as ``train_step``."""
 
     def __init__(self, model: PointerNet, optimizer: torch.optim.Optimizer,
-                 config: TrainConfig, ids: torch.Tensor):
+                 config: TrainConfig, ids: torch.Tensor, compiled: bool = False):
         if ids.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {ids.device}")
         self.model, self.optimizer, self.config, self.ids = model, optimizer, config, ids
+        self.compiled = compiled  # rollout "graph-compiled": each step through torch.compile
         self.params = list(model.parameters())
         self.stream = torch.cuda.Stream(ids.device)
         self.eager: dict[int, int] = {}  # eager epochs run, per node count
@@ -127,7 +133,8 @@ class GraphedStep:
         """The ``static-free`` rollout's routes (``steps``: that many steps, untrimmed; else
         until every route is done, trimmed) and its REINFORCE loss."""
         routes, log_prob, entropy = static_rollout(self.model, instances, self.ids,
-                                                   sampling="free", steps=steps)
+                                                   sampling="free", steps=steps,
+                                                   compiled=self.compiled)
         return routes, reinforce_loss(route_reward(instances, self.ids, routes), log_prob,
                                       entropy, self.config.batch_size, self.config.beta)
 

@@ -22,7 +22,7 @@ import torch
 from optw.catalog import Catalog, Region, Tourists, sample_tourists
 from optw.decode import rollout, solve
 from optw.decode.reinforce import ReinforceLoss, make_optimizer, reinforce_loss
-from optw.decode.static import training_rollout
+from optw.decode.static import GRAPH_ROLLOUTS, training_rollout
 from optw.env import Instances, make_instances, stack_instances
 from optw.model import ModelConfig, PointerNet, checkpoint_dict, load_model, read_checkpoint
 from optw.model.fastops import deferred_grads
@@ -275,8 +275,9 @@ def train(
         # 2.-3. B sampled routes per tourist, REINFORCE, one Adam step
         lr = config.learning_rate(epoch, train_s)
         mode = training_rollout(device, ids.shape[0] * instances.n_nodes, config.rollout)
-        if mode == "graph":  # the same step, replayed as a CUDA graph (opt-in)
-            graphed = graphed or GraphedStep(model, optimizer, config, ids)
+        if mode in GRAPH_ROLLOUTS:  # the same step, replayed as a CUDA graph (opt-in)
+            graphed = graphed or GraphedStep(model, optimizer, config, ids,
+                                             compiled=mode == "graph-compiled")
             rl, grad_norm = graphed(instances, lr)
         else:
             rl, grad_norm = train_step(model, optimizer, instances, ids, gen, config, lr, mode)
