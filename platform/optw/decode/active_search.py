@@ -19,7 +19,7 @@ import torch
 from optw.decode.beam import beam_search
 from optw.decode.core import rollout
 from optw.decode.limits import PAPER_BEAMS
-from optw.decode.reinforce import make_optimizer, reinforce_loss
+from optw.decode.reinforce import clip_gradients, make_optimizer, reinforce_loss
 from optw.env.instances import Instances
 from optw.model.network import PointerNet
 
@@ -74,7 +74,7 @@ def active_search(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), max_grad_norm, foreach=True)
+            clip_gradients(net.parameters(), max_grad_norm)
         opt.step()
         history.append(float(out.reward.mean()))
         if keep_greedy:

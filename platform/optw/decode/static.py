@@ -236,22 +236,18 @@ def _flat_step(stepper: _Stepper, names: tuple[str, ...], shapes: tuple[torch.Si
     return torch.func.functional_call(stepper, params, args)
 
 
-_COMPILED_STEP: list[Callable[..., tuple[torch.Tensor, ...]]] = []
-
-
+@functools.cache
 def compiled_step() -> Callable[..., tuple[torch.Tensor, ...]]:
     """:func:`_flat_step` through ``torch.compile`` (made once per process; each new shape,
     i.e. routes × nodes, compiles once more, on first use)."""
-    if not _COMPILED_STEP:
-        import torch._dynamo
+    import torch._dynamo
 
-        with warnings.catch_warnings():  # torch 2.13's compiler imports its own deprecated
-            warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script_method
-            import torch._inductor.compile_fx  # noqa: F401
-        # one graph per (routes, nodes) shape and per model configuration
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        _COMPILED_STEP.append(torch.compile(_flat_step, dynamic=False, fullgraph=True))
-    return _COMPILED_STEP[0]
+    with warnings.catch_warnings():  # torch 2.13's compiler imports its own deprecated
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script_method
+        import torch._inductor.compile_fx  # noqa: F401
+    # one graph per (routes, nodes) shape and per model configuration
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    return torch.compile(_flat_step, dynamic=False, fullgraph=True)
 
 
 def static_rollout(

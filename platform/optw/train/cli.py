@@ -114,7 +114,9 @@ def _train(args) -> int:
                          "the --config file)")
     _check_device(config.device, "--device" if args.device is not None else
                   f"device in {args.config}")
-    if config.rollout in ("graph", "graph-compiled"):
+    from optw.decode.static import GRAPH_ROLLOUTS
+
+    if config.rollout in GRAPH_ROLLOUTS:
         from optw.train.loop import resolve_device
 
         device = resolve_device(config.device)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from optw.decode.core import route_reward
-from optw.decode.reinforce import ReinforceLoss, reinforce_loss
+from optw.decode.reinforce import ReinforceLoss, clip_gradients, reinforce_loss
 from optw.decode.static import all_done, static_rollout
 from optw.env.instances import Instances
 from optw.model import PointerNet
@@ -107,7 +107,7 @@ class GraphedStep:
             self.recaptures += 1
         for p, g in zip(self.params, cap.grads, strict=True):
             p.grad = g
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
+        grad_norm = clip_gradients(self.params, self.config.max_grad_norm)
         self.optimizer.step()
         return cap.loss, grad_norm
 
@@ -120,7 +120,7 @@ class GraphedStep:
             routes, rl = self._loss(instances)
             self.optimizer.zero_grad(set_to_none=True)
             rl.loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
+            grad_norm = clip_gradients(self.params, self.config.max_grad_norm)
             self.optimizer.step()
         torch.cuda.current_stream().wait_stream(self.stream)
         self.eager[n] = self.eager.get(n, 0) + 1

@@ -21,7 +21,12 @@ import torch
 
 from optw.catalog import Catalog, Region, Tourists, sample_tourists
 from optw.decode import rollout, solve
-from optw.decode.reinforce import ReinforceLoss, make_optimizer, reinforce_loss
+from optw.decode.reinforce import (
+    ReinforceLoss,
+    clip_gradients,
+    make_optimizer,
+    reinforce_loss,
+)
 from optw.decode.static import GRAPH_ROLLOUTS, training_rollout
 from optw.env import Instances, make_instances, stack_instances
 from optw.model import ModelConfig, PointerNet, checkpoint_dict, load_model, read_checkpoint
@@ -89,8 +94,7 @@ def train_step(model: PointerNet, optimizer: torch.optim.Optimizer, instances: I
     optimizer.zero_grad(set_to_none=True)
     with deferred_grads():  # each weight's uses summed in place (fastops.WeightGrads)
         rl.loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm,
-                                               foreach=True)
+    grad_norm = clip_gradients(model.parameters(), config.max_grad_norm)
     optimizer.step()
     return rl, grad_norm
 
