@@ -289,7 +289,7 @@ def static_rollout(
         named = list(model.named_parameters())
         flat = torch.cat([p.reshape(-1) for _, p in named])
         step_fn = functools.partial(compiled_step(), _Stepper(model),
-                                    tuple(n for n, _ in named),
+                                    tuple(name for name, _ in named),
                                     tuple(p.shape for _, p in named), flat)
 
     # steps 1-2 of the decoding sequence: the start still admissible, then visited
