@@ -20,17 +20,21 @@ Checks (each PASS or FAIL with its figures; everything also in ``OUT/gpu_check.j
    from the same random state, and learns (needs CUDA);
 7. ``graph_compiled``: the same for ``graph-compiled`` (each step through ``torch.compile``
    before capture), against the same compiled steps run eagerly; it also reports the seconds
-   of the first eager epoch, which compiles (needs CUDA).
+   of the first eager epoch, which compiles (needs CUDA);
+8. ``beam_static``: the opt-in static-shape beam search (``static``; on CUDA also ``graph``,
+   replayed CUDA graphs) gives 308/399 and the compacted search's routes on the device.
 
 Figures, device beside CPU: training epochs/s on t101 (B = 32, from scratch; on CUDA also with
-``OPTW_ROLLOUT=graph``), beam-128 latency on t101's benchmark tourist, and the device's peak
-memory for each; on the device: per training rollout (compact, static, static-free, and on
-CUDA graph and graph-compiled; t101, B = 32, published weights) the ops dispatched and
-kernels launched per epoch, the GPU busy fraction and epochs/s (``ops_t101``); sampled routes/s
-at B = 512 and K = 64 x 32 with the rollout training uses there (``routes_t101``); the summed
-region-epochs/s of all 56 Solomon regions trained in packs (of 14 and of 56). Exit code 1 when
-a check fails, 2 when CUDA is missing. ``tests/test_gpu.py`` runs the same checks under pytest
-where CUDA exists. ``docs/gpu.md`` says how to run it on the lent device.
+``OPTW_ROLLOUT=graph``), beam-128 latency on t101's benchmark tourist (on the device per
+beam-search mode: compact, static, and on CUDA graph; with the ops each search dispatches), and
+the device's peak memory for each; on the device: per training rollout (compact, static,
+static-free, and on CUDA graph and graph-compiled; t101, B = 32, published weights) the ops
+dispatched and kernels launched per epoch, the GPU busy fraction and epochs/s (``ops_t101``);
+sampled routes/s at B = 512 and K = 64 x 32 with the rollout training uses there
+(``routes_t101``); the summed region-epochs/s of all 56 Solomon regions trained in packs (of 14
+and of 56). Exit code 1 when a check fails, 2 when CUDA is missing. ``tests/test_gpu.py`` runs
+the same checks under pytest where CUDA exists. ``docs/gpu.md`` says how to run it on the lent
+device.
 """
 
 from __future__ import annotations
@@ -288,23 +292,71 @@ def measure_training(catalog, device: torch.device, epochs: int,
             "rollout": rollout or "default"}
 
 
-def measure_beam(catalog, pretrained: Path, device: torch.device, repeats: int) -> dict:
-    """Best wall time of beam 128 on t101's benchmark tourist with the published weights."""
+def check_beam_static(catalog, pretrained: Path, device: torch.device) -> dict[str, Any]:
+    """The opt-in static-shape beam search (``static``, and on CUDA ``graph``) on ``device``:
+    beam 128 in published-outputs mode gives 308 and 399 with the compacted search's routes,
+    and beam 8 on 16 validation tourists of pr01 and t101 the compacted search's routes (twice
+    for ``graph``: the capture, then a replay of the cached graph)."""
+    from optw.decode import PAPER_BEAMS, solve
+    from optw.model import load_model
+
+    modes = ("static", "graph") if device.type == "cuda" else ("static",)
+    out: dict[str, Any] = {"ok": True}
+    for rid, score in PUBLISHED_SCORES.items():
+        model = load_model(pretrained / WEIGHTS[rid], map_location=device)
+        region = catalog.region(rid)
+        for tourists, beams in ((catalog.benchmark(rid), PAPER_BEAMS),
+                                (catalog.validation(rid)[:16], 8)):
+            ref = solve(model, region, tourists, "beam", beams=beams, keep_greedy=False,
+                        beam_mode="compact")
+            for mode in modes:
+                for run in range(2 if mode == "graph" else 1):
+                    got = solve(model, region, tourists, "beam", beams=beams,
+                                keep_greedy=False, beam_mode=mode)
+                    same = sum(a.route == b.route for a, b in zip(ref, got, strict=True))
+                    ok = same == len(ref) and (beams != PAPER_BEAMS or got[0].score == score)
+                    out[f"{rid}_beam{beams}_{mode}" + ("_replay" if run else "")] = {
+                        "tourists": len(ref), "same_routes": same,
+                        "scores": [g.score for g in got[:3]], "ok": ok}
+                    out["ok"] &= ok
+    return out
+
+
+def measure_beam(catalog, pretrained: Path, device: torch.device, repeats: int,
+                 mode: str = "compact") -> dict:
+    """Best wall time of beam 128 on t101's benchmark tourist with the published weights, with
+    the beam-search ``mode`` (a ``graph`` search's capture is in the warm-up call), and the
+    ops it dispatches (the profiler's count on the host, as ``bench_ops.py`` counts them)."""
     from optw.decode import PAPER_BEAMS, solve
     from optw.model import load_model
 
     model = load_model(pretrained / WEIGHTS["t101"], map_location=device)
     region, bench = catalog.region("t101"), catalog.benchmark("t101")
-    solve(model, region, bench, "beam", beams=PAPER_BEAMS, keep_greedy=False)
+
+    def search() -> None:
+        solve(model, region, bench, "beam", beams=PAPER_BEAMS, keep_greedy=False,
+              beam_mode=mode)
+
+    search()
     _peak_reset(device)
     best = float("inf")
     for _ in range(repeats):
         sync(device)
         t0 = time.perf_counter()
-        solve(model, region, bench, "beam", beams=PAPER_BEAMS, keep_greedy=False)
+        search()
         sync(device)
         best = min(best, time.perf_counter() - t0)
-    return {"beam128_ms": best * 1e3, "peak_mb": _peak_mb(device)}
+    peak = _peak_mb(device)
+    ops = _bench_ops().count_ops(_Calls(search), 1)
+    return {"mode": mode, "beam128_ms": best * 1e3, "peak_mb": peak,
+            "ops_dispatched": ops["dispatched"], "kernels": ops["kernels"]}
+
+
+class _Calls:
+    """A function as ``bench_ops.count_ops`` takes a runner: one call per "epoch"."""
+
+    def __init__(self, fn):
+        self.epoch = fn
 
 
 def _bench_ops():
@@ -430,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     checks = {"published": lambda: check_published(catalog, args.pretrained, device),
               "greedy": lambda: check_greedy(catalog, args.pretrained, device),
               "static": lambda: check_static(catalog, args.pretrained, device),
+              "beam_static": lambda: check_beam_static(catalog, args.pretrained, device),
               "learns": lambda: check_learns(catalog, device, 100 if args.quick else 300),
               "pack": lambda: check_pack(catalog, device),
               "graph": lambda: check_graph(catalog, args.pretrained, device,
@@ -443,10 +496,12 @@ def main(argv: list[str] | None = None) -> int:
                                   if device.type == "cuda" else {}),
                                "cpu": measure_training(catalog, torch.device("cpu"),
                                                        args.cpu_epochs)},
-        "beam128_t101": lambda: {"device": measure_beam(catalog, args.pretrained, device,
-                                                        3 if args.quick else 10),
-                                 "cpu": measure_beam(catalog, args.pretrained,
-                                                     torch.device("cpu"), 2)},
+        "beam128_t101": lambda: {
+            **{f"device_{mode}" if mode != "compact" else "device":
+               measure_beam(catalog, args.pretrained, device, 3 if args.quick else 10, mode)
+               for mode in (("compact", "static", "graph") if device.type == "cuda"
+                            else ("compact", "static"))},
+            "cpu": measure_beam(catalog, args.pretrained, torch.device("cpu"), 2)},
         "ops_t101": lambda: measure_ops(catalog, args.pretrained, device,
                                         1 if args.quick else 20, 1 if args.quick else 2),
         "routes_t101": lambda: measure_routes(

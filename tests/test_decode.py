@@ -40,14 +40,15 @@ def untrained():
 
 
 @needs_weights
+@pytest.mark.parametrize("mode", ["compact", "static"])
 @pytest.mark.parametrize("region_id,score,route", [("pr01", 308, PR01_BEAM),
                                                     ("t101", 399, T101_BEAM)])
-def test_published_beam_search_outputs(catalog, published, region_id, score, route):
+def test_published_beam_search_outputs(catalog, published, region_id, score, route, mode):
     """Beam search 128 in published-outputs mode reproduces the authors' benchmark routes
-    (pr01 -> 308, t101 -> 399)."""
+    (pr01 -> 308, t101 -> 399), compacted (the default) and with static shapes (opt-in)."""
     region = catalog.region(region_id)
     sol = solve(published[region_id], region, catalog.benchmark(region_id), "beam", beams=128,
-                keep_greedy=False)[0]
+                keep_greedy=False, beam_mode=mode)[0]
     assert sol.score == score
     assert sol.route == route + [region.n_nodes - 1]
 
@@ -74,6 +75,45 @@ def test_compaction_and_batching_do_not_change_beam_results(catalog, published):
                              compact=False)
         assert single.routes[0] == batched.routes[k]
         assert single.log_probs[0] == pytest.approx(batched.log_probs[k], abs=1e-4)
+
+
+@needs_weights
+def test_static_beam_search_finds_the_compacted_search_results(catalog, published, tiny_catalog):
+    """The opt-in static-shape beam search (every node of ``width`` slots per tourist, ranked
+    on the device) finds the compacted search's best routes, scores and finished counts, with
+    log-probabilities within rounding: published pr01 weights on validation tourists, and an
+    untrained model on tiny regions whose routes end within a few steps."""
+    torch.manual_seed(5)
+    cases = [(published["pr01"], catalog.region("pr01"), catalog.validation("pr01")[:6])]
+    cases += [(PointerNet(ModelConfig()).eval(), tiny_catalog.region(rid),
+               tiny_catalog.validation(rid)[:5]) for rid in tiny_catalog.list_regions()]
+    for model, region, tourists in cases:
+        inst = make_instances(region, tourists)
+        for width in (1, 3, 8):
+            a = beam_search(model, inst, width)
+            b = beam_search(model, inst, width, mode="static")
+            assert (a.routes, a.scores, a.finished) == (b.routes, b.scores, b.finished), (
+                region.id, width)
+            assert b.log_probs == pytest.approx(a.log_probs, abs=1e-4)
+
+
+def test_beam_modes_are_checked(catalog, untrained, monkeypatch):
+    """A beam-search mode that is unknown, or ``graph`` without CUDA, is refused with an error
+    that names where it came from (the argument or ``OPTW_BEAM``), before any search."""
+    region = catalog.region("c101")
+    tourists = catalog.validation("c101")[:1]
+    inst = make_instances(region, tourists)
+    with pytest.raises(ValueError, match="beam mode='fast'"):
+        beam_search(untrained, inst, 4, mode="fast")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        solve(untrained, region, tourists, "beam", beams=4, beam_mode="graph")
+    monkeypatch.setenv("OPTW_BEAM", "graphs")
+    with pytest.raises(ValueError, match="OPTW_BEAM='graphs'"):
+        solve(untrained, region, tourists, "beam", beams=4)
+    monkeypatch.setenv("OPTW_BEAM", "static")
+    routes = [[s.route for s in solve(untrained, region, tourists, "beam", beams=4, **kw)]
+              for kw in ({}, {"beam_mode": "compact"})]
+    assert routes[0] == routes[1]
 
 
 def test_beam_with_keep_greedy_is_never_below_greedy(catalog, untrained):

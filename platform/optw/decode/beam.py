@@ -21,6 +21,7 @@ import torch
 
 from optw.decode.core import Decoder, Frontier, Pass
 from optw.decode.limits import PAPER_BEAMS, check_beams
+from optw.decode.static_beam import beam_search_mode, static_beam_search
 from optw.env.instances import Instances
 from optw.model.network import PointerNet
 
@@ -37,12 +38,21 @@ class BeamResult:
 
 
 def beam_search(
-    model: PointerNet, inst: Instances, width: int = PAPER_BEAMS, compact: bool = True
+    model: PointerNet, inst: Instances, width: int = PAPER_BEAMS, compact: bool = True,
+    mode: str = "compact",
 ) -> BeamResult:
-    """Beam search of ``width`` beams for every tourist of ``inst`` (no gradients)."""
+    """Beam search of ``width`` beams for every tourist of ``inst`` (no gradients).
+
+    ``mode`` (:data:`~optw.decode.static_beam.BEAM_MODES`): ``"compact"`` (this module's
+    search; ``compact=False`` evaluates every node, a check), or the opt-in static-shape search
+    for GPUs, ``"static"`` or ``"graph"`` (CUDA graphs), the same ranking with values within
+    float rounding (:mod:`optw.decode.static_beam`)."""
     check_beams(width, "width")
+    mode = beam_search_mode(inst.device, mode)
     with torch.inference_mode():
-        return _beam_search(model, inst, width, compact)
+        if mode == "compact":
+            return _beam_search(model, inst, width, compact)
+        return BeamResult(*static_beam_search(model, inst, width, graph=mode == "graph"))
 
 
 def _beam_search(model: PointerNet, inst: Instances, width: int, compact: bool) -> BeamResult:

@@ -18,6 +18,7 @@ from optw.catalog.region import Region, Tourists
 from optw.decode.beam import beam_search
 from optw.decode.core import rollout
 from optw.decode.limits import PAPER_BEAMS, check_beams
+from optw.decode.static_beam import beam_search_mode
 from optw.env.instances import Instances, make_instances
 from optw.env.validate import check_route
 from optw.model.network import PointerNet
@@ -102,6 +103,7 @@ def solve(
     device: str | torch.device | None = None,
     progress: Callable[[int, float], None] | None = None,
     greedy: list[Solution] | None = None,
+    beam_mode: str = "auto",
 ) -> list[Solution]:
     """Solve every tourist of ``tourists`` (one region) with ``method``:
 
@@ -122,6 +124,8 @@ def solve(
     (an evaluation that reports greedy too): ``keep_greedy`` takes their routes instead of
     decoding them again, and adds their seconds to each solution's (the same routes and the
     same accounting as decoding them here).
+    ``beam_mode``: how ``beam`` searches (:func:`~optw.decode.static_beam.beam_search_mode`;
+    ``"auto"``: the environment variable ``OPTW_BEAM``, else the compacted search).
     """
     _check_args(method, beams, samples)
     if len(tourists) == 0:
@@ -131,6 +135,8 @@ def solve(
         raise ValueError("greedy: one greedy solution per tourist of the batch, in its order")
     if device is None:
         device = next(model.parameters()).device
+    if method == "beam":
+        beam_mode = beam_search_mode(device, beam_mode)
     model = model.to(device)
     was_training = model.training
     model.eval()
@@ -151,7 +157,7 @@ def solve(
                 out = rollout(model, inst, ids, generator=gen)
             routes = _best_of(inst, out.routes, ids)
         elif method == "beam":
-            routes = beam_search(model, inst, beams).routes
+            routes = beam_search(model, inst, beams, mode=beam_mode).routes
         else:
             from optw.decode.active_search import active_search
 

@@ -182,20 +182,28 @@ def _advance(tb: _Tables, choice: torch.Tensor, enc: torch.Tensor, logp: torch.T
     (-1 for routes done before), and the next step's LSTM input, time, node, done and mask."""
     r, n = mask.shape
     d = enc.shape[1]
-    rr = tb.rr
     lp = logp.gather(1, choice.unsqueeze(1)).squeeze(1)
     ent = -(logp.exp() * logp.masked_fill(~allowed, 0.0)).sum(1)
-    live = ~done
-    column = torch.where(live, choice, -1)
+    column = torch.where(~done, choice, -1)
     # a gather (not enc[rr, choice]): its backward is a plain scatter-add
     lstm_in = enc.view(r, n, d).gather(1, choice.view(r, 1, 1).expand(r, 1, d)).squeeze(1)
+    t, cur, done, mask = _move(tb, choice, cur, t, mask, done)
+    return lp, ent, column, lstm_in, t, cur, done, mask
+
+
+def _move(tb: _Tables, choice: torch.Tensor, cur: torch.Tensor, t: torch.Tensor,
+          mask: torch.Tensor, done: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The environment's step for every route taking ``choice`` [R] (routes done before stay
+    where they are): the new time, node, done flags and admissible nodes."""
+    rr, n = tb.rr, mask.shape[1]
+    live = ~done
     arrival = t + tb.dist[rr, cur, choice]
     t = torch.where(live, visit_end(arrival, tb.opening[rr, choice], tb.dur[rr, choice]), t)
     cur = torch.where(live, choice, cur)
     done = done | (choice == n - 1)
     mask = (mask & (tb.col != choice.unsqueeze(1)) & ~done.unsqueeze(1)
             & ((t.unsqueeze(1) + tb.dist[rr, cur]) <= tb.latest))
-    return lp, ent, column, lstm_in, t, cur, done, mask
+    return t, cur, done, mask
 
 
 def _gumbel_choice(logp: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -282,7 +290,6 @@ def static_rollout(
                          "sampling='free' and greedy=False")
     dev = inst.device
     r, n = ids.shape[0], inst.n_nodes
-    d = model.cfg.d_model
     tb = _tables(model, inst, ids)
     step_fn = functools.partial(_free_step, model)
     if compiled:
@@ -292,15 +299,7 @@ def static_rollout(
                                     tuple(name for name, _ in named),
                                     tuple(p.shape for _, p in named), flat)
 
-    # steps 1-2 of the decoding sequence: the start still admissible, then visited
-    cur = torch.zeros(r, dtype=torch.long, device=dev)
-    t = inst.t_start_u.index_select(0, ids)
-    mask = (t.unsqueeze(1) + tb.dist[:, 0]) <= tb.latest
-    x, bias = _observe(model, tb, cur, t, mask)
-    prev = model.encode_dense(x, x, bias)
-    lstm_in = prev.view(r, n, d)[:, 0]
-    mask = mask & (tb.col != 0)
-    h, c = model.initial_state(r)
+    cur, t, mask, prev, lstm_in, h, c = _start(model, inst, ids, tb)
     if compiled:  # the strides of every later step's inputs: one compilation, not two
         lstm_in, h, c = lstm_in.contiguous(), h.contiguous(), c.contiguous()
     done = torch.zeros(r, dtype=torch.bool, device=dev)
@@ -331,6 +330,22 @@ def static_rollout(
     lengths = (routes >= 0).sum(1)
     routes = routes[:, : int(lengths.max())]
     return routes, torch.stack(steps_lp).sum(0), torch.stack(steps_ent).sum(0)
+
+
+def _start(model: PointerNet, inst: Instances, ids: torch.Tensor, tb: _Tables,
+           ) -> tuple[torch.Tensor, ...]:
+    """Steps 1-2 of the decoding sequence (the start still admissible, then visited): each
+    route's node, time and admissible nodes, the first pass's encodings (the next pass's
+    recursion input), the LSTM's first input and its initial state."""
+    r, n = ids.shape[0], inst.n_nodes
+    cur = torch.zeros(r, dtype=torch.long, device=inst.device)
+    t = inst.t_start_u.index_select(0, ids)
+    mask = (t.unsqueeze(1) + tb.dist[:, 0]) <= tb.latest
+    x, bias = _observe(model, tb, cur, t, mask)
+    prev = model.encode_dense(x, x, bias)
+    lstm_in = prev.view(r, n, -1)[:, 0]
+    h, c = model.initial_state(r)
+    return cur, t, mask & (tb.col != 0), prev, lstm_in, h, c
 
 
 def all_done(routes: torch.Tensor, end: int) -> torch.Tensor:
