@@ -17,6 +17,8 @@ curves. Validation time is excluded from both. Needs only torch, numpy and pyarr
 
 Prints a table (and writes ``bench_packs.json`` with ``--out``): wall seconds, summed
 region-epochs/s, the ratio batched / sequential, and the device's peak memory on a GPU.
+It runs the ``platform/`` beside it (first on ``sys.path``): to measure another commit, run
+that commit's own copy from a ``git archive`` of it.
 """
 
 from __future__ import annotations

@@ -381,7 +381,7 @@ class Decoder:
 class StackedDecoder(Decoder):
     """:class:`Decoder` for a :class:`~optw.model.StackedPointerNet`: ``member[K]`` says which
     member model each tourist of ``inst`` belongs to; every pass evaluates the routes of all
-    members at once (their rows in one padded table per block)."""
+    members at once (their rows packed, grouped by member)."""
 
     def __init__(self, model: StackedPointerNet, inst: Instances, member: torch.Tensor,
                  compact: bool = True, track_routes: bool = True):
@@ -408,15 +408,15 @@ class StackedDecoder(Decoder):
         static = self.static_emb.index_select(0, flat)
         x = model.embed(static, self.features(ids, cur, t, flat, node), rows)
         if fr is None:
-            return Pass(rows.gather(model.encode(x, x, layout, rows)), None, None, None)  # type: ignore
-        enc = model.encode(x, rows.scatter(fr.prev.index_select(0, fr.src)), layout, rows)
+            return Pass(model.encode(x, x, layout, rows), None, None, None)  # type: ignore
+        enc = model.encode(x, fr.prev, layout, rows, fr.src)
         routes = Groups.of(self.member.index_select(0, state.ids), self.p)
         h, c = model.lstm(fr.lstm_in, fr.h, fr.c, routes)
         logits = model.pointer(enc, h, rows, route, routes)
         if not self.compact:
             adm = state.mask.view(-1).index_select(0, route * self.n + node)
             logits = logits.masked_fill(~adm, float("-inf"))
-        return Pass(rows.gather(enc), h, c, logit_table(logits, route, count))
+        return Pass(enc, h, c, logit_table(logits, route, count))
 
 
 def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

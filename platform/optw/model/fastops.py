@@ -317,6 +317,12 @@ def _ln_weight_ok(weight: torch.Tensor) -> bool:
     return ok
 
 
+def ln_weight_ok(weight: torch.Tensor) -> bool:
+    """Whether an output-based layer-norm backward may divide by ``weight`` (every
+    ``|weight| >= LN_MIN_WEIGHT``; remembered per parameter version)."""
+    return _ln_weight_ok(weight)
+
+
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                eps: float = 1e-5) -> torch.Tensor:
     """``F.layer_norm`` over the last dimension of ``x[N, d]``; when gradients are recorded

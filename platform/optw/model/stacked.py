@@ -1,13 +1,19 @@
 """A pack of P independent pointer networks evaluated in one batched pass (weights stacked).
 
 :class:`StackedPointerNet` holds every parameter of P :class:`~optw.model.PointerNet` models
-of one :class:`~optw.model.ModelConfig` as one tensor with a leading member dimension. Rows of
-the P models are laid out in a padded table ``[P, M, d]`` (:class:`Groups`), so every linear
-layer of all members is one batched matrix product (``baddbmm``), layer norms and the pointer's
-``V`` broadcast per member, and attention (which has no weights) runs on the decoder's buckets
-of all members' routes at once. Each member computes exactly what its own network computes
-(the same blocks in the same order; only floating-point rounding differs), and gradients reach
-each member's slice only from its own rows.
+of one :class:`~optw.model.ModelConfig` as one tensor with a leading member dimension. The
+rows of all members stay packed ``[N, d]``, grouped by member in ascending order
+(:class:`Groups`: member p's rows are one slice), as the decoder lays them out. A linear layer
+of every member is one product per member on its own slice on the CPU (no padding computed),
+and one batched product (``baddbmm``) over a padded ``[P, M, ·]`` table on a GPU, which exists
+only inside the product: what the backward keeps is the packed rows, so a pack's activation
+memory is about its members' own (a padded table kept for the backward costs the widest
+member's rows for every member: about 4x on 16 Solomon regions, ``bench_pack_memory.py``).
+Layer norms and the pointer's ``V`` take
+each row's member's weights; attention (which has no weights) runs on the decoder's buckets of
+all members' routes at once. Each member computes exactly what its own network computes (the
+same blocks in the same order; only floating-point rounding differs), and gradients reach each
+member's slice only from its own rows.
 
 :meth:`StackedPointerNet.member` gives member p back as a plain ``PointerNet`` (validation,
 checkpoints, model files).
@@ -15,6 +21,7 @@ checkpoints, model files).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -28,37 +35,42 @@ from optw.model.network import Layout, PointerNet, bucket_attention
 
 @dataclass
 class Groups:
-    """Rows ``[N]`` of P members in a padded table ``[P, M]``: row i sits at ``pos[i]``
-    (``member * M + rank among its member's rows``). Padding slots are zeros on the way in and
-    never read on the way out."""
+    """Rows ``[N]`` of P members, grouped by member in ascending order: member p's rows are
+    ``starts[p] : starts[p] + counts[p]``. ``pos[i]`` is row i's slot in a padded table
+    ``[P, width]`` (``member * width + rank among its member's rows``; the GPU's products)."""
 
     member: torch.Tensor
     pos: torch.Tensor
     n_members: int
     width: int
-    counts: list[int]  # real rows of each member (the first ones of its table)
+    counts: list[int]
+    starts: list[int]
 
     @staticmethod
     def of(member: torch.Tensor, n_members: int) -> Groups:
-        counts = torch.bincount(member, minlength=n_members)
-        width = max(int(counts.max()) if member.numel() else 1, 1)
-        order = torch.argsort(member, stable=True)
-        starts = torch.cumsum(counts, 0) - counts
-        rank = torch.empty_like(member)
-        rank[order] = torch.arange(member.shape[0], device=member.device) - starts.index_select(
-            0, member.index_select(0, order))
-        return Groups(member, member * width + rank, n_members, width, counts.tolist())
+        """The groups of ``member[N]`` (non-decreasing, as the decoder lays rows out)."""
+        counts_t = torch.bincount(member, minlength=n_members)
+        counts = counts_t.tolist()
+        width = max(max(counts, default=0), 1)
+        starts = [0, *itertools.accumulate(counts)][:-1]
+        first = torch.cumsum(counts_t, 0) - counts_t
+        rank = torch.arange(member.shape[0], device=member.device) - first.index_select(
+            0, member)
+        return Groups(member, member * width + rank, n_members, width, counts, starts)
 
-    def scatter(self, x: torch.Tensor) -> torch.Tensor:
-        """``x[N, ...]`` -> ``[P, M, ...]``."""
-        flat = x.reshape(x.shape[0], -1)
-        out = torch.zeros(self.n_members * self.width, flat.shape[1], dtype=flat.dtype,
-                          device=flat.device).index_copy_(0, self.pos, flat)
-        return out.view(self.n_members, self.width, *x.shape[1:])
+    def repeat(self, times: int) -> Groups:
+        """The groups of every row repeated ``times`` times in place (e.g. tourists -> their
+        n node rows)."""
+        return Groups.of(self.member.repeat_interleave(times), self.n_members)
 
-    def gather(self, y: torch.Tensor) -> torch.Tensor:
-        """``y[P, M, ...]`` -> ``[N, ...]``."""
-        return y.reshape(self.n_members * self.width, *y.shape[2:]).index_select(0, self.pos)
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """Packed rows ``x[N, f]`` -> the padded table ``[P, width, f]`` (padding zeros)."""
+        out = x.new_zeros(self.n_members * self.width, x.shape[1]).index_copy_(0, self.pos, x)
+        return out.view(self.n_members, self.width, x.shape[1])
+
+    def unpad(self, y: torch.Tensor) -> torch.Tensor:
+        """The padded table ``y[P, width, f]`` -> packed rows ``[N, f]``."""
+        return y.reshape(self.n_members * self.width, y.shape[2]).index_select(0, self.pos)
 
 
 def _mm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -68,50 +80,101 @@ def _mm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tenso
     return F.linear(x, w, b)
 
 
-class _GroupedLinear(torch.autograd.Function):
-    """``y[p, :c_p] = x[p, :c_p]·W[p]ᵀ + b[p]`` for each member's ``c_p`` real rows only (the
-    padding rows stay 0): one product per member at its own size, no padding computed."""
+class _MemberLinear(torch.autograd.Function):
+    """``y_i = x_{index_i}·W[m_i]ᵀ + b[m_i]`` for the rows ``index`` (None: all) of ``x``,
+    packed rows of members ``m`` (``groups``). The backward keeps ``x`` itself, which its
+    producer keeps anyway (the previous pass's encodings, the attention's output), not the
+    gathered rows. CPU: one product per member on its slice. GPU: one batched product over the
+    padded table, made and dropped inside the forward (and again in the backward)."""
 
     @staticmethod
-    def forward(ctx, x, w, b, counts):  # noqa: D102
-        y = x.new_empty(x.shape[0], x.shape[1], w.shape[1])
-        for p, c in enumerate(counts):
-            if c:
-                y[p, :c] = _mm(x[p, :c], w[p], None if b is None else b[p])
-            if c < x.shape[1]:
-                y[p, c:].zero_()
-        ctx.counts = counts
+    def forward(ctx, x, w, b, groups, index):  # noqa: D102
+        ctx.groups = groups
         ctx.has_bias = b is not None
-        ctx.save_for_backward(x, w)
+        ctx.save_for_backward(x, w, index)
+        if index is not None:
+            x = x.index_select(0, index)
+        if x.device.type != "cpu":
+            xp = groups.pad(x)
+            y = (torch.bmm(xp, w.transpose(1, 2)) if b is None
+                 else torch.baddbmm(b.unsqueeze(1), xp, w.transpose(1, 2)))
+            return groups.unpad(y)
+        y = x.new_empty(x.shape[0], w.shape[1])
+        for p, (s, c) in enumerate(zip(groups.starts, groups.counts, strict=True)):
+            if c:
+                y[s:s + c] = _mm(x[s:s + c], w[p], None if b is None else b[p])
         return y
 
     @staticmethod
     def backward(ctx, g):  # noqa: D102
-        x, w = ctx.saved_tensors
+        x_in, w, index = ctx.saved_tensors
+        x = x_in if index is None else x_in.index_select(0, index)
+        groups: Groups = ctx.groups
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        gx = torch.empty_like(x) if need_x else None
-        gw = torch.empty_like(w) if need_w else None
-        gb = g.new_zeros(w.shape[0], w.shape[1]) if need_b and ctx.has_bias else None
-        for p, c in enumerate(ctx.counts):
-            if gx is not None and c < x.shape[1]:
-                gx[p, c:].zero_()
-            if not c:
+        need_b = need_b and ctx.has_bias
+        gx = gw = gb = None
+        if x.device.type != "cpu":
+            gp = groups.pad(g.contiguous())
+            if need_x:
+                gx = groups.unpad(torch.bmm(gp, w))
+            if need_w:
+                gw = torch.bmm(gp.transpose(1, 2), groups.pad(x))
+            if need_b:
+                gb = gp.sum(1)
+        else:
+            gx = torch.empty_like(x) if need_x else None
+            gw = torch.zeros_like(w) if need_w else None
+            gb = g.new_zeros(w.shape[0], w.shape[1]) if need_b else None
+            for p, (s, c) in enumerate(zip(groups.starts, groups.counts, strict=True)):
+                if not c:
+                    continue
+                gs = g[s:s + c].contiguous()
+                if gx is not None:
+                    gx[s:s + c] = _mm(gs, w[p].t().contiguous(), None)
                 if gw is not None:
-                    gw[p].zero_()
-                continue
-            gp = g[p, :c].contiguous()
-            if gx is not None:
-                gx[p, :c] = _mm(gp, w[p].t().contiguous(), None)
-            if gw is not None:
-                torch.mm(gp.t(), x[p, :c], out=gw[p])
-            if gb is not None:
-                torch.sum(gp, 0, out=gb[p])
-        return gx, gw, gb, None
+                    torch.mm(gs.t(), x[s:s + c], out=gw[p])
+                if gb is not None:
+                    torch.sum(gs, 0, out=gb[p])
+        if gx is not None and index is not None:
+            gx = torch.zeros_like(x_in).index_add_(0, index, gx)
+        return gx, gw, gb, None, None
 
 
-def _layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
-    """Layer norm of ``x[P, M, d]`` with member weights ``w, b [P, d]``."""
-    return torch.addcmul(b.unsqueeze(1), F.layer_norm(x, x.shape[-1:], eps=eps), w.unsqueeze(1))
+def _member_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, groups: Groups,
+                   index: torch.Tensor | None = None) -> torch.Tensor:
+    """:class:`_MemberLinear`: each member's ``x[index]·W[p]ᵀ + b[p]`` on its rows."""
+    return _MemberLinear.apply(x, w, b, groups, index)
+
+
+class _MemberLayerNorm(torch.autograd.Function):
+    """Layer norm of packed rows ``x[N, d]`` with each row's member's weight and bias
+    ``w, b [P, d]``. While every ``|w|`` is at least ``fastops.LN_MIN_WEIGHT`` the backward
+    recovers the normalised rows from the output (``(y - b) / w``), which the next block keeps
+    anyway, as the single model's layer norm does; else it keeps them."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, member, eps):  # noqa: D102
+        xhat, _, rstd = torch.native_layer_norm(x, x.shape[1:], None, None, eps)
+        y = torch.addcmul(b.index_select(0, member), xhat, w.index_select(0, member))
+        ctx.from_output = fastops.ln_weight_ok(w)
+        ctx.save_for_backward(y if ctx.from_output else xhat, rstd, w, b, member)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: D102
+        kept, rstd, w, b, member = ctx.saved_tensors
+        w_rows = w.index_select(0, member)
+        xhat = (kept - b.index_select(0, member)) / w_rows if ctx.from_output else kept
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:  # PyTorch's kernel, the member weights folded into g
+            gx = torch.ops.aten.native_layer_norm_backward(
+                (g * w_rows).contiguous(), xhat / rstd, xhat.shape[1:], torch.zeros_like(rstd),
+                rstd, None, None, [True, False, False])[0]
+        if ctx.needs_input_grad[1]:
+            gw = torch.zeros_like(w).index_add_(0, member, g * xhat)
+        if ctx.needs_input_grad[2]:
+            gb = torch.zeros_like(w).index_add_(0, member, g)
+        return gx, gw, gb, None, None
 
 
 class StackedPointerNet(nn.Module):
@@ -148,71 +211,58 @@ class StackedPointerNet(nn.Module):
             self.names, self.weights, strict=True)})
         return net.to(self.weights[0].device)
 
-    # --- blocks (rows in a padded table [P, M, d]) --------------------------------------------
-    def _linear(self, x: torch.Tensor, weight: str, bias: str | None = None,
-                groups: Groups | None = None) -> torch.Tensor:
-        """Each member's linear layer on its rows of ``x[P, M, in]``: on a GPU one batched
-        product over the whole table; on the CPU (with ``groups``) one product per member over
-        its real rows only (no padding computed, oneDNN kernels)."""
-        return self._grouped(x, self.w(weight), None if bias is None else self.w(bias), groups)
+    # --- blocks (packed rows [N, ·] grouped by member) ---------------------------------------
+    def _linear(self, x: torch.Tensor, weight: str, bias: str | None, groups: Groups,
+                index: torch.Tensor | None = None) -> torch.Tensor:
+        """Each member's linear layer on its rows of the packed ``x[N, in]`` (or of
+        ``x[index]``)."""
+        return _member_linear(x, self.w(weight), None if bias is None else self.w(bias), groups,
+                              index)
 
-    @staticmethod
-    def _grouped(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-                 groups: Groups | None) -> torch.Tensor:
-        if groups is not None and x.device.type == "cpu":
-            return _GroupedLinear.apply(x, w, b, groups.counts)
-        if b is None:
-            return torch.bmm(x, w.transpose(1, 2))
-        return torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+    def _layer_norm(self, x: torch.Tensor, name: str, rows: Groups) -> torch.Tensor:
+        """Each member's layer norm ``name`` on its rows of the packed ``x[N, d]``."""
+        return _MemberLayerNorm.apply(x, self.w(name + ".weight"), self.w(name + ".bias"),
+                                      rows.member, self.eps)
 
     def embed_static(self, static: torch.Tensor, tourists: Groups) -> torch.Tensor:
         """``tanh(L1 · static)`` [K, n, d/2] for ``static[K, n, 7]`` of tourists ``tourists``."""
         k, n, f = static.shape
-        x = tourists.scatter(static).view(self.n_members, -1, f)
-        per_member = Groups(tourists.member, tourists.pos, tourists.n_members, tourists.width * n,
-                            [c * n for c in tourists.counts])
-        emb = torch.tanh(self._linear(x, "static_embed.weight", "static_embed.bias",
-                                      per_member))
-        return tourists.gather(emb.view(self.n_members, tourists.width, n, -1))
+        emb = self._linear(static.reshape(k * n, f), "static_embed.weight", "static_embed.bias",
+                           tourists.repeat(n))
+        return torch.tanh(emb).view(k, n, -1)
 
     def embed(self, static_emb: torch.Tensor, dynamic: torch.Tensor, rows: Groups) -> torch.Tensor:
-        """Node inputs ``[static_emb, tanh(L2 · dynamic)]`` in the padded table [P, M, d]."""
-        dyn = torch.tanh(self._linear(rows.scatter(dynamic), "dynamic_embed.weight",
-                                      "dynamic_embed.bias", rows))
-        return torch.cat([rows.scatter(static_emb), dyn], dim=2)
+        """Node inputs ``[static_emb, tanh(L2 · dynamic)]`` [N, d] of the packed rows."""
+        dyn = torch.tanh(self._linear(dynamic, "dynamic_embed.weight", "dynamic_embed.bias",
+                                      rows))
+        return torch.cat([static_emb, dyn], dim=1)
 
     def encode(self, x: torch.Tensor, rec: torch.Tensor, layout: Layout, rows: Groups,
-               ) -> torch.Tensor:
-        """One set-encoder pass: ``x`` and the recursion input ``rec`` are padded tables
-        [P, M, d] of the rows of ``layout`` (``rows``); returns the same layout."""
-        p, width, d = x.shape
-        n_rows = rows.pos.shape[0]
-        table = rows.pos.index_select(0, layout.gather)  # padded slot of each attention entry
-        back = torch.zeros(p * width, dtype=torch.long, device=x.device).index_copy(
-            0, rows.pos, layout.back[:n_rows])
+               rec_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """One set-encoder pass over the packed rows ``x[N, d]`` of ``layout`` (``rows``);
+        ``rec`` is the recursion input (ignored without recursion), ``rec_rows`` the row of
+        ``rec`` for each row of ``x`` (None: the same rows)."""
+        d = x.shape[1]
         n_layers = self.cfg.n_layers
+        back = layout.back[:x.shape[0]]
         if self.cfg.recursion:
             w = torch.cat([self.w(f"layers.{i}.k.weight") for i in range(n_layers)], dim=1)
-            keys = self._grouped(rec, w, None, rows).view(p * width, -1)
+            keys = _member_linear(rec, w, None, rows, rec_rows)
         for i in range(n_layers):
             pre = f"layers.{i}."
-            if not self.cfg.recursion:
-                keys = self._linear(x, pre + "k.weight", None, rows).view(p * width, -1)
-                k_all = keys.index_select(0, table)
+            if self.cfg.recursion:
+                k_all = keys[:, i * d:(i + 1) * d].index_select(0, layout.gather)
             else:
-                k_all = keys[:, i * d:(i + 1) * d].index_select(0, table)
-            qv = self._linear(x, pre + "qv.weight", None, rows).view(p * width, 2 * d)
-            q_all = qv[:, :d].index_select(0, table)
-            v_all = qv[:, d:].index_select(0, table)
-            o = bucket_attention(q_all, k_all, v_all, layout, self.cfg.n_heads)
-            z = self._linear(o.index_select(0, back).view(p, width, d), pre + "out.weight",
-                             pre + "out.bias", rows) + x
-            y = _layer_norm(z, self.w(pre + "norm1.weight"), self.w(pre + "norm1.bias"),
-                            self.eps)
+                k_all = self._linear(x, pre + "k.weight", None, rows).index_select(
+                    0, layout.gather)
+            q, v = self._linear(x, pre + "qv.weight", None, rows).split(d, dim=1)
+            o = bucket_attention(q.index_select(0, layout.gather), k_all,
+                                 v.index_select(0, layout.gather), layout, self.cfg.n_heads)
+            z = self._linear(o, pre + "out.weight", pre + "out.bias", rows, back) + x
+            y = self._layer_norm(z, pre + "norm1", rows)
             f = torch.relu(self._linear(y, pre + "ff1.weight", pre + "ff1.bias", rows))
             z = self._linear(f, pre + "ff2.weight", pre + "ff2.bias", rows) + y
-            x = _layer_norm(z, self.w(pre + "norm2.weight"), self.w(pre + "norm2.bias"),
-                            self.eps)
+            x = self._layer_norm(z, pre + "norm2", rows)
         return x
 
     def initial_state(self, member: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,21 +273,19 @@ class StackedPointerNet(nn.Module):
     def lstm(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor, routes: Groups,
              ) -> tuple[torch.Tensor, torch.Tensor]:
         """One LSTM-cell step of routes ``routes`` (``x, h, c`` [R, d]), PyTorch's gate order."""
-        gates = routes.gather(
-            self._grouped(routes.scatter(x), self.w("lstm.weight_ih"),
-                          self.w("lstm.bias_ih") + self.w("lstm.bias_hh"), routes)
-            + self._grouped(routes.scatter(h), self.w("lstm.weight_hh"), None, routes))
+        gates = (_member_linear(x, self.w("lstm.weight_ih"),
+                                self.w("lstm.bias_ih") + self.w("lstm.bias_hh"), routes)
+                 + self._linear(h, "lstm.weight_hh", None, routes))
         i, f, g, o = gates.chunk(4, dim=1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         return torch.sigmoid(o) * torch.tanh(c), c
 
     def pointer(self, enc: torch.Tensor, h: torch.Tensor, rows: Groups, route: torch.Tensor,
                 routes: Groups) -> torch.Tensor:
-        """Logits [N] of the rows ``rows`` (``enc`` their padded table, ``route[N]`` their
-        route) for routes with LSTM states ``h[R, d]`` (``routes``)."""
-        query = routes.gather(self._linear(routes.scatter(h), "ptr_query.weight",
-                                           "ptr_query.bias", routes))
+        """Logits [N] of the packed rows ``enc[N, d]`` (``rows``; ``route[N]`` their route)
+        for routes with LSTM states ``h[R, d]`` (``routes``)."""
+        query = self._linear(h, "ptr_query.weight", "ptr_query.bias", routes)
         u = torch.tanh(self._linear(enc, "ptr_ref.weight", None, rows)
-                       + rows.scatter(query.index_select(0, route)))
-        t = torch.tanh(torch.bmm(u, self.w("ptr_v")))  # [P, M, 1]
-        return self.cfg.clip * rows.gather(t).squeeze(1)
+                       + query.index_select(0, route))
+        t = _member_linear(u, self.w("ptr_v").transpose(1, 2), None, rows)  # [N, 1]
+        return self.cfg.clip * torch.tanh(t).squeeze(1)
