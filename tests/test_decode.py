@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_names_field, bad_tourists, good_tourist
-from optw.catalog import Tourists
+from conftest import assert_names_field, bad_tourists, good_tourist, write_toptw
+from optw.catalog import Catalog, Tourists, build_catalog, sample_tourists
 from optw.cli import main
 from optw.decode import beam_search, rollout, solve
 from optw.env import check_route, make_instances
@@ -95,6 +95,48 @@ def test_static_beam_search_finds_the_compacted_search_results(catalog, publishe
             assert (a.routes, a.scores, a.finished) == (b.routes, b.scores, b.finished), (
                 region.id, width)
             assert b.log_probs == pytest.approx(a.log_probs, abs=1e-4)
+
+
+def test_graph_beam_replays_its_chunks_from_buffers(catalog, tmp_path, monkeypatch):
+    """Beam mode ``graph`` without the GPU: its chunk of 8 steps (updating its buffers in
+    place, cached per model and shape) runs eagerly where a CUDA graph would be captured and
+    replayed. It finds the compacted search's results on the first call (the capture) and on a
+    later one with other tourists (buffers reloaded from the cache), also on a region of 10
+    points with long opening hours, where a chunk runs past the last node."""
+    from optw.decode import BeamResult, static_beam
+
+    build_catalog(write_toptw(tmp_path / "src" / "solomon" / "r198.txt", 10, seed=4,
+                              t_end=3000.0).parents[1], tmp_path / "catalog")
+    tiny = Catalog(tmp_path / "catalog").region("r198")
+    chunks = []
+
+    def capture(device, fn):  # the first chunk runs; each "replay" runs it again
+        def replay():
+            chunks.append(1)
+            fn()
+        fn()
+        return replay
+
+    monkeypatch.setattr(static_beam, "_capture", capture)
+    torch.manual_seed(7)
+    model = PointerNet(ModelConfig()).eval()
+    rng = np.random.default_rng(3)
+    longest = 0  # steps run by one search on the tiny region
+    for region in (catalog.region("c101"), tiny):
+        for width in (3, 8):
+            for call in range(2):  # the capture, then the cached chunk with other tourists
+                inst = make_instances(region, sample_tourists(region, 3, rng, None))
+                a = beam_search(model, inst, width)
+                chunks.clear()
+                with torch.inference_mode():
+                    b = BeamResult(*static_beam.static_beam_search(model, inst, width,
+                                                                   graph=True))
+                assert (a.routes, a.scores, a.finished) == (b.routes, b.scores, b.finished), (
+                    region.id, width)
+                if region is tiny:
+                    longest = max(longest, 8 * (len(chunks) + (call == 0)))
+    assert longest > tiny.n_points + 2  # a chunk ran past the last node
+    assert len(static_beam._GRAPHS[model]) == 4
 
 
 def test_beam_modes_are_checked(catalog, untrained, monkeypatch):

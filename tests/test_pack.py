@@ -98,6 +98,36 @@ def test_stacked_rollout_matches_each_model_alone(catalog, small_norm_weight):
     assert _max_diff(stacked.member(1), models[1]) == 0.0
 
 
+def test_batched_products_equal_the_per_member_ones(catalog, monkeypatch):
+    """The GPU's way of multiplying every member's rows (one batched product over a padded
+    table, made and dropped inside the product and again in its backward), run on the CPU,
+    gives the per-member products' logits and gradients: guards the GPU-only branch here."""
+    from optw.model import stacked as stacked_module
+
+    regions = [catalog.region(r) for r in REGIONS]
+    models = []
+    for i in range(len(regions)):
+        torch.manual_seed(i)
+        models.append(PointerNet(ModelConfig()))
+    parts = [make_instances(r, sample_tourists(r, 2, np.random.default_rng(i), None))
+             for i, r in enumerate(regions)]
+    inst = stack_instances(parts)
+    outs = []
+    for batched in (False, True):
+        monkeypatch.setattr(stacked_module, "_batched", lambda x, b=batched: b)
+        net = StackedPointerNet(models)
+        out = rollout(net, inst, torch.arange(6).repeat_interleave(4),
+                      generator=[torch.Generator().manual_seed(10 + i) for i in range(3)],
+                      member=torch.arange(3).repeat_interleave(2))
+        (out.log_prob.sum() + out.entropy.sum()).backward()
+        outs.append((out, [w.grad for w in net.weights]))
+    (a, ga), (b, gb) = outs
+    assert torch.equal(a.routes, b.routes)
+    assert torch.allclose(a.log_prob, b.log_prob, atol=1e-5)
+    for name, x, y in zip(StackedPointerNet(models).names, ga, gb, strict=True):
+        assert torch.allclose(x, y, rtol=1e-4, atol=1e-5 * float(x.abs().max()) + 1e-8), name
+
+
 def _saved_bytes(fn) -> int:
     """Bytes of the distinct storages autograd keeps for the backward while ``fn`` runs."""
     seen: dict[int, int] = {}

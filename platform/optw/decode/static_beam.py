@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -149,9 +150,9 @@ def _steps(model: PointerNet, tb: _Tables, scores: torch.Tensor, width: int, b: 
 
 
 class _Graph(NamedTuple):
-    """A captured chunk of steps and the buffers it reads and writes in place."""
+    """A captured chunk of steps (its replay) and the buffers it reads and writes in place."""
 
-    graph: torch.cuda.CUDAGraph
+    replay: Callable[[], None]
     tables: _Tables
     scores: torch.Tensor
     beams: _Beams
@@ -167,34 +168,45 @@ def _load(dst: tuple[torch.Tensor, ...], src: tuple[torch.Tensor, ...]) -> None:
         a.copy_(v)
 
 
+def _capture(device: torch.device, fn: Callable[[], None]) -> Callable[[], None]:
+    """Run ``fn`` once eagerly on a side stream (as CUDA graph capture asks), capture it as a
+    CUDA graph, and return the graph's replay."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def _graphed(model: PointerNet, inst: Instances, width: int, tb: _Tables,
              scores: torch.Tensor, b: _Beams) -> _Beams:
     """Run the search from ``b`` by replaying a captured chunk of :data:`SYNC_EVERY` steps
-    (captured on first use for this model and shape, after one chunk run eagerly)."""
+    that updates its buffers in place (captured on first use for this model and shape, after
+    running the first chunk eagerly)."""
     n = inst.n_nodes
     key = (n, inst.n_tourists, width)
     graphs = _GRAPHS.setdefault(model, {})
     g = graphs.get(key)
-    if g is None:  # buffers; a first chunk eagerly on a side stream; then the capture
-        stream = torch.cuda.Stream(inst.device)
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            tables, buf_scores = _Tables(*(x.clone() for x in tb)), scores.clone()
-            beams = _Beams(*(x.clone() for x in b))
+    if g is None:
+        tables, buf_scores = _Tables(*(x.clone() for x in tb)), scores.clone()
+        beams = _Beams(*(x.clone() for x in b))
+
+        def chunk() -> None:
             _load(beams, _steps(model, tables, buf_scores, width, beams, SYNC_EVERY))
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            _load(beams, _steps(model, tables, buf_scores, width, beams, SYNC_EVERY))
-        g = graphs[key] = _Graph(graph, tables, buf_scores, beams)
-        done = SYNC_EVERY
+
+        g = graphs[key] = _Graph(_capture(inst.device, chunk), tables, buf_scores, beams)
+        done = SYNC_EVERY  # the capture ran the first chunk
     else:
         _load(g.tables, tb)
         g.scores.copy_(scores)
         _load(g.beams, b)
         done = 0
     while done < n and not bool(g.beams.done.all()):
-        g.graph.replay()
+        g.replay()
         done += SYNC_EVERY
     return _Beams(*(x.clone() for x in g.beams))
 

@@ -80,6 +80,12 @@ def _mm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tenso
     return F.linear(x, w, b)
 
 
+def _batched(x: torch.Tensor) -> bool:
+    """Whether a product of all members goes through one batched product over the padded
+    table (GPUs: one launch) rather than one product per member slice (the CPU)."""
+    return x.device.type != "cpu"
+
+
 class _MemberLinear(torch.autograd.Function):
     """``y_i = x_{index_i}·W[m_i]ᵀ + b[m_i]`` for the rows ``index`` (None: all) of ``x``,
     packed rows of members ``m`` (``groups``). The backward keeps ``x`` itself, which its
@@ -94,7 +100,7 @@ class _MemberLinear(torch.autograd.Function):
         ctx.save_for_backward(x, w, index)
         if index is not None:
             x = x.index_select(0, index)
-        if x.device.type != "cpu":
+        if _batched(x):
             xp = groups.pad(x)
             y = (torch.bmm(xp, w.transpose(1, 2)) if b is None
                  else torch.baddbmm(b.unsqueeze(1), xp, w.transpose(1, 2)))
@@ -113,7 +119,7 @@ class _MemberLinear(torch.autograd.Function):
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         need_b = need_b and ctx.has_bias
         gx = gw = gb = None
-        if x.device.type != "cpu":
+        if _batched(x):
             gp = groups.pad(g.contiguous())
             if need_x:
                 gx = groups.unpad(torch.bmm(gp, w))
