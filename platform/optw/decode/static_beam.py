@@ -76,9 +76,10 @@ class _Beams(NamedTuple):
     finished: torch.Tensor  # routes finished [K]
 
 
-def _begin(model: PointerNet, inst: Instances, width: int) -> tuple[_Tables, _Beams]:
-    """The tables and the first state: slot 0 of each tourist live at its start, the others
-    dead."""
+def _begin(model: PointerNet, inst: Instances, width: int,
+           ) -> tuple[_Tables, torch.Tensor, _Beams]:
+    """The tables, each slot's tourist's scores [R, n] (float64) and the first state: slot 0
+    of each tourist live at its start, the others dead."""
     dev, k, n = inst.device, inst.n_tourists, inst.n_nodes
     ids = torch.arange(k, device=dev).repeat_interleave(width)
     tb = _tables(model, inst, ids)
@@ -87,12 +88,12 @@ def _begin(model: PointerNet, inst: Instances, width: int) -> tuple[_Tables, _Be
     r = ids.shape[0]
     routes = torch.full((r, n + 1), -1, dtype=torch.long, device=dev)
     routes[:, 0] = 0
-    scores = inst.scores.double()
-    return tb, _Beams(
+    scores = inst.scores.double().repeat_interleave(width, dim=0)
+    return tb, scores, _Beams(
         cur=cur, t=t, mask=mask & first.unsqueeze(1), done=~first, prev=prev,
         lstm_in=lstm_in.contiguous(), h=h.contiguous(), c=c.contiguous(),
         sum_lp=torch.where(first, 0.0, float("-inf")),
-        score=scores[:, 0].repeat_interleave(width),
+        score=scores[:, 0],
         routes=routes, step=torch.zeros((), dtype=torch.long, device=dev),
         best_score=torch.full((k,), float("-inf"), dtype=torch.float64, device=dev),
         best_lp=torch.zeros(k, device=dev),
@@ -218,8 +219,7 @@ def static_beam_search(model: PointerNet, inst: Instances, width: int, graph: bo
     its score and summed log-probability, and how many routes finished. Call it without
     gradients."""
     n = inst.n_nodes
-    tb, b = _begin(model, inst, width)
-    scores = inst.scores.double().repeat_interleave(width, dim=0)
+    tb, scores, b = _begin(model, inst, width)
     if graph:
         b = _graphed(model, inst, width, tb, scores, b)
     else:

@@ -302,7 +302,7 @@ LN_MIN_WEIGHT = 0.05
 _LN_OK: dict[int, tuple[weakref.ref, int, bool]] = {}
 
 
-def _ln_weight_ok(weight: torch.Tensor) -> bool:
+def ln_weight_ok(weight: torch.Tensor) -> bool:
     """``min |weight| >= LN_MIN_WEIGHT``, remembered per parameter until it changes (its
     version counter), so a decoding step does not recompute it for every layer norm."""
     if not isinstance(weight, torch.nn.Parameter):
@@ -317,12 +317,6 @@ def _ln_weight_ok(weight: torch.Tensor) -> bool:
     return ok
 
 
-def ln_weight_ok(weight: torch.Tensor) -> bool:
-    """Whether an output-based layer-norm backward may divide by ``weight`` (every
-    ``|weight| >= LN_MIN_WEIGHT``; remembered per parameter version)."""
-    return _ln_weight_ok(weight)
-
-
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                eps: float = 1e-5) -> torch.Tensor:
     """``F.layer_norm`` over the last dimension of ``x[N, d]``; when gradients are recorded
@@ -330,7 +324,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     call), unless some weight is near 0 (a check that would cost a GPU a host
     synchronisation per call, so GPUs keep PyTorch's backward)."""
     if (_grad_needed(x, weight, bias) and x.dim() == 2 and x.device.type == "cpu"
-            and not tracing() and _ln_weight_ok(weight)):
+            and not tracing() and ln_weight_ok(weight)):
         return _LayerNormFromOutput.apply(x, weight, bias, eps)
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
