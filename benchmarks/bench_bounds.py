@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchutil import PRETRAINED, WEIGHTS
+from benchutil import WEIGHTS, common_options, parse_list
 
 #: Leaf operators that are matrix products (their FLOPs from the recorded input shapes).
 PRODUCTS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm",
@@ -270,19 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=8, help="t101 epochs (each round runs them all)")
     p.add_argument("--global-epochs", type=int, default=3, help="the global model's epochs")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--catalog", type=Path, default=None, help="built catalog folder")
-    p.add_argument("--pretrained", type=Path, default=PRETRAINED,
-                   help="folder with the published weights (else a seeded model)")
-    p.add_argument("--seed", type=int, default=0)
+    common_options(p)
     p.add_argument("--quick", action="store_true", help="fewer epochs, rounds and tourists")
-    p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = p.parse_args(argv)
     work = {"train": train_workload, "global": global_workload, "evaluate": evaluate_workload}
-    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    bad = [w for w in names if w not in work]
-    if bad or not names:
-        print(f"bench_bounds: error: --workloads: unknown {bad or names}; expected of "
-              f"{list(work)}", file=sys.stderr)
+    names = parse_list(args.workloads, list(work), "bench_bounds", "--workloads")
+    if names is None:
         return 2
     if args.quick:
         args.epochs, args.rounds = 2, 1

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchutil import PRETRAINED, WEIGHTS
+from benchutil import WEIGHTS, common_options, parse_list
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("compact", "static", "static-free")
@@ -167,21 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per mode")
     p.add_argument("--profile-epochs", type=int, default=3)
     p.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(CPU_MODES)}")
-    p.add_argument("--catalog", type=Path, default=None, help="built catalog folder")
-    p.add_argument("--pretrained", type=Path, default=PRETRAINED,
-                   help="folder with the published weights (else a seeded model)")
-    p.add_argument("--seed", type=int, default=0)
+    common_options(p)
     p.add_argument("--quick", action="store_true", help="fewer epochs and rounds")
-    p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     p.add_argument("--baseline-ref", default="2f4bf16",
                    help="git ref whose platform/ is measured first, for ratios ('none': skip)")
     p.add_argument("--json-stdout", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in CPU_MODES]
-    if bad or not modes:
-        print(f"bench_ops: error: --modes: unknown {bad or modes}; expected of "
-              f"{list(CPU_MODES)}", file=sys.stderr)
+    modes = parse_list(args.modes, CPU_MODES, "bench_ops", "--modes")
+    if modes is None:
         return 2
     if "compiled" in modes and args.baseline_ref != "none" and not args.json_stdout:
         print("bench_ops: error: --modes compiled: no baseline ref has that rollout; add "

@@ -4,6 +4,9 @@ tests import the benchmarks through pytest's ``pythonpath`` (pyproject.toml)."""
 
 from __future__ import annotations
 
+import argparse
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -21,3 +24,25 @@ def sync(device: torch.device | str) -> None:
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def common_options(p: argparse.ArgumentParser) -> None:
+    """The options every CPU benchmark of a model takes: ``--catalog``, ``--pretrained``,
+    ``--seed`` and ``--out``."""
+    p.add_argument("--catalog", type=Path, default=None, help="built catalog folder")
+    p.add_argument("--pretrained", type=Path, default=PRETRAINED,
+                   help="folder with the published weights (else a seeded model)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+
+
+def parse_list(value: str, allowed: Sequence[str], prog: str, option: str) -> list[str] | None:
+    """The comma-separated entries of ``value``, each one of ``allowed``; else None, after one
+    error line naming ``option`` (the caller exits with 2)."""
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in names if v not in allowed]
+    if bad or not names:
+        what = f"unknown {bad}" if bad else f"empty ({value!r})"
+        print(f"{prog}: error: {option}: {what}; expected of {list(allowed)}", file=sys.stderr)
+        return None
+    return names
