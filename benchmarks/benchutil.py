@@ -27,8 +27,8 @@ def sync(device: torch.device | str) -> None:
 
 
 def common_options(p: argparse.ArgumentParser) -> None:
-    """The options every CPU benchmark of a model takes: ``--catalog``, ``--pretrained``,
-    ``--seed`` and ``--out``."""
+    """Options the model benchmarks share (``bench_ops``, ``bench_bounds``): ``--catalog``,
+    ``--pretrained``, ``--seed`` and ``--out``."""
     p.add_argument("--catalog", type=Path, default=None, help="built catalog folder")
     p.add_argument("--pretrained", type=Path, default=PRETRAINED,
                    help="folder with the published weights (else a seeded model)")
