@@ -34,13 +34,12 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from benchutil import WEIGHTS, common_options, parse_list
+from benchutil import common_options, parse_list, published_or_seeded
 
 #: Leaf operators that are matrix products (their FLOPs from the recorded input shapes).
 PRODUCTS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm",
@@ -78,16 +77,13 @@ def attention_flops(name: str, shapes: list[list[int]]) -> float:
     return flops * 2.5 if name.endswith("_backward") else flops
 
 
-def split_time(fn: Callable[[], Any], calls: int, units: int) -> dict[str, float]:
-    """Per unit (``calls`` calls of ``fn`` do ``units`` units): seconds in products, their
-    GFLOP, seconds in fused attention, its GFLOP, and the profiled wall time."""
+def split_time(fn: Callable[[], Any], units: int) -> dict[str, float]:
+    """Per unit (one profiled call of ``fn`` does ``units`` units): seconds in products, their
+    GFLOP, seconds in fused attention and its GFLOP."""
     from torch.profiler import ProfilerActivity, profile
 
-    t0 = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        for _ in range(calls):
-            fn()
-    wall = time.perf_counter() - t0
+        fn()
     out = {"products_s": 0.0, "products_gflop": 0.0, "attention_s": 0.0, "attention_gflop": 0.0}
     for e in prof.events():
         name = e.name
@@ -97,9 +93,7 @@ def split_time(fn: Callable[[], Any], calls: int, units: int) -> dict[str, float
         elif any(a in name for a in ATTENTION):
             out["attention_s"] += e.self_cpu_time_total / 1e6
             out["attention_gflop"] += attention_flops(name, e.input_shapes) / 1e9
-    out = {k: v / units for k, v in out.items()}
-    out["profiled_wall_s"] = wall / units
-    return out
+    return {k: v / units for k, v in out.items()}
 
 
 def peak_gflops(threads: int, rows: int = 8192, reps: int = 20) -> float:
@@ -124,27 +118,14 @@ def peak_gflops(threads: int, rows: int = 8192, reps: int = 20) -> float:
     return best
 
 
-def best_seconds(fn: Callable[[], Any], units: int, rounds: int) -> float:
-    """Best round's seconds per call of ``fn`` (other work only slows a round down)."""
+def best_seconds(fn: Callable[[], Any], rounds: int) -> float:
+    """The best of ``rounds`` calls of ``fn``, in seconds (other work only slows a call down)."""
     best = float("inf")
     for _ in range(rounds):
         t0 = time.perf_counter()
-        for _ in range(units):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / units)
+        fn()
+        best = min(best, time.perf_counter() - t0)
     return best
-
-
-def load_weights(region: str, pretrained: Path, seed: int):
-    """The published weights of ``region`` (else t101's, else a seeded model) and a label."""
-    from optw.model import ModelConfig, PointerNet, load_model
-
-    for rid in (region, "t101", "pr01"):
-        path = pretrained / WEIGHTS.get(rid, "")
-        if rid in WEIGHTS and path.is_file():
-            return load_model(path), f"published {path.name}"
-    torch.manual_seed(seed)
-    return PointerNet(ModelConfig()), f"seeded init (seed {seed})"
 
 
 def fixed_epochs(model, instances: list, routes_per_tourist: int,
@@ -178,7 +159,8 @@ def train_workload(args: argparse.Namespace) -> dict[str, Any]:
     from optw.env import make_instances
 
     region = open_catalog(args.catalog).region(args.region)
-    model, source = load_weights(args.region, args.pretrained, args.seed)
+    model, source = published_or_seeded([args.region, "t101", "pr01"], args.pretrained,
+                                        args.seed)
     rng = np.random.default_rng(args.seed)
     instances = [make_instances(region, sample_tourists(region, 1, rng), "cpu")
                  for _ in range(args.epochs)]
@@ -189,9 +171,9 @@ def train_workload(args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(args.rounds):  # the same load for both thread counts
         for threads in best:
             torch.set_num_threads(threads)
-            best[threads] = min(best[threads], best_seconds(run, 1, 1) / len(instances))
+            best[threads] = min(best[threads], best_seconds(run, 1) / len(instances))
     torch.set_num_threads(args.threads)
-    split = split_time(run, 1, len(instances))
+    split = split_time(run, len(instances))
     return {"name": f"train {args.region} B={args.batch}", "unit": "epoch", "weights": source,
             "threads": args.threads, "wall_s": best[args.threads],
             "wall_1_thread_s": best[1], **split}
@@ -205,8 +187,8 @@ def global_workload(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)
     catalog = open_catalog(args.catalog)
     regions = [catalog.region(r) for r in catalog.list_regions(group=args.group)]
-    model, source = load_weights("pr01" if args.group == "cordeau" else "t101",
-                                 args.pretrained, args.seed)
+    order = ["pr01", "t101"] if args.group == "cordeau" else ["t101", "pr01"]
+    model, source = published_or_seeded(order, args.pretrained, args.seed)
     rng = np.random.default_rng(args.seed)
     instances = []
     for _ in range(args.global_epochs):  # 8 tourists of 8 drawn regions, as the loop draws
@@ -215,8 +197,8 @@ def global_workload(args: argparse.Namespace) -> dict[str, Any]:
             regions[i], int(k), rng), "cpu") for i, k in enumerate(picks) if k]))
     run = fixed_epochs(model, instances, 16, args.seed)
     run()
-    wall = best_seconds(run, 1, args.rounds) / len(instances)
-    split = split_time(run, 1, len(instances))
+    wall = best_seconds(run, args.rounds) / len(instances)
+    split = split_time(run, len(instances))
     return {"name": f"global {args.group} 8x16", "unit": "epoch", "weights": source,
             "threads": 1, "wall_s": wall, **split}
 
@@ -230,7 +212,8 @@ def evaluate_workload(args: argparse.Namespace) -> dict[str, Any]:
     catalog = open_catalog(args.catalog)
     region = catalog.region(args.eval_region)
     tourists = catalog.validation(args.eval_region)[: args.eval_tourists]
-    model, source = load_weights(args.eval_region, args.pretrained, args.seed)
+    model, source = published_or_seeded([args.eval_region, "t101", "pr01"],
+                                        args.pretrained, args.seed)
     model.eval()
     greedy = solve(model, region, tourists, "greedy")
 
@@ -238,8 +221,8 @@ def evaluate_workload(args: argparse.Namespace) -> dict[str, Any]:
         solve(model, region, tourists, "beam", beams=8, keep_greedy=True, greedy=greedy)
 
     search()
-    wall = best_seconds(search, 1, args.rounds)
-    split = split_time(search, 1, 1)
+    wall = best_seconds(search, args.rounds)
+    split = split_time(search, 1)
     return {"name": f"beam 8 {args.eval_region} x{len(tourists)}", "unit": "search",
             "weights": source, "threads": 1, "wall_s": wall, **split}
 
@@ -252,7 +235,7 @@ def summarise(row: dict[str, Any], peak: dict[int, float]) -> dict[str, Any]:
     return {**row,
             "products_gflop_per_s": row["products_gflop"] / max(row["products_s"], 1e-12),
             "peak_gflop_per_s": top,
-            "other_share": max(0.0, 1.0 - kernels / row["wall_s"]),
+            "other_share": 1.0 - kernels / row["wall_s"],
             "ceiling_x": row["wall_s"] / max(kernels, 1e-12),
             "floor_s": (row["products_gflop"] + row["attention_gflop"]) / top}
 

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchutil import WEIGHTS, common_options, parse_list
+from benchutil import common_options, parse_list, published_or_seeded
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("compact", "static", "static-free")
@@ -293,17 +293,11 @@ class Bench:
     def __init__(self, args: argparse.Namespace, modes: list[str], log=sys.stdout):
         torch.set_num_threads(args.threads)
         from optw.catalog import open_catalog
-        from optw.model import ModelConfig, PointerNet, load_model
 
         self.args, self.modes, self.log = args, modes, log
         catalog = open_catalog(args.catalog)
         region = catalog.region(args.region)
-        weights = args.pretrained / WEIGHTS.get(args.region, "")
-        if args.region in WEIGHTS and weights.is_file():
-            model, self.source = load_model(weights), f"published {weights.name}"
-        else:
-            torch.manual_seed(args.seed)
-            model, self.source = PointerNet(ModelConfig()), f"seeded init (seed {args.seed})"
+        model, self.source = published_or_seeded([args.region], args.pretrained, args.seed)
         state = {k: v.clone() for k, v in model.state_dict().items()}
         self.runners = {m: Runner(m, state, model.cfg, region, args.seed, args.batch,
                                   args.tourists) for m in modes}

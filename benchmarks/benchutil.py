@@ -46,3 +46,16 @@ def parse_list(value: str, allowed: Sequence[str], prog: str, option: str) -> li
         print(f"{prog}: error: {option}: {what}; expected of {list(allowed)}", file=sys.stderr)
         return None
     return names
+
+
+def published_or_seeded(regions: Sequence[str], pretrained: Path, seed: int):
+    """The published weights of the first of ``regions`` that has a file in ``pretrained``,
+    else a model seeded with ``seed``; and a label saying which."""
+    from optw.model import ModelConfig, PointerNet, load_model
+
+    for rid in regions:
+        path = pretrained / WEIGHTS.get(rid, "")
+        if rid in WEIGHTS and path.is_file():
+            return load_model(path), f"published {path.name}"
+    torch.manual_seed(seed)
+    return PointerNet(ModelConfig()), f"seeded init (seed {seed})"
