@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench_pack_memory import saved_bytes
 from optw.catalog import sample_tourists
 from optw.decode import rollout
 from optw.env import NEVER, make_instances, reset, stack_instances
@@ -23,6 +24,15 @@ def _configs(epochs=(4, 4, 4), **kw) -> list[TrainConfig]:
     base = dict(batch_size=8, val_every=2, val_tourists=4, checkpoint_every=0, threads=1)
     return [TrainConfig(regions=[r], epochs=e, seed=10 + i, **{**base, **kw})
             for i, (r, e) in enumerate(zip(REGIONS, epochs, strict=True))]
+
+
+def _seeded_models(n: int) -> list[PointerNet]:
+    """``n`` untrained models, model i seeded with i."""
+    models = []
+    for i in range(n):
+        torch.manual_seed(i)
+        models.append(PointerNet(ModelConfig()))
+    return models
 
 
 def _max_diff(a: PointerNet, b: PointerNet) -> float:
@@ -63,10 +73,7 @@ def test_stacked_rollout_matches_each_model_alone(catalog, small_norm_weight):
     layer-norm weight is near 0 (its backward then keeps the normalised rows instead of
     recovering them from the output)."""
     regions = [catalog.region(r) for r in REGIONS]
-    models = []
-    for i in range(len(regions)):
-        torch.manual_seed(i)
-        models.append(PointerNet(ModelConfig()))
+    models = _seeded_models(len(regions))
     if small_norm_weight:
         with torch.no_grad():
             models[1].layers[0].norm2.weight[5] = 0.01
@@ -105,10 +112,7 @@ def test_batched_products_equal_the_per_member_ones(catalog, monkeypatch):
     from optw.model import stacked as stacked_module
 
     regions = [catalog.region(r) for r in REGIONS]
-    models = []
-    for i in range(len(regions)):
-        torch.manual_seed(i)
-        models.append(PointerNet(ModelConfig()))
+    models = _seeded_models(len(regions))
     parts = [make_instances(r, sample_tourists(r, 2, np.random.default_rng(i), None))
              for i, r in enumerate(regions)]
     inst = stack_instances(parts)
@@ -128,37 +132,21 @@ def test_batched_products_equal_the_per_member_ones(catalog, monkeypatch):
         assert torch.allclose(x, y, rtol=1e-4, atol=1e-5 * float(x.abs().max()) + 1e-8), name
 
 
-def _saved_bytes(fn) -> int:
-    """Bytes of the distinct storages autograd keeps for the backward while ``fn`` runs."""
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(seen.values())
-
-
 def test_a_pack_keeps_about_its_members_own_activations(catalog):
     """The stacked network keeps its rows packed for the backward: a pack's rollout of three
     regions of different sizes keeps at most 1.3x the bytes its members keep alone (a padded
     [members, widest member's rows] table per block kept 1.8x here, and 4x on 16 Solomon
     regions with trained weights)."""
     regions = [catalog.region(r) for r in REGIONS]
-    models = []
-    for i in range(len(regions)):
-        torch.manual_seed(i)
-        models.append(PointerNet(ModelConfig()))
+    models = _seeded_models(len(regions))
     k, b = 2, 8
     parts = [make_instances(r, sample_tourists(r, k, np.random.default_rng(i), None))
              for i, r in enumerate(regions)]
-    alone = sum(_saved_bytes(lambda m=m, inst=inst, i=i: rollout(
+    alone = sum(saved_bytes(lambda m=m, inst=inst, i=i: rollout(
         m, inst, torch.arange(k).repeat_interleave(b),
-        generator=torch.Generator().manual_seed(10 + i)))
+        generator=torch.Generator().manual_seed(10 + i)))[0]
         for i, (m, inst) in enumerate(zip(models, parts, strict=True)))
-    pack = _saved_bytes(lambda: rollout(
+    pack, _ = saved_bytes(lambda: rollout(
         StackedPointerNet(models), stack_instances(parts), torch.arange(3 * k).repeat_interleave(b),
         generator=[torch.Generator().manual_seed(10 + i) for i in range(3)],
         member=torch.arange(3).repeat_interleave(k)))
