@@ -105,7 +105,7 @@ def test_unknown_custom_group_is_refused_naming_it(custom_catalog, tiny_catalog)
     (in the profile when the default catalog lacks it too, else against the job's catalog);
     ``custom`` on a catalog without custom regions says how to add one."""
     from optw.distributed.plan import UnknownGroupError, select_regions
-    from optw.train.config import ConfigError
+    from optw.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"job\.groups.*'villages'"):
         _profile(custom_catalog, "bad", groups="custom,villages")

@@ -15,8 +15,8 @@ from ray import cloudpickle
 
 from conftest import local_ray
 from optw.distributed import JobProfile, load_profile, plan
+from optw.errors import ConfigError
 from optw.train.callbacks import Callback, TrainContext
-from optw.train.config import ConfigError
 
 TINY = ["r199", "pr99"]
 ROOT = Path(__file__).resolve().parents[1]

@@ -416,10 +416,10 @@ def test_evaluation_setting_tourists(tiny_paper, tmp_path):
     from conftest import copy_catalog
     from optw.baselines import load_ils_results, run_ils_baseline
     from optw.distributed.profile import load_profile
+    from optw.errors import ConfigError
     from optw.evaluate import evaluate, validate_results
     from optw.evaluate.protocol import EvaluateSettings, evaluate_model, validation_score
     from optw.model import ModelConfig, PointerNet, save_model
-    from optw.train.config import ConfigError
 
     assert EvaluateSettings().tourists == "validation"
     for bad in ("benchmark", "Paper", 1, None):

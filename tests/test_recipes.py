@@ -14,7 +14,8 @@ import torch
 
 from conftest import write_toptw
 from optw.catalog import Catalog, build_catalog
-from optw.train import ConfigError, TrainConfig, train
+from optw.errors import ConfigError
+from optw.train import TrainConfig, train
 from optw.train.config import ADDED_DEFAULTS, RECIPES
 from optw.train.loop import check_resume
 

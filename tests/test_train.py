@@ -6,13 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from optw.train import (
-    Checkpointer,
-    ConfigError,
-    MetricsHistory,
-    TrainConfig,
-    train,
-)
+from optw.errors import ConfigError
+from optw.train import Checkpointer, MetricsHistory, TrainConfig, train
 
 
 def _config(**kw) -> TrainConfig:

@@ -10,8 +10,9 @@ import os
 import pytest
 
 from optw.cli import main
+from optw.errors import ConfigError
 from optw.model import ModelConfig
-from optw.train.config import ConfigError, TrainConfig
+from optw.train.config import TrainConfig
 
 
 def _train(tiny_catalog, out, *extra: str) -> list[str]:

@@ -21,15 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optw.catalog import CUSTOM_GROUP, GROUPS
+from optw.checks import from_table, integer, load_mapping, number
+from optw.errors import ConfigError
 from optw.evaluate.protocol import EvaluateSettings
-from optw.train.config import (
-    ConfigError,
-    TrainConfig,
-    from_table,
-    integer,
-    load_mapping,
-    number,
-)
+from optw.train.config import TrainConfig
 
 if TYPE_CHECKING:
     from optw.distributed.plan import Unit

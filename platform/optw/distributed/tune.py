@@ -28,7 +28,8 @@ from optw.distributed.mirror import local_catalog
 from optw.distributed.preflight import Setting, check_cluster, check_worker_fits
 from optw.distributed.profile import JobProfile, ResourcesSection, load_profile
 from optw.distributed.ray_train import WorkerSpec, make_trainer
-from optw.train.config import ConfigError, TrainConfig
+from optw.errors import ConfigError
+from optw.train.config import TrainConfig
 
 METRIC = "val_gap_ils"
 #: The setting that chooses the sweep's storage, as errors name it.
@@ -59,7 +60,7 @@ def search_space(spec: dict[str, tuple]) -> dict[str, Any]:
 
 def apply_trial(config: TrainConfig, trial: dict[str, Any]) -> TrainConfig:
     """``config`` with a trial's values (``model.x`` keys go to the model table); a bad value
-    is a :class:`~optw.train.ConfigError` naming the key."""
+    is a :class:`~optw.errors.ConfigError` naming the key."""
     changes: dict[str, Any] = {"model": dict(config.model)}
     for key, value in trial.items():
         if key.startswith("model."):

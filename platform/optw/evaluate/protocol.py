@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from optw.catalog import TOURIST_SETS
+from optw.checks import integer
 from optw.decode.limits import MAX_BEAMS, MIN_BEAMS, PAPER_BEAMS
+from optw.errors import ConfigError
 from optw.evaluate.stats import gap
-from optw.train.config import ConfigError, integer
 
 #: the beam widths of the paper's score-against-time figure
 BEAM_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128)

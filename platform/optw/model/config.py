@@ -1,42 +1,13 @@
-"""Model hyper-parameters, and the checking helpers every settings table uses (training
-settings, job profiles and evaluation protocols import them from :mod:`optw.train.config`)."""
+"""Model hyper-parameters."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any
 
+from optw.checks import integer, number, require
 from optw.env.instances import N_DYNAMIC, N_STATIC
 from optw.env.state import GRAPHS
-
-
-class ConfigError(ValueError):
-    """A configuration with unknown keys or bad values; ``key`` names the bad setting (a dotted
-    path such as ``model.d_model``) when one does."""
-
-    def __init__(self, message: str, key: str | None = None):
-        super().__init__(message)
-        self.key = key
-
-
-def integer(v: Any) -> bool:
-    """An int that is not a bool (bool is an int in Python, not in a config)."""
-    return type(v) is int
-
-
-def number(v: Any) -> bool:
-    """A finite int or float (not a bool, NaN or infinity)."""
-    return type(v) in (int, float) and math.isfinite(v)
-
-
-def require(cond: bool, key: str, value: Any, what: str) -> None:
-    """:class:`ConfigError` ``"<key> = <value>: <what>"`` (naming ``key``) unless ``cond``."""
-    if not cond:
-        shown = repr(value)
-        shown = shown if len(shown) <= 80 else shown[:80] + "..."
-        raise ConfigError(f"{key} = {shown}: {what}", key)
-
+from optw.errors import ConfigError
 
 #: Upper bounds of the sizes (a typo such as d_model = 1280000 would allocate for minutes).
 MAX_D_MODEL, MAX_D_FF, MAX_LAYERS = 8192, 65536, 64

@@ -8,7 +8,7 @@ from optw.train.callbacks import (
     ProgressBar,
     TrainContext,
 )
-from optw.train.config import ConfigError, TrainConfig, load_mapping
+from optw.train.config import TrainConfig
 
 
 def __getattr__(name: str):
@@ -21,7 +21,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "Callback", "Checkpointer", "ConfigError", "EarlyStopping", "MetricsHistory", "ProgressBar",
-    "TrainConfig", "TrainContext", "TrainResult", "load_mapping", "resolve_device",
+    "Callback", "Checkpointer", "EarlyStopping", "MetricsHistory", "ProgressBar",
+    "TrainConfig", "TrainContext", "TrainResult", "resolve_device",
     "train", "validate",
 ]

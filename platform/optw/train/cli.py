@@ -55,7 +55,9 @@ def _config(args):
     """The run's :class:`TrainConfig` from ``--config`` and the options; a bad value given as
     an option is one ``ConfigError`` naming the option (``--seed -5: ...``), one from the file
     names the file and the key (``cfg.toml: model.d_model = 0: ...``)."""
-    from optw.train.config import ConfigError, TrainConfig, load_mapping
+    from optw.checks import load_mapping
+    from optw.errors import ConfigError
+    from optw.train.config import TrainConfig
 
     overrides = {k: v for k, v in {
         "regions": args.region, "epochs": args.epochs, "seed": args.seed,

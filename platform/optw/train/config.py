@@ -6,12 +6,13 @@ import dataclasses
 import hashlib
 import json
 import math
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optw.model.config import ConfigError, ModelConfig, integer, number, require
+from optw.checks import from_table, integer, load_mapping, number, require
+from optw.errors import ConfigError
+from optw.model.config import ModelConfig
 from optw.threads import MAX_THREADS
 
 #: Seeds accepted (numpy's and torch's generators take 0..2**32-1 and 0..2**64-1).
@@ -206,48 +207,3 @@ RECIPES: dict[str, dict[str, Any]] = {
 ADDED_DEFAULTS: dict[str, Any] = {"mix_regions": False, "lr_schedule": "step",
                                   "warmup_epochs": 0, "recipe": "paper", "max_minutes": None,
                                   "rollout": "auto"}
-
-
-def from_table(cls, data: dict[str, Any], where: str):
-    """Build dataclass ``cls`` from a table; unknown keys and bad values are a
-    :class:`ConfigError` naming ``where``."""
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(known)}")
-    try:
-        return cls(**data)
-    except ConfigError as exc:
-        msg = str(exc)
-        raise ConfigError(msg if msg.startswith(where) else f"{where}: {msg}",
-                          exc.key) from None
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-
-
-def load_mapping(path: str | Path) -> dict[str, Any]:
-    """Read a TOML, YAML or JSON file into a dict, with errors that name the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} not found")
-    text = path.read_text()
-    try:
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-        elif path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            raise ConfigError(f"{path}: unsupported config format (use .toml, .yaml or .json)")
-    except (tomllib.TOMLDecodeError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(f"{path}: cannot parse: {exc}") from None
-    except Exception as exc:  # yaml.YAMLError
-        raise ConfigError(f"{path}: cannot parse: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a table/mapping at the top level")
-    return data
