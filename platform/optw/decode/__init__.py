@@ -12,10 +12,10 @@ from optw.decode.beam import BeamResult, beam_search
 from optw.decode.core import Decoder, Frontier, Pass, Rollout, rollout
 from optw.decode.limits import MAX_BEAMS, MIN_BEAMS, PAPER_BEAMS, SERVE_BEAMS, check_beams
 from optw.decode.reinforce import reinforce_loss
-from optw.decode.solve import METHODS, Solution, solve
+from optw.decode.solve import METHODS, Solution, region_mismatch, solve
 
 __all__ = [
     "MAX_BEAMS", "METHODS", "MIN_BEAMS", "PAPER_BEAMS", "SERVE_BEAMS", "ActiveSearchResult",
     "BeamResult", "Decoder", "Frontier", "Pass", "Rollout", "Solution", "active_search",
-    "beam_search", "check_beams", "reinforce_loss", "rollout", "solve",
+    "beam_search", "check_beams", "region_mismatch", "reinforce_loss", "rollout", "solve",
 ]

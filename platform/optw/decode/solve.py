@@ -53,6 +53,17 @@ class Solution:
         }
 
 
+def region_mismatch(model: PointerNet, region: Region) -> str | None:
+    """A one-line warning when ``model`` was trained on other regions than ``region`` (None
+    when it was trained on it, or its file does not say)."""
+    trained = model.trained_on
+    if not trained or region.id in trained:
+        return None
+    shown = ", ".join(trained[:3]) + (f" and {len(trained) - 3} more" if len(trained) > 3 else "")
+    return (f"the model was trained on {shown}, not on {region.id} ({region.group}): "
+            "its routes there may be poor")
+
+
 def _check_args(method: str, beams: int, samples: int) -> None:
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")

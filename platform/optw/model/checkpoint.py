@@ -258,7 +258,16 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> Po
         model = model_from_state_dict(cfg, state_dict)
     except CheckpointError as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
+    model.trained_on = trained_regions(obj)
     return model.to(map_location).eval()
+
+
+def trained_regions(obj: Any) -> tuple[str, ...] | None:
+    """The regions a checkpoint was trained on (its training state's), or None where the file
+    does not say (the authors' published weights)."""
+    train = obj.get("train") if isinstance(obj, Mapping) else None
+    regions = train.get("regions") if isinstance(train, Mapping) else None
+    return tuple(str(r) for r in regions) if regions else None
 
 
 def checkpoint_dict(model: PointerNet, **extra: Any) -> dict:

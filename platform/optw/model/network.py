@@ -194,6 +194,8 @@ class PointerNet(nn.Module):
         super().__init__()
         cfg = cfg or ModelConfig()
         self.cfg = cfg
+        #: the regions it was trained on, where its file says (:func:`optw.model.load_model`)
+        self.trained_on: tuple[str, ...] | None = None
         d = cfg.d_model
         self.static_embed = nn.Linear(cfg.n_static, d // 2)
         self.dynamic_embed = nn.Linear(cfg.n_dynamic, d // 2)
