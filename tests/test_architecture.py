@@ -13,8 +13,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "optw"
 #: same rank never import each other.
 RANK = {
     "paths": 0,
-    "errors": 0,  # optw/errors.py: the project's error types (OptwError: meant for the user)
+    "errors": -1,  # optw/errors.py: the project's error types (OptwError: meant for the user)
     "checks": 0,  # optw/checks.py: the checking helpers of every settings table
+    "outdir": 0,  # optw/outdir.py: output folders written whole, never over other files
     "raylocal": 1,  # Ray's token, its files, the workers' setup hook (uses raylogs)
     "raylogs": 0,  # the one filter of Ray's lines (jobs, Ray Train workers, serve)
     "threads": 0,  # optw/threads.py: torch threads from the cores actually free
