@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,11 @@ from optw.threads import MAX_THREADS
 
 #: Seeds accepted (numpy's and torch's generators take 0..2**32-1 and 0..2**64-1).
 MAX_SEED = 2**32 - 1
+#: Most sampled routes per epoch (``batch_size × tourists_per_epoch``), whatever the machine.
+MAX_ROUTES = 1 << 20
+#: Memory one node row of an epoch's routes is taken to need (the activations its decoding
+#: steps keep for the backward), for :func:`check_fits`.
+ROW_BYTES = 16 << 10
 
 
 @dataclass
@@ -87,6 +93,10 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "tourists_per_epoch", "lr_decay_every"):
             need(integer(getattr(self, name)) and getattr(self, name) >= 1, name,
                  "must be an integer >= 1")
+        routes = self.batch_size * self.tourists_per_epoch
+        need(routes <= MAX_ROUTES, "batch_size" if self.batch_size >= self.tourists_per_epoch
+             else "tourists_per_epoch", f"{routes:,} routes per epoch (batch_size × "
+             f"tourists_per_epoch); at most {MAX_ROUTES:,}")
         for name in ("val_every", "checkpoint_every", "val_tourists"):
             need(integer(getattr(self, name)) and getattr(self, name) >= 0, name,
                  "must be an integer >= 0")
@@ -207,3 +217,34 @@ RECIPES: dict[str, dict[str, Any]] = {
 ADDED_DEFAULTS: dict[str, Any] = {"mix_regions": False, "lr_schedule": "step",
                                   "warmup_epochs": 0, "recipe": "paper", "max_minutes": None,
                                   "rollout": "auto"}
+
+
+def machine_memory() -> int:
+    """Bytes of memory this process may use: the machine's, or its cgroup's limit if lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit_file in ("/sys/fs/cgroup/memory.max",
+                       "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def check_fits(config: TrainConfig, n_nodes: int, where: str = "config",
+               memory: int | None = None) -> None:
+    """A :class:`ConfigError` naming ``batch_size`` and ``tourists_per_epoch`` when an epoch of
+    ``config`` on regions of up to ``n_nodes`` nodes would need more than 80 % of ``memory``
+    (default: :func:`machine_memory`), at :data:`ROW_BYTES` per node row."""
+    memory = machine_memory() if memory is None else memory
+    routes = config.batch_size * config.tourists_per_epoch
+    need = routes * n_nodes * ROW_BYTES
+    if need > 0.8 * memory:
+        raise ConfigError(
+            f"{where}: batch_size = {config.batch_size} × tourists_per_epoch = "
+            f"{config.tourists_per_epoch} routes of {n_nodes} nodes need about "
+            f"{need / 2**30:,.1f} GiB per epoch, more than this machine's "
+            f"{memory / 2**30:.1f} GiB allow; lower batch_size or tourists_per_epoch",
+            "batch_size")
