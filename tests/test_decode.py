@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_names_field, bad_tourists, good_tourist, write_toptw
-from optw.catalog import Catalog, Tourists, build_catalog, sample_tourists
+from conftest import assert_names_field, bad_tourists, good_tourist
+from optw.catalog import Tourists
 from optw.cli import main
 from optw.decode import beam_search, rollout, solve
 from optw.env import check_route, make_instances
@@ -40,15 +40,14 @@ def untrained():
 
 
 @needs_weights
-@pytest.mark.parametrize("mode", ["compact", "static"])
 @pytest.mark.parametrize("region_id,score,route", [("pr01", 308, PR01_BEAM),
                                                     ("t101", 399, T101_BEAM)])
-def test_published_beam_search_outputs(catalog, published, region_id, score, route, mode):
+def test_published_beam_search_outputs(catalog, published, region_id, score, route):
     """Beam search 128 in published-outputs mode reproduces the authors' benchmark routes
-    (pr01 -> 308, t101 -> 399), compacted (the default) and with static shapes (opt-in)."""
+    (pr01 -> 308, t101 -> 399)."""
     region = catalog.region(region_id)
     sol = solve(published[region_id], region, catalog.benchmark(region_id), "beam", beams=128,
-                keep_greedy=False, beam_mode=mode)[0]
+                keep_greedy=False)[0]
     assert sol.score == score
     assert sol.route == route + [region.n_nodes - 1]
 
@@ -75,87 +74,6 @@ def test_compaction_and_batching_do_not_change_beam_results(catalog, published):
                              compact=False)
         assert single.routes[0] == batched.routes[k]
         assert single.log_probs[0] == pytest.approx(batched.log_probs[k], abs=1e-4)
-
-
-@needs_weights
-def test_static_beam_search_finds_the_compacted_search_results(catalog, published, tiny_catalog):
-    """The opt-in static-shape beam search (every node of ``width`` slots per tourist, ranked
-    on the device) finds the compacted search's best routes, scores and finished counts, with
-    log-probabilities within rounding: published pr01 weights on validation tourists, and an
-    untrained model on tiny regions whose routes end within a few steps."""
-    torch.manual_seed(5)
-    cases = [(published["pr01"], catalog.region("pr01"), catalog.validation("pr01")[:6])]
-    cases += [(PointerNet(ModelConfig()).eval(), tiny_catalog.region(rid),
-               tiny_catalog.validation(rid)[:5]) for rid in tiny_catalog.list_regions()]
-    for model, region, tourists in cases:
-        inst = make_instances(region, tourists)
-        for width in (1, 3, 8):
-            a = beam_search(model, inst, width)
-            b = beam_search(model, inst, width, mode="static")
-            assert (a.routes, a.scores, a.finished) == (b.routes, b.scores, b.finished), (
-                region.id, width)
-            assert b.log_probs == pytest.approx(a.log_probs, abs=1e-4)
-
-
-def test_graph_beam_replays_its_chunks_from_buffers(catalog, tmp_path, monkeypatch):
-    """Beam mode ``graph`` without the GPU: its chunk of 8 steps (updating its buffers in
-    place, cached per model and shape) runs eagerly where a CUDA graph would be captured and
-    replayed. It finds the compacted search's results on the first call (the capture) and on a
-    later one with other tourists (buffers reloaded from the cache), also on a region of 10
-    points with long opening hours, where a chunk runs past the last node."""
-    from optw.decode import BeamResult, static_beam
-
-    build_catalog(write_toptw(tmp_path / "src" / "solomon" / "r198.txt", 10, seed=4,
-                              t_end=3000.0).parents[1], tmp_path / "catalog")
-    tiny = Catalog(tmp_path / "catalog").region("r198")
-    chunks = []
-
-    def capture(device, fn):  # the first chunk runs; each "replay" runs it again
-        def replay():
-            chunks.append(1)
-            fn()
-        fn()
-        return replay
-
-    monkeypatch.setattr(static_beam, "_capture", capture)
-    torch.manual_seed(7)
-    model = PointerNet(ModelConfig()).eval()
-    rng = np.random.default_rng(3)
-    longest = 0  # steps run by one search on the tiny region
-    for region in (catalog.region("c101"), tiny):
-        for width in (3, 8):
-            for call in range(2):  # the capture, then the cached chunk with other tourists
-                inst = make_instances(region, sample_tourists(region, 3, rng, None))
-                a = beam_search(model, inst, width)
-                chunks.clear()
-                with torch.inference_mode():
-                    b = BeamResult(*static_beam.static_beam_search(model, inst, width,
-                                                                   graph=True))
-                assert (a.routes, a.scores, a.finished) == (b.routes, b.scores, b.finished), (
-                    region.id, width)
-                if region is tiny:
-                    longest = max(longest, 8 * (len(chunks) + (call == 0)))
-    assert longest > tiny.n_points + 2  # a chunk ran past the last node
-    assert len(static_beam._GRAPHS[model]) == 4
-
-
-def test_beam_modes_are_checked(catalog, untrained, monkeypatch):
-    """A beam-search mode that is unknown, or ``graph`` without CUDA, is refused with an error
-    that names where it came from (the argument or ``OPTW_BEAM``), before any search."""
-    region = catalog.region("c101")
-    tourists = catalog.validation("c101")[:1]
-    inst = make_instances(region, tourists)
-    with pytest.raises(ValueError, match="beam mode='fast'"):
-        beam_search(untrained, inst, 4, mode="fast")
-    with pytest.raises(ValueError, match="needs a CUDA device"):
-        solve(untrained, region, tourists, "beam", beams=4, beam_mode="graph")
-    monkeypatch.setenv("OPTW_BEAM", "graphs")
-    with pytest.raises(ValueError, match="OPTW_BEAM='graphs'"):
-        solve(untrained, region, tourists, "beam", beams=4)
-    monkeypatch.setenv("OPTW_BEAM", "static")
-    routes = [[s.route for s in solve(untrained, region, tourists, "beam", beams=4, **kw)]
-              for kw in ({}, {"beam_mode": "compact"})]
-    assert routes[0] == routes[1]
 
 
 def test_beam_with_keep_greedy_is_never_below_greedy(catalog, untrained):
@@ -203,12 +121,13 @@ def test_every_method_returns_valid_solutions(catalog, untrained):
 
 
 def test_bad_arguments_raise_clear_errors(catalog, untrained):
-    """Beam widths outside 1..128, unknown methods and bad sample counts raise ValueError."""
+    """Unknown methods and bad sample counts raise a UserError naming them; a beam width is
+    checked where it enters (``check_beams``: the CLI, the planner, the pyfunc, evaluation
+    settings), and beam search itself refuses a width below 1."""
     region = catalog.region("pr01")
     tourists = catalog.benchmark("pr01")
-    for beams in (0, 129, 2.5):
-        with pytest.raises(ValueError, match="beam width"):
-            solve(untrained, region, tourists, "beam", beams=beams)
+    with pytest.raises(ValueError, match="beam width 0"):
+        solve(untrained, region, tourists, "beam", beams=0)
     with pytest.raises(ValueError, match="unknown method 'dfs'"):
         solve(untrained, region, tourists, "dfs")
     with pytest.raises(ValueError, match="samples"):
@@ -284,9 +203,15 @@ def test_shared_prefixes_change_nothing(catalog, published):
 
 
 def _rollout_with_grads(model, inst, ids, mode, seed=3):
+    from optw.decode import Rollout
+    from optw.decode.static import static_rollout
+
     model.zero_grad()
     gen = torch.Generator().manual_seed(seed)
-    out = rollout(model, inst, ids, generator=gen, mode=mode)
+    if mode == "static":
+        out = Rollout.of(inst, ids, *static_rollout(model, inst, ids, generator=gen))
+    else:
+        out = rollout(model, inst, ids, generator=gen)
     (out.log_prob.sum() + out.entropy.sum()).backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
@@ -298,6 +223,8 @@ def test_static_rollout_equals_the_compacted_one(catalog, published, untrained, 
     """The static-shape rollout (every node a row, done mask; GPUs) samples the same routes as
     the compacted decoder from the same generator, consuming the same random numbers, with
     log-probs, entropies and gradients equal within float rounding; greedy routes are equal."""
+    from optw.decode.static import static_rollout
+
     if weights == "published" and not T101.exists():
         pytest.skip("published weights not found")
     model = published["t101"] if weights == "published" else untrained
@@ -314,16 +241,15 @@ def test_static_rollout_equals_the_compacted_one(catalog, published, untrained, 
     for a, b in zip(g_compact, g_static, strict=True):
         assert torch.allclose(a, b, atol=1e-3, rtol=1e-3)
     with torch.inference_mode():
-        greedy = [rollout(model, inst, greedy=True, mode=m) for m in ("compact", "static")]
-    assert torch.equal(greedy[0].routes, greedy[1].routes)
-    assert torch.allclose(greedy[0].log_prob, greedy[1].log_prob, atol=1e-4)
+        greedy = rollout(model, inst, greedy=True)
+        routes, log_prob, _ = static_rollout(model, inst, torch.arange(2), greedy=True)
+    assert torch.equal(greedy.routes, routes)
+    assert torch.allclose(greedy.log_prob, log_prob, atol=1e-4)
 
 
-def test_static_rollout_on_padded_regions_and_free_sampling(catalog, untrained, monkeypatch):
+def test_static_rollout_on_padded_regions(catalog, untrained):
     """On tourists of two regions padded to one node count, the static rollout equals the
-    compacted one; its opt-in Gumbel sampling ("static-free") gives valid routes, with rewards
-    equal to their scores, reproducibly for a seeded generator."""
-    from optw.decode.static import training_rollout
+    compacted one."""
     from optw.env import stack_instances
 
     parts = [make_instances(catalog.region(r), catalog.validation(r)[:1]) for r in
@@ -333,74 +259,47 @@ def test_static_rollout_on_padded_regions_and_free_sampling(catalog, untrained, 
     a, _, _ = _rollout_with_grads(untrained, inst, ids, "compact")
     b, _, _ = _rollout_with_grads(untrained, inst, ids, "static")
     assert torch.equal(a.routes, b.routes)
-    free = [rollout(untrained, parts[0], torch.zeros(6, dtype=torch.long),
-                    generator=torch.Generator().manual_seed(9), mode="static-free")
-            for _ in range(2)]
-    assert torch.equal(free[0].routes, free[1].routes)
-    tourists = catalog.validation("pr01")[:1]
-    for r in range(6):
-        route = [v for v in free[0].routes[r].tolist() if v >= 0]
-        check = check_route(catalog.region("pr01"), route, tourists, 0)
-        assert check.ok and free[0].reward[r].item() == pytest.approx(check.score, rel=1e-5)
-    assert training_rollout("cpu") == "compact" and training_rollout("cuda", 32 * 102) == "static"
-    assert training_rollout("cuda", 64 * 32 * 102) == "compact"  # too many rows to keep
-    monkeypatch.setenv("OPTW_ROLLOUT", "graph")  # CUDA graphs: opt-in, CUDA only
-    assert training_rollout("cuda", 32 * 102) == "graph"
-    assert training_rollout("cuda", 512 * 102) == "static"  # compute-bound: no fixed steps
-    assert training_rollout("cuda", 64 * 32 * 102) == "compact"
-    with pytest.raises(ValueError, match="needs a CUDA device"):
-        training_rollout("cpu")
-    assert training_rollout("cuda", 32 * 102, "compact") == "compact"  # a run's setting wins
-    monkeypatch.setenv("OPTW_ROLLOUT", "graph-compiled")  # the same, each step compiled
-    assert training_rollout("cuda", 32 * 102) == "graph-compiled"
-    assert training_rollout("cuda", 512 * 102) == "compiled"
-    assert training_rollout("cuda", 64 * 32 * 102) == "compact"
-    with pytest.raises(ValueError, match="graph-compiled replays CUDA graphs"):
-        training_rollout("cpu")
-    assert training_rollout("cpu", 32 * 102, "compiled") == "compiled"
-    monkeypatch.setenv("OPTW_ROLLOUT", "graphs")
-    with pytest.raises(ValueError, match="OPTW_ROLLOUT='graphs'"):
-        training_rollout("cuda")
-    with pytest.raises(ValueError, match="unknown rollout mode"):
-        rollout(untrained, parts[0], mode="dense")
 
 
-def test_fixed_step_rollout_is_the_free_rollout_without_host_syncs(catalog, published,
-                                                                   untrained):
-    """The fixed-step static rollout (what a CUDA graph captures, rollout "graph") draws the
-    routes, log-probs and entropies of the "static-free" rollout from the same generator when
-    it has steps enough, untrimmed; with too few steps ``all_done`` says a route was cut
-    short. ``graph_steps`` leaves headroom and never exceeds n."""
+def test_fixed_step_rollout_draws_valid_routes_without_host_syncs(catalog, published,
+                                                                  untrained):
+    """The fixed-step static rollout with Gumbel sampling (what a CUDA graph captures,
+    rollout "graph") draws valid routes whose rewards are their scores, reproducibly from a
+    seeded generator, the same routes with more steps (untrimmed, -1 after the end); with
+    too few steps ``all_done`` says a route was cut short. What a capture holds (rollout,
+    reward, loss, backward) never reads a value back. ``graph_steps`` leaves headroom and
+    never exceeds n."""
+    from torch.profiler import profile
+
     from optw.decode.core import route_reward
+    from optw.decode.reinforce import reinforce_loss
     from optw.decode.static import all_done, static_rollout
     from optw.train.graphed import graph_steps
 
     model = published["t101"] if T101.exists() else untrained
     region = catalog.region("t101")
-    inst = make_instances(region, catalog.validation("t101")[:2])
+    tourists = catalog.validation("t101")[:2]
+    inst = make_instances(region, tourists)
     ids = torch.arange(2).repeat_interleave(8)
-    with torch.no_grad():
-        free = rollout(model, inst, ids, generator=torch.Generator().manual_seed(4),
-                       mode="static-free")
-        longest = free.routes.shape[1] - 1
-        steps = graph_steps(longest, inst.n_nodes)
-        routes, lp, ent = static_rollout(model, inst, ids, generator=torch.Generator()
-                                         .manual_seed(4), sampling="free", steps=steps)
-        short = static_rollout(model, inst, ids, generator=torch.Generator().manual_seed(4),
-                               sampling="free", steps=longest - 1)[0]
-    assert routes.shape == (16, inst.n_nodes + 1) and bool(all_done(routes, inst.end))
-    assert torch.equal(routes[:, : longest + 1], free.routes)
-    assert bool((routes[:, longest + 1:] == -1).all())
-    assert torch.equal(route_reward(inst, ids, routes), free.reward)
-    assert torch.allclose(lp, free.log_prob, atol=1e-6)
-    assert torch.allclose(ent, free.entropy, atol=1e-6)
-    assert not bool(all_done(short, inst.end))
-    # what a CUDA graph captures (rollout, reward, loss, backward) never reads a value back
-    # (after a first pass: the CPU's layer norm checks its weights once per weight version)
-    from torch.profiler import profile
 
-    from optw.decode.reinforce import reinforce_loss
+    def free(steps):
+        with torch.no_grad():
+            return static_rollout(model, inst, ids, generator=torch.Generator().manual_seed(4),
+                                  sampling="free", steps=steps)
 
+    full, lp, ent = free(inst.n_nodes)
+    longest = int((full >= 0).sum(1).max()) - 1
+    steps = graph_steps(longest, inst.n_nodes)
+    routes, lp2, ent2 = free(steps)
+    assert bool(all_done(routes, inst.end)) and routes.shape == (16, inst.n_nodes + 1)
+    assert torch.equal(routes, full) and torch.allclose(lp, lp2) and torch.allclose(ent, ent2)
+    assert not bool(all_done(free(longest - 1)[0], inst.end))
+    reward = route_reward(inst, ids, routes)
+    for r in range(16):
+        check = check_route(region, [v for v in routes[r].tolist() if v >= 0], tourists,
+                            int(ids[r]))
+        assert check.ok and float(reward[r]) == pytest.approx(check.score, rel=1e-5)
+    # after a first pass: the CPU's layer norm checks its weights once per weight version
     for record in (False, True):
         with profile() if record else contextlib.nullcontext() as prof:
             routes, lp, ent = static_rollout(untrained, inst, ids, sampling="free",
@@ -410,65 +309,62 @@ def test_fixed_step_rollout_is_the_free_rollout_without_host_syncs(catalog, publ
     assert not [e.name for e in prof.events() if e.name in syncs]
     assert longest < steps <= inst.n_nodes
     assert [graph_steps(k, 500) for k in (10, 15, 16, 499)] == [12, 16, 20, 500]
-    with pytest.raises(ValueError, match="sampling='free'"):
-        static_rollout(model, inst, ids, steps=4)
 
 
-def test_compiled_rollout_is_the_free_rollout_within_rounding(tiny_catalog):
-    """Rollout "compiled" (opt-in; each step through torch.compile, what "graph-compiled"
-    captures on CUDA) draws the routes of the eager "static-free" rollout from the same
-    generator, with log-probs, entropies and gradients within float rounding; the backward
-    also runs inside deferred_grads (the training step's). Compiled code takes the plain
-    blocks, never the CPU's hand-written ones. A fixed number of compiled steps and their
-    backward read no value back (what a CUDA graph captures), and a shape compiles once. A
-    small model: compiling takes ~40 s."""
-    from torch._dynamo.utils import counters
+def test_training_rollout_choice():
+    """``choose_rollout``: ``auto`` is static on CUDA up to STATIC_MAX_ROWS node rows, else
+    compact; ``graph`` (CUDA only, refused elsewhere naming the setting) goes static above
+    GRAPH_MAX_ROWS and compact above STATIC_MAX_ROWS; an explicit setting wins."""
+    from optw.train.rollouts import choose_rollout
 
-    from optw.decode.static import static_rollout
-    from optw.model.fastops import deferred_grads
+    assert choose_rollout("auto", "cpu", 32 * 102) == "compact"
+    assert choose_rollout("auto", "cuda", 32 * 102) == "static"
+    assert choose_rollout("auto", "cuda", 64 * 32 * 102) == "compact"  # too many rows to keep
+    assert choose_rollout("graph", "cuda", 32 * 102) == "graph"
+    assert choose_rollout("graph", "cuda", 512 * 102) == "static"  # compute-bound
+    assert choose_rollout("graph", "cuda", 64 * 32 * 102) == "compact"
+    assert choose_rollout("compact", "cuda", 32 * 102) == "compact"
+    assert choose_rollout("static", "cpu", 32 * 102) == "static"
+    with pytest.raises(ValueError, match="rollout = graph .* needs a CUDA device"):
+        choose_rollout("graph", "cpu", 32)
+    with pytest.raises(ValueError, match="expected one of"):
+        choose_rollout("dense", "cpu", 32)
 
-    graphs = counters["stats"]["unique_graphs"]  # compilations so far in this process
-    torch.manual_seed(5)
-    model = PointerNet(ModelConfig(d_model=16, n_heads=2, d_ff=32))
-    inst = make_instances(tiny_catalog.region("pr99"), tiny_catalog.validation("pr99")[:2])
-    ids = torch.arange(2).repeat_interleave(4)
-    outs = {}
-    for mode in ("static-free", "compiled"):
-        model.zero_grad(set_to_none=True)
-        out = rollout(model, inst, ids, generator=torch.Generator().manual_seed(6), mode=mode)
-        with deferred_grads():
-            (out.log_prob.sum() + out.entropy.sum()).backward()
-        outs[mode] = out, [p.grad.clone() for p in model.parameters()]
-    (eager, eager_grads), (comp, comp_grads) = outs["static-free"], outs["compiled"]
-    assert torch.equal(eager.routes, comp.routes) and torch.equal(eager.reward, comp.reward)
-    assert torch.allclose(eager.log_prob, comp.log_prob, atol=1e-4)
-    assert torch.allclose(eager.entropy, comp.entropy, atol=1e-4)
-    for a, b in zip(eager_grads, comp_grads, strict=True):
-        assert float((a - b).abs().max()) <= 1e-4 * (float(a.abs().max()) + 1e-6)
-    # what "graph-compiled" captures: a fixed number of compiled steps, then the backward,
-    # with no value read back (a capture would fail), the eager fixed steps' routes
-    from torch.profiler import profile
 
-    from optw.decode.core import route_reward
-    from optw.decode.reinforce import reinforce_loss
+def test_teacher_forcing_gives_the_sampled_routes_log_probs(catalog, published, untrained):
+    """Forcing the routes a rollout sampled (``actions``) gives back those routes, and their
+    log-probabilities equal the sampling rollout's within float rounding, for a single
+    model, tourists of several regions padded into one batch, and a pack of two models; an
+    action that is not admissible raises ForcedActionError naming the route and step."""
+    from optw.decode.core import ForcedActionError
+    from optw.env import stack_instances
+    from optw.model.stacked import StackedPointerNet
 
-    steps = eager.routes.shape[1]
-    with profile() as prof:
-        routes, lp, ent = static_rollout(model, inst, ids, sampling="free", steps=steps,
-                                         generator=torch.Generator().manual_seed(6),
-                                         compiled=True)
-        reinforce_loss(route_reward(inst, ids, routes), lp, ent, 4, 0.1).loss.backward()
-    syncs = {"aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten::nonzero"}
-    assert not [e.name for e in prof.events() if e.name in syncs]
-    assert torch.equal(routes[:, :steps], eager.routes)
-    # one compilation per shape: neither another model of the same configuration nor the
-    # first step's strided inputs compile again (a recompilation costs minutes on a GPU)
-    rollout(PointerNet(model.cfg), inst, ids, generator=torch.Generator().manual_seed(7),
-            mode="compiled")
-    assert counters["stats"]["unique_graphs"] <= graphs + 1
-    for kwargs in ({"sampling": "compat"}, {"sampling": "free", "greedy": True}):
-        with pytest.raises(ValueError, match="compiled=True"):
-            static_rollout(model, inst, ids, compiled=True, **kwargs)
+    model = published["t101"] if T101.exists() else untrained
+    inst = make_instances(catalog.region("t101"), catalog.validation("t101")[:3])
+    mixed = stack_instances([make_instances(catalog.region(r), catalog.validation(r)[:2])
+                             for r in ("pr01", "c101", "t101")])
+    for net, batch in ((model, inst), (untrained, mixed)):
+        ids = torch.arange(batch.n_tourists).repeat_interleave(4)
+        with torch.no_grad():
+            out = rollout(net, batch, ids, generator=torch.Generator().manual_seed(2))
+            forced = rollout(net, batch, ids, actions=out.routes)
+        assert torch.equal(forced.routes, out.routes)
+        assert torch.allclose(forced.log_prob, out.log_prob, atol=1e-5)
+    torch.manual_seed(1)
+    pack = StackedPointerNet([PointerNet(), PointerNet()]).eval()
+    member = torch.tensor([0, 0, 1])
+    ids = torch.arange(3).repeat_interleave(2)
+    gens = [torch.Generator().manual_seed(s) for s in (3, 4)]
+    with torch.no_grad():
+        out = rollout(pack, inst, ids, generator=gens, member=member)
+        forced = rollout(pack, inst, ids, member=member, actions=out.routes)
+    assert torch.equal(forced.routes, out.routes)
+    assert torch.allclose(forced.log_prob, out.log_prob, atol=1e-5)
+    bad = out.routes.clone()
+    bad[1, 1] = 0  # the start again
+    with pytest.raises(ForcedActionError, match="route 1: node 0 at step 1"):
+        rollout(model, inst, ids, actions=bad)
 
 
 def test_active_search_leaves_the_model_untouched(catalog, untrained):
@@ -639,7 +535,7 @@ def test_beam_widths_have_one_home():
 def test_decoder_lean_step_and_feature_table_match_the_environment(catalog, untrained):
     """The training rollout's lean child states (``env.visit``: ids, node, time, mask only)
     and the per-rollout integer feature table give exactly what ``step`` and ``node_features`` give,
-    over a few random admissible moves of 8 tourists (issue 24's op cuts stay exact)."""
+    over a few random admissible moves of 8 tourists (the decoder's shortcuts stay exact)."""
     from optw.decode.core import Decoder
     from optw.env import node_features, reset, step
 

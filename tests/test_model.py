@@ -161,7 +161,7 @@ def test_bad_checkpoints_are_rejected_clearly(tmp_path):
     torch.save(nan, tmp_path / "nan.pt")
     with pytest.raises(CheckpointError, match="non-finite"):
         load_model(tmp_path / "nan.pt")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(CheckpointError, match="absent.pt does not exist"):
         load_model(tmp_path / "absent.pt")
 
 

@@ -70,19 +70,24 @@ def test_model_config_errors_name_their_key():
 
 
 def test_bad_options_name_the_option_and_write_nothing(tiny_catalog, tmp_path, capsys):
-    """--seed -5 (numpy refused it deep in training), --seed 2**40, --threads 1000 and
-    --device cuda on a machine without CUDA: one line naming the option; --out not created."""
+    """--seed -5 (numpy refused it deep in training), --seed 2**40, --threads 1000, epochs
+    and routes per epoch out of bounds (--batch-size 100000000 once asked for 82 GB and crashed,
+    --tourists-per-epoch 100000 was killed for memory) and --device cuda on a machine without
+    CUDA: one line naming the option; --out not created."""
     import torch
 
     out = tmp_path / "out"
     cases = [("--seed", "-5"), ("--seed", str(2**40)), ("--threads", "1000"),
-             ("--epochs", "0")]
+             ("--epochs", "0"), ("--epochs", str(10**10)), ("--batch-size", "100000000"),
+             ("--tourists-per-epoch", "100000"), ("--val-every", "-1")]
     if not torch.cuda.is_available():
         cases += [("--device", "cuda"), ("--device", "cuda:3")]
     for option, value in cases:
         assert main(_train(tiny_catalog, out, "--epochs", "2", option, value)) == 2
         line = _one_line(capsys)
-        assert f"error: {option}" in line and value.split(":")[0] in line, line
+        key = option.strip("-").replace("-", "_")  # or named as the setting, with memory
+        assert (f"error: {option}" in line or f"{key} = " in line) and (
+            value.split(":")[0] in line), line
         assert not out.exists(), (option, value)
 
 
@@ -185,6 +190,67 @@ def test_rollout_option_is_logged_and_graph_needs_cuda(tiny_catalog, tmp_path, c
     cfg.write_text("[train]\nrollout = 'graph'\n")
     assert main(_train(tiny_catalog, refused, "--config", str(cfg))) == 2
     assert f"rollout = 'graph' in {cfg}" in _one_line(capsys)
-    assert main(_train(tiny_catalog, refused, "--rollout", "graph-compiled")) == 2
-    assert "--rollout graph-compiled replays CUDA graphs" in _one_line(capsys)
     assert not refused.exists()
+
+
+def test_an_epoch_too_large_for_memory_names_both_settings(tiny_catalog, tmp_path, capsys):
+    """Routes per epoch within the absolute bound but beyond this machine's memory for the
+    region's size are refused before anything starts, naming batch_size and
+    tourists_per_epoch; an lr beyond 1 (once a NaN sampling error deep in training) is
+    refused naming lr."""
+    out = tmp_path / "out"
+    assert main(_train(tiny_catalog, out, "--batch-size", "1024", "--tourists-per-epoch",
+                       "1024")) == 2
+    line = _one_line(capsys)
+    assert "batch_size = 1024 × tourists_per_epoch = 1024" in line and "GiB" in line, line
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text("[train]\nlr = 1e308\n")
+    assert main(_train(tiny_catalog, out, "--config", str(cfg))) == 2
+    assert "lr = 1e+308" in _one_line(capsys)
+    assert not out.exists()
+
+
+def test_resume_keeps_the_runs_own_settings(tiny_catalog, tmp_path, capsys):
+    """`--resume` without repeating the run's options continues with its own settings (seed,
+    batch size, ...) instead of the defaults, and says nothing about changed settings; an
+    option given now still overrides where a resume allows it (the epoch budget)."""
+    out = tmp_path / "out"
+    base = ["train", "--region", "r199", "--catalog", str(tiny_catalog.path), "--out",
+            str(out), "--threads", "1", "--val-every", "0"]
+    assert main([*base, "--epochs", "2", "--seed", "1", "--batch-size", "4"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--epochs", "3", "--resume"]) == 0
+    said = capsys.readouterr().out
+    assert "it was trained with" in said and "epochs = 3" in said and "seed" not in said
+    assert "trained 1 more epochs (3 in all)" in said
+
+
+def test_out_folder_of_other_files_is_refused(tiny_catalog, tmp_path, capsys):
+    """`--out` naming a folder that holds other files (not an optw train run) is refused in
+    one line and nothing in it changes; a run's own folder (marked) resumes."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    assert main(_train(tiny_catalog, mine, "--epochs", "1")) == 2
+    assert "holds other files (notes.txt)" in _one_line(capsys)
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    run = tmp_path / "run"
+    assert main(_train(tiny_catalog, run, "--epochs", "1", "--threads", "1")) == 0
+    assert (run / ".optw-train").is_file()
+    assert main(_train(tiny_catalog, run, "--epochs", "2", "--threads", "1", "--resume")) == 0
+
+
+def test_patience_stops_a_run_without_better_validations(tiny_catalog, tmp_path, capsys):
+    """`--patience 1` ends a run after a validation that is not better than the best so far
+    (an untrainable lr keeps the score flat) and says where it stopped."""
+    out = tmp_path / "out"
+    assert main(_train(tiny_catalog, out, "--epochs", "40", "--val-every", "2", "--threads",
+                       "1", "--patience", "1", "--config", str(_tiny_lr(tmp_path)))) == 0
+    said = capsys.readouterr().out
+    assert "stopped at 4 of 40" in said, said
+
+
+def _tiny_lr(tmp_path):
+    cfg = tmp_path / "lr.toml"
+    cfg.write_text("[train]\nlr = 1e-12\nlr_min = 1e-12\n")
+    return cfg

@@ -19,7 +19,7 @@ import torch
 from optw.decode.beam import beam_search
 from optw.decode.core import rollout
 from optw.decode.limits import PAPER_BEAMS
-from optw.decode.reinforce import clip_gradients, make_optimizer, reinforce_loss
+from optw.decode.reinforce import reinforce_loss
 from optw.env.instances import Instances
 from optw.model.network import PointerNet
 
@@ -62,7 +62,7 @@ def active_search(
     net.train()
     for p in net.parameters():
         p.requires_grad_(True)
-    opt = make_optimizer(net, lr)
+    opt = torch.optim.Adam(net.parameters(), lr=lr, foreach=True)
     ids = torch.zeros(batch_size, dtype=torch.long, device=inst.device)
     scores = inst.scores[0].double()
     best: tuple[float, list[int]] | None = None
@@ -74,7 +74,7 @@ def active_search(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if max_grad_norm is not None:
-            clip_gradients(net.parameters(), max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(net.parameters(), max_grad_norm, foreach=True)
         opt.step()
         history.append(float(out.reward.mean()))
         if keep_greedy:

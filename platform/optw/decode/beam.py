@@ -20,8 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from optw.decode.core import Decoder, Frontier, Pass
-from optw.decode.limits import PAPER_BEAMS, check_beams
-from optw.decode.static_beam import beam_search_mode, static_beam_search
+from optw.decode.limits import PAPER_BEAMS
 from optw.env.instances import Instances
 from optw.model.network import PointerNet
 
@@ -37,22 +36,15 @@ class BeamResult:
     finished: list[int]
 
 
-def beam_search(
-    model: PointerNet, inst: Instances, width: int = PAPER_BEAMS, compact: bool = True,
-    mode: str = "compact",
-) -> BeamResult:
-    """Beam search of ``width`` beams for every tourist of ``inst`` (no gradients).
-
-    ``mode`` (:data:`~optw.decode.static_beam.BEAM_MODES`): ``"compact"`` (this module's
-    search; ``compact=False`` evaluates every node, a check), or the opt-in static-shape search
-    for GPUs, ``"static"`` or ``"graph"`` (CUDA graphs), the same ranking with values within
-    float rounding (:mod:`optw.decode.static_beam`)."""
-    check_beams(width, "width")
-    mode = beam_search_mode(inst.device, mode)
+def beam_search(model: PointerNet, inst: Instances, width: int = PAPER_BEAMS,
+                compact: bool = True) -> BeamResult:
+    """Beam search of ``width`` beams for every tourist of ``inst`` (no gradients;
+    ``compact=False`` evaluates every node, a check). The width is checked where it enters
+    the system (:func:`~optw.decode.limits.check_beams`), not here."""
+    if width < 1:
+        raise ValueError(f"beam width {width}: expected at least 1")
     with torch.inference_mode():
-        if mode == "compact":
-            return _beam_search(model, inst, width, compact)
-        return BeamResult(*static_beam_search(model, inst, width, graph=mode == "graph"))
+        return _beam_search(model, inst, width, compact)
 
 
 def _beam_search(model: PointerNet, inst: Instances, width: int, compact: bool) -> BeamResult:

@@ -33,6 +33,7 @@ from optw.decode.limits import (
     MIN_BEAMS,
     PAPER_BEAMS,
 )
+from optw.errors import UserError
 from optw.threads import MAX_THREADS
 
 if TYPE_CHECKING:
@@ -105,8 +106,10 @@ def read_tourists(path: Path, region: Region) -> TouristBatch:
     try:
         raw = Path(path).read_bytes()
     except FileNotFoundError:
-        raise FileNotFoundError(f"{where} does not exist (--tourist takes "
-                                f"{', '.join(TOURIST_CHOICES)} or a tourist JSON file)") from None
+        raise UserError(f"{where} does not exist (--tourist takes "
+                        f"{', '.join(TOURIST_CHOICES)} or a tourist JSON file)") from None
+    except OSError as exc:
+        raise UserError(f"{where} cannot be read: {exc.strerror or exc}") from None
     data = load_json(raw, where)  # one line for bad JSON, deep nesting, huge numbers
     if isinstance(data, dict) and set(data) == {"tourists"}:
         data = data["tourists"]
@@ -120,7 +123,7 @@ def read_tourists(path: Path, region: Region) -> TouristBatch:
 def _solve(args) -> int:
     from optw.catalog import TouristBatch, open_catalog
     from optw.decode.limits import check_beams
-    from optw.decode.solve import solve
+    from optw.decode.solve import region_mismatch, solve
     from optw.model import load_model
     from optw.threads import check_threads, set_torch_threads
 
@@ -128,11 +131,11 @@ def _solve(args) -> int:
         check_threads(args.threads, "--threads")
     check_beams(args.beams, "--beams")
     if args.samples is not None and not 1 <= args.samples <= MAX_SAMPLES:
-        raise ValueError(f"--samples: expected a number of routes in 1..{MAX_SAMPLES}, got "
+        raise UserError(f"--samples: expected a number of routes in 1..{MAX_SAMPLES}, got "
                          f"{args.samples}")
     if args.active_search is not None and not 0 <= args.active_search <= \
             MAX_ACTIVE_SEARCH_EPOCHS:
-        raise ValueError(f"--active-search: expected a number of epochs in "
+        raise UserError(f"--active-search: expected a number of epochs in "
                          f"0..{MAX_ACTIVE_SEARCH_EPOCHS}, got {args.active_search}")
     set_torch_threads(args.threads)  # default: the cores that other work leaves free
     cat = open_catalog(args.catalog)
@@ -145,6 +148,9 @@ def _solve(args) -> int:
     else:
         batch = read_tourists(Path(args.tourist), region)
     model = load_model(args.checkpoint)
+    warning = region_mismatch(model, region)
+    if warning:
+        print(f"warning: {args.checkpoint}: {warning}", file=sys.stderr)
     if args.greedy:
         method, label = "greedy", "greedy"
     elif args.samples is not None:

@@ -29,9 +29,8 @@ from dataclasses import dataclass
 import torch
 
 from optw.allocator import reuse_large_blocks
-from optw.decode.static import ROLLOUTS, static_rollout
 from optw.env.instances import Instances
-from optw.env.state import State, graph_mask, reset, step, visit, visit_end
+from optw.env.state import Features, State, adjacency, reset, step, visit, visit_end
 from optw.model.network import Bucket, Layout, PointerNet
 from optw.model.stacked import Groups, StackedPointerNet
 
@@ -190,26 +189,11 @@ class Decoder:
         self.graph = model.cfg.graph
         emb = self._embed_static()  # [K, n, d/2], shared by all routes
         self.static_emb = emb.reshape(-1, emb.shape[-1])
-        self._features_init()
+        self.feat = Features(inst)
+        self._latest = inst.node_u[..., 3].contiguous()  # [K, n]
         # every layer's key weight, concatenated once per rollout (not once per pass)
         self.key_weight = (model.key_weight() if isinstance(model, PointerNet)
                            and model.cfg.recursion else None)
-
-    def _features_init(self) -> None:
-        """Tables for :meth:`features`: the dynamic features are ``const[node] + t·ft + d·fd``
-        in exact integer time units (``d`` the travel time from the current node), divided by
-        the tourist's span."""
-        inst, n = self.inst, self.n
-        k = inst.n_tourists
-        ts = inst.t_start_u.view(k, 1).expand(k, n)
-        te = inst.t_end_u.view(k, 1).expand(k, n)
-        o, c = inst.node_u[..., 0], inst.node_u[..., 1]
-        self._feat_const = torch.stack([o, c, te, -ts, -ts, o, c, te], -1).view(k * n, 8)
-        self._feat_span = (inst.t_end_u - inst.t_start_u).to(torch.float32)
-        i32 = dict(dtype=self._feat_const.dtype, device=inst.device)
-        self._feat_t = torch.tensor([-1, -1, -1, 1, 1, -1, -1, -1], **i32)
-        self._feat_d = torch.tensor([0, 0, 0, 0, 1, -1, -1, -1], **i32)
-        self._latest = inst.node_u[..., 3].contiguous()  # [K, n]
 
     def child_state(self, state: State, parent: torch.Tensor, action: torch.Tensor) -> State:
         """``step(state.index(parent), action)`` for actions other than the end. Without
@@ -225,12 +209,9 @@ class Decoder:
 
     def features(self, ids: torch.Tensor, cur: torch.Tensor, t: torch.Tensor,
                  flat: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
-        """:func:`~optw.env.state.node_features` of rows (``flat = ids·n + node``), [N, 8]:
-        the same integers, in fewer operations."""
-        d = self.inst.dist_u.view(-1).take((ids * self.n + cur) * self.n + node)
-        feats = torch.addr(torch.addr(self._feat_const.index_select(0, flat), t, self._feat_t),
-                           d, self._feat_d)
-        return feats.to(torch.float32) / self._feat_span.index_select(0, ids).unsqueeze(1)
+        """The dynamic features of rows (``flat = ids·n + node``), [N, 8]."""
+        travel = self.inst.dist_u.view(-1).take((ids * self.n + cur) * self.n + node)
+        return self.feat.rows(ids, flat, t, travel)
 
     def _embed_static(self) -> torch.Tensor:
         return self.model.embed_static(self.inst.static)
@@ -278,32 +259,28 @@ class Decoder:
     def _graph_buckets(self, state: State, plan: list[tuple[int, int]], order: torch.Tensor,
                        att_route: torch.Tensor, att_node: torch.Tensor,
                        valid: torch.Tensor) -> list[Bucket]:
-        """The buckets of ``plan`` with their attention bias: :func:`graph_mask` of each, its
-        row-wise parts (leaving time, latest start) computed once for all padded rows."""
-        buckets, first, start = [], 0, 0
-        if self.graph != "lookahead":
-            for g, w in plan:
-                routes = order[first:first + g]
-                rows = slice(start, start + g * w)
-                adj = graph_mask(self.inst, *self.state_rows(state, routes),
-                                 att_node[rows].view(g, w), valid[rows].view(g, w), self.graph)
-                buckets.append(Bucket(start, g, w, Layout.graph_bias(adj)))
-                first, start = first + g, start + g * w
-            return buckets
-        inst, n = self.inst, self.n
-        ids, cur, t = self.state_rows(state, att_route)
-        base = ids * n
-        table = inst.node_u.view(-1, 4).index_select(0, base + att_node)  # [T, 4]
-        arrival = t + inst.dist_u.view(-1).take((base + cur) * n + att_node)
-        leave = visit_end(arrival, table[:, 0], table[:, 2])
-        latest, row_key, dist = table[:, 3], (base + att_node) * n, inst.dist_u.view(-1)
+        """The buckets of ``plan`` with their attention bias: the graph Ad of each
+        (:func:`~optw.env.state.adjacency`), its row-wise parts (leaving time, latest start)
+        computed once for all padded rows."""
+        buckets, start = [], 0
+        lookahead = self.graph == "lookahead"
+        if lookahead:
+            inst, n = self.inst, self.n
+            ids, cur, t = self.state_rows(state, att_route)
+            base = ids * n
+            table = inst.node_u.view(-1, 4).index_select(0, base + att_node)  # [T, 4]
+            arrival = t + inst.dist_u.view(-1).take((base + cur) * n + att_node)
+            leave = visit_end(arrival, table[:, 0], table[:, 2])
+            latest, row_key, dist = table[:, 3], (base + att_node) * n, inst.dist_u.view(-1)
         for g, w in plan:
             rows = slice(start, start + g * w)
-            sub = dist.take(row_key[rows].view(g, w, 1) + att_node[rows].view(g, 1, w))
-            ok = (leave[rows].view(g, w, 1) + sub) <= latest[rows].view(g, 1, w)
-            ok &= valid[rows].view(g, 1, w)
-            ok |= torch.eye(w, dtype=torch.bool, device=ok.device)
-            buckets.append(Bucket(start, g, w, Layout.graph_bias(ok)))
+            columns = valid[rows].view(g, w)
+            if lookahead:
+                sub = dist.take(row_key[rows].view(g, w, 1) + att_node[rows].view(g, 1, w))
+                adj = adjacency(columns, leave[rows].view(g, w), sub, latest[rows].view(g, w))
+            else:
+                adj = adjacency(columns)
+            buckets.append(Bucket(start, g, w, Layout.graph_bias(adj)))
             start += g * w
         return buckets
 
@@ -457,6 +434,37 @@ class Rollout:
     entropy: torch.Tensor
     lengths: torch.Tensor
 
+    @classmethod
+    def of(cls, instances: Instances, ids: torch.Tensor, routes: torch.Tensor,
+           log_prob: torch.Tensor, entropy: torch.Tensor) -> Rollout:
+        """The rollout of ``routes`` (padded with -1), trimmed to the longest route."""
+        lengths = (routes >= 0).sum(1)
+        routes = routes[:, : int(lengths.max())]
+        return cls(routes, route_reward(instances, ids, routes), log_prob, entropy, lengths)
+
+
+class ForcedActionError(ValueError):
+    """A given action (teacher forcing) that is not admissible: route ``route`` (an index of
+    the rollout's ``ids``) at step ``step`` asks for ``node``."""
+
+    def __init__(self, route: int, step: int, node: int):
+        super().__init__(f"route {route}: node {node} at step {step} is not admissible")
+        self.route, self.step, self.node = route, step, node
+
+
+def _forced_slots(fr: Frontier, owner: torch.Tensor, live: torch.Tensor, want: torch.Tensor,
+                  ) -> torch.Tensor:
+    """The row numbers of the nodes ``want`` [L] in their frontier routes ``owner`` [L] (a
+    route's rows are its admissible nodes in ascending order); :class:`ForcedActionError` for
+    one that is not admissible there."""
+    mask = fr.state.mask.index_select(0, owner)
+    col = want.clamp(0, mask.shape[1] - 1).unsqueeze(1)
+    ok = (want >= 0) & mask.gather(1, col).squeeze(1)
+    if not bool(ok.all()):
+        i = int((~ok).nonzero()[0, 0])
+        raise ForcedActionError(int(live[i]), -1, int(want[i]))
+    return (mask.cumsum(1).gather(1, col).squeeze(1) - 1)
+
 
 def rollout(
     model: PointerNet,
@@ -467,7 +475,7 @@ def rollout(
     compact: bool = True,
     share_prefixes: bool = True,
     member: torch.Tensor | None = None,
-    mode: str = "compact",
+    actions: torch.Tensor | None = None,
 ) -> Rollout:
     """Build one route per entry of ``ids`` (the tourist index of each route; default one per
     tourist), sampling from the policy (or greedily), keeping the autograd graph when grad
@@ -482,31 +490,27 @@ def rollout(
     prefix is evaluated once and shared (``share_prefixes``; exact): all routes of a tourist
     share their first passes, and samples of a trained policy share long prefixes.
 
+    ``actions`` [R, L] (teacher forcing): route r follows ``actions[r]`` (the start 0, then its
+    nodes up to the end ``n - 1``, padded with -1) instead of drawing; its ``log_prob`` is then
+    the policy's log-likelihood of that route. An action that is not admissible raises
+    :class:`ForcedActionError`.
+
     A pack (``model`` a :class:`~optw.model.StackedPointerNet`): ``member[K]`` gives each
     tourist's member model, tourists must be grouped by member in ascending order, and
     ``generator`` is a list with each member's generator: every member samples exactly what
     its own model would alone with that generator.
-
-    ``mode="static"`` runs :func:`~optw.decode.static.static_rollout` instead (fixed shapes,
-    every node a row: for GPUs; it draws what this decoder draws), ``"static-free"`` the same
-    with Gumbel sampling and no host synchronisation (another random stream; opt-in);
-    ``"compiled"`` the ``static-free`` rollout with each step through ``torch.compile`` (the
-    same draws, values within float rounding only; opt-in). Packs always run compacted.
     """
     dev = instances.device
     if ids is None:
         ids = torch.arange(instances.n_tourists, device=dev)
     ids = ids.to(device=dev, dtype=torch.long)
-    if mode not in ROLLOUTS:
-        raise ValueError(f"unknown rollout mode {mode!r}; expected one of {ROLLOUTS}")
-    if mode != "compact" and not isinstance(model, StackedPointerNet):
-        assert not isinstance(generator, (list, tuple))
-        routes, log_prob, entropy = static_rollout(
-            model, instances, ids, greedy, generator,
-            "compat" if mode == "static" else "free", compiled=mode == "compiled")
-        return _finish(instances, ids, routes, log_prob, entropy)
+    forcing = actions is not None
+    if forcing:
+        actions = actions.to(device=dev, dtype=torch.long)
+        if not compact or actions.shape[0] != ids.shape[0]:
+            raise ValueError("actions: one route per entry of ids, on the compacted decoder")
     if isinstance(model, StackedPointerNet):
-        if member is None or not isinstance(generator, (list, tuple)) and not greedy:
+        if member is None or not (isinstance(generator, (list, tuple)) or greedy or forcing):
             raise ValueError("a pack's rollout needs member (per tourist) and a list of "
                              "generators (one per member)")
         dec: Decoder = StackedDecoder(model, instances, member, compact, track_routes=False)
@@ -523,7 +527,7 @@ def rollout(
     steps_idx: list[torch.Tensor] = []
     steps_lp: list[torch.Tensor] = []
     steps_ent: list[torch.Tensor] = []
-    if share_prefixes:
+    if share_prefixes and not forcing:
         first, owner = torch.unique(ids, return_inverse=True)  # one state per tourist
     else:
         first, owner = ids, torch.arange(r, device=dev)
@@ -534,6 +538,11 @@ def rollout(
         forced = dec.forced(fr)
         if bool(forced.any()):
             done = forced.index_select(0, owner)
+            if forcing and col < actions.shape[1]:
+                bad = done & (actions.index_select(0, live)[:, col] != end)
+                if bool(bad.any()):
+                    i = int(bad.nonzero()[0, 0])
+                    raise ForcedActionError(int(live[i]), col, int(actions[live[i], col]))
             routes[live[done], col] = end
             renumber = torch.cumsum((~forced).long(), 0) - 1
             live, owner = live[~done], renumber.index_select(0, owner[~done])
@@ -543,7 +552,14 @@ def rollout(
         p = dec.evaluate(fr)
         logp = torch.log_softmax(p.logits, dim=1)
         prob = logp.exp()  # one exp for the draw and the entropy
-        if greedy:
+        if forcing:
+            want = (actions.index_select(0, live)[:, col] if col < actions.shape[1]
+                    else torch.full_like(live, -1))
+            try:
+                slot = _forced_slots(fr, owner, live, want)
+            except ForcedActionError as exc:
+                raise ForcedActionError(exc.route, col, exc.node) from None
+        elif greedy:
             slot = p.logits.argmax(1).index_select(0, owner)
         else:
             with torch.no_grad():
@@ -563,7 +579,7 @@ def rollout(
         if live.numel():
             m = p.logits.shape[1]
             key = owner.index_select(0, go) * m + slot.index_select(0, go)
-            if share_prefixes:
+            if share_prefixes and not forcing:
                 key, owner = torch.unique(key, return_inverse=True)
             else:
                 owner = torch.arange(key.shape[0], device=dev)
@@ -578,15 +594,7 @@ def rollout(
     else:  # every route was forced: nothing to learn, but keep the training loop's backward valid
         grad = torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())
         log_prob, entropy = (torch.zeros(r, device=dev, requires_grad=grad) for _ in range(2))
-    return _finish(instances, ids, routes, log_prob, entropy)
-
-
-def _finish(instances: Instances, ids: torch.Tensor, routes: torch.Tensor,
-            log_prob: torch.Tensor, entropy: torch.Tensor) -> Rollout:
-    """The :class:`Rollout` of ``routes`` (padded with -1), trimmed to the longest route."""
-    lengths = (routes >= 0).sum(1)
-    routes = routes[:, : int(lengths.max())]
-    return Rollout(routes, route_reward(instances, ids, routes), log_prob, entropy, lengths)
+    return Rollout.of(instances, ids, routes, log_prob, entropy)
 
 
 def route_reward(instances: Instances, ids: torch.Tensor, routes: torch.Tensor) -> torch.Tensor:

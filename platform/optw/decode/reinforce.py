@@ -1,5 +1,5 @@
-"""The REINFORCE loss, its optimiser and gradient clipping, written once for training, packs
-and active search.
+"""The REINFORCE loss on a rollout's outputs, written once for training, packs and active
+search.
 
 Each tourist's routes use that tourist's mean reward as the baseline (the paper's Algorithm 1;
 with one tourist, the batch mean of active search, Algorithm 2), and an entropy bonus ``beta``
@@ -8,7 +8,6 @@ is subtracted: ``-((R - mean_tourist R) · log p).mean() - beta · entropy.mean(
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -33,17 +32,3 @@ def reinforce_loss(reward: torch.Tensor, log_prob: torch.Tensor, entropy: torch.
     policy_loss = -(advantage.detach() * log_prob).mean()
     mean_entropy = entropy.mean()
     return ReinforceLoss(policy_loss - beta * mean_entropy, per_tourist, mean_entropy)
-
-
-def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Adam:
-    """Adam for training and active search. ``foreach``: a few dispatched operations per step
-    instead of ~14 per parameter; on the CPU the same values as the per-parameter loop, bit for
-    bit."""
-    return torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
-
-
-def clip_gradients(params: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """The gradients of ``params`` clipped to total norm ``max_norm`` (``foreach``: a few
-    dispatched operations instead of a few per parameter; the same values); returns the norm
-    before clipping."""
-    return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)

@@ -17,10 +17,10 @@ import torch
 from optw.catalog.region import Region, Tourists
 from optw.decode.beam import beam_search
 from optw.decode.core import rollout
-from optw.decode.limits import PAPER_BEAMS, check_beams
-from optw.decode.static_beam import beam_search_mode
+from optw.decode.limits import PAPER_BEAMS
 from optw.env.instances import Instances, make_instances
 from optw.env.validate import check_route
+from optw.errors import UserError
 from optw.model.network import PointerNet
 
 METHODS = ("greedy", "sampling", "beam", "active_search")
@@ -64,15 +64,13 @@ def region_mismatch(model: PointerNet, region: Region) -> str | None:
             "its routes there may be poor")
 
 
-def _check_args(method: str, beams: int, samples: int) -> None:
+def _check_args(method: str, samples: int) -> None:
     if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
-    if method in ("beam", "active_search"):
-        check_beams(beams)
+        raise UserError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
     if method in ("sampling", "active_search") and (
         isinstance(samples, bool) or not isinstance(samples, int) or samples < 1
     ):
-        raise ValueError(f"samples must be a positive integer, got {samples!r}")
+        raise UserError(f"samples must be a positive integer, got {samples!r}")
 
 
 def _best_of(inst: Instances, routes: torch.Tensor, ids: torch.Tensor) -> list[list[int]]:
@@ -114,15 +112,14 @@ def solve(
     device: str | torch.device | None = None,
     progress: Callable[[int, float], None] | None = None,
     greedy: list[Solution] | None = None,
-    beam_mode: str = "auto",
 ) -> list[Solution]:
     """Solve every tourist of ``tourists`` (one region) with ``method``:
 
     - ``greedy``: the most probable node at each step;
     - ``sampling``: the best of ``samples`` routes sampled from the policy;
-    - ``beam``: beam search of width ``beams`` (:data:`~optw.decode.limits.MIN_BEAMS` ..
-      :data:`~optw.decode.limits.MAX_BEAMS`, default ``PAPER_BEAMS``; ranking as the published
-      spec);
+    - ``beam``: beam search of width ``beams`` (default ``PAPER_BEAMS``; ranking as the
+      published spec; where a width comes from a user it is checked there,
+      :func:`~optw.decode.limits.check_beams`);
     - ``active_search``: ``epochs`` of REINFORCE on the tourist (``batch_size`` sampled routes,
       Adam ``lr``) on a copy of the model, then beam search (paper, Algorithm 2).
 
@@ -135,10 +132,8 @@ def solve(
     (an evaluation that reports greedy too): ``keep_greedy`` takes their routes instead of
     decoding them again, and adds their seconds to each solution's (the same routes and the
     same accounting as decoding them here).
-    ``beam_mode``: how ``beam`` searches (:func:`~optw.decode.static_beam.beam_search_mode`;
-    ``"auto"``: the environment variable ``OPTW_BEAM``, else the compacted search).
     """
-    _check_args(method, beams, samples)
+    _check_args(method, samples)
     if len(tourists) == 0:
         return []
     if greedy is not None and [g.tourist for g in greedy] != [
@@ -146,8 +141,6 @@ def solve(
         raise ValueError("greedy: one greedy solution per tourist of the batch, in its order")
     if device is None:
         device = next(model.parameters()).device
-    if method == "beam":
-        beam_mode = beam_search_mode(device, beam_mode)
     model = model.to(device)
     was_training = model.training
     model.eval()
@@ -168,7 +161,7 @@ def solve(
                 out = rollout(model, inst, ids, generator=gen)
             routes = _best_of(inst, out.routes, ids)
         elif method == "beam":
-            routes = beam_search(model, inst, beams, mode=beam_mode).routes
+            routes = beam_search(model, inst, beams).routes
         else:
             from optw.decode.active_search import active_search
 

@@ -18,7 +18,9 @@ from optw.env.instances import (
 )
 from optw.env.state import (
     GRAPHS,
+    Features,
     State,
+    adjacency,
     dynamic_features,
     feasible,
     graph_mask,
@@ -27,14 +29,15 @@ from optw.env.state import (
     reset,
     reward,
     step,
+    still_admissible,
     visit,
     visit_end,
 )
 from optw.env.validate import InvalidRoute, RouteCheck, check_route
 
 __all__ = [
-    "GRAPHS", "NEVER", "N_DYNAMIC", "N_STATIC", "Instances", "InvalidRoute", "RouteCheck",
-    "State", "check_route", "dynamic_features", "feasible", "graph_mask", "lookahead",
-    "make_instances", "node_features", "reset", "reward", "stack_instances", "step", "visit",
-    "visit_end",
+    "GRAPHS", "NEVER", "N_DYNAMIC", "N_STATIC", "Features", "Instances", "InvalidRoute",
+    "RouteCheck", "State", "adjacency", "check_route", "dynamic_features", "feasible",
+    "graph_mask", "lookahead", "make_instances", "node_features", "reset", "reward",
+    "stack_instances", "step", "still_admissible", "visit", "visit_end",
 ]

@@ -89,8 +89,80 @@ def _node_table(inst: Instances, ids: torch.Tensor, nodes: torch.Tensor | None) 
     return inst.node_u.view(-1, 4).index_select(0, flat.view(-1)).view(*nodes.shape, 4)
 
 
-def _at(row: torch.Tensor, nodes: torch.Tensor | None) -> torch.Tensor:
-    return row if nodes is None else row.gather(1, nodes)
+# --- the rules, written once: every decoder calls these -------------------------------------
+def visit_end(arrival: torch.Tensor, opening: torch.Tensor, duration: torch.Tensor,
+              ) -> torch.Tensor:
+    """When a visit that arrives at ``arrival`` ends: ``max(arrival, o_j) + d_j`` (time units;
+    waiting for the opening, then the visit)."""
+    return torch.maximum(arrival, opening) + duration
+
+
+def still_admissible(mask: torch.Tensor, time_u: torch.Tensor, travel: torch.Tensor,
+                     latest: torch.Tensor) -> torch.Tensor:
+    """The carried admissible set at time ``time_u`` [R]: ``mask`` [R, m] and arriving in time,
+    ``time_u + travel <= latest`` (``travel``, ``latest`` [R, m]: from the current node)."""
+    return mask & ((time_u.unsqueeze(1) + travel) <= latest)
+
+
+def adjacency(columns: torch.Tensor, leave: torch.Tensor | None = None,
+              sub: torch.Tensor | None = None, latest: torch.Tensor | None = None,
+              ) -> torch.Tensor:
+    """The graph Ad over m nodes of R routes, bool [R, m, m]: ``Ad[i, j]`` iff column j is
+    admissible (``columns`` [R, m]) and, given the lookahead terms, j can still be started by
+    its latest start after a visit of i ending at ``leave[i]``
+    (``leave[i] + sub[i, j] <= latest[j]``, ``sub`` the travel times [R, m, m]); ``Ad[i, i]``
+    always. Without ``leave``: the complete graph over the admissible nodes."""
+    adj = columns.unsqueeze(1)
+    if leave is not None:
+        adj = adj & ((leave.unsqueeze(2) + sub) <= latest.unsqueeze(1))
+    return adj | torch.eye(columns.shape[1], dtype=torch.bool, device=columns.device)
+
+
+_COEFFICIENTS: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _coefficients(dev: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dynamic features' coefficients of the time and of the travel time, made once per
+    device (a host-to-device copy is not allowed while a CUDA graph is being captured)."""
+    key = (dev, dtype)
+    if key not in _COEFFICIENTS:
+        _COEFFICIENTS[key] = (
+            torch.tensor([-1, -1, -1, 1, 1, -1, -1, -1], dtype=dtype, device=dev),
+            torch.tensor([0, 0, 0, 0, 1, -1, -1, -1], dtype=dtype, device=dev))
+    return _COEFFICIENTS[key]
+
+
+class Features:
+    """The 8 dynamic features of the spec for the tourists of ``inst``, in order ``(o_j - t,
+    c_j - t, T_end - t, t - T_start, a_j - T_start, o_j - a_j, c_j - a_j, T_end - a_j) /
+    (T_end - T_start)`` with ``a_j = t + travel_j``: ``const[tourist, j] + t·coef_t +
+    travel·coef_d`` in exact integer time units, then one float32 division."""
+
+    def __init__(self, inst: Instances):
+        k, n = inst.n_tourists, inst.n_nodes
+        ts = inst.t_start_u.view(k, 1).expand(k, n)
+        te = inst.t_end_u.view(k, 1).expand(k, n)
+        o, c = inst.node_u[..., 0], inst.node_u[..., 1]
+        #: [K, n, 8] the part that depends on the node only
+        self.const = torch.stack([o, c, te, -ts, -ts, o, c, te], -1)
+        self.span = (inst.t_end_u - inst.t_start_u).to(torch.float32)  # [K]
+        self.coef_t, self.coef_d = _coefficients(inst.device, self.const.dtype)
+
+    def rows(self, ids: torch.Tensor, flat: torch.Tensor, time_u: torch.Tensor,
+             travel: torch.Tensor) -> torch.Tensor:
+        """Features of packed rows [N, 8]: row i is node ``flat[i] % n`` of tourist ``ids[i]``
+        (``flat = ids·n + node``) at time ``time_u[i]``, ``travel[i]`` away."""
+        feats = torch.addr(torch.addr(self.const.view(-1, 8).index_select(0, flat), time_u,
+                                      self.coef_t), travel, self.coef_d)
+        return feats.to(torch.float32) / self.span.index_select(0, ids).unsqueeze(1)
+
+    def tables(self, const: torch.Tensor, span: torch.Tensor, time_u: torch.Tensor,
+               travel: torch.Tensor) -> torch.Tensor:
+        """Features of R whole routes [R, n, 8] from ``const[ids]`` [R, n, 8] and ``span[ids]``
+        [R] (gathered once per rollout), times [R] and travel times [R, n]."""
+        feats = (const + time_u.view(-1, 1, 1) * self.coef_t
+                 + travel.unsqueeze(2) * self.coef_d)
+        return feats.to(torch.float32) / span.view(-1, 1, 1)
 
 
 def feasible(
@@ -104,16 +176,9 @@ def feasible(
 
     Returns a bool [R, n] (or [R, m] for the node subset ``nodes[R, m]``).
     """
-    arrival = time_u.unsqueeze(1) + _dist_from(inst, ids, current, nodes)
-    latest = _node_table(inst, ids, nodes)[..., 3]
-    return arrival <= latest
-
-
-def visit_end(arrival: torch.Tensor, opening: torch.Tensor, duration: torch.Tensor,
-              ) -> torch.Tensor:
-    """When a visit that arrives at ``arrival`` ends: ``max(arrival, o_j) + d_j`` (time units;
-    waiting for the opening, then the visit)."""
-    return torch.maximum(arrival, opening) + duration
+    travel = _dist_from(inst, ids, current, nodes)
+    return still_admissible(torch.ones_like(travel, dtype=torch.bool), time_u, travel,
+                            _node_table(inst, ids, nodes)[..., 3])
 
 
 def visit(inst: Instances, ids: torch.Tensor, current: torch.Tensor, time_u: torch.Tensor,
@@ -130,8 +195,8 @@ def visit(inst: Instances, ids: torch.Tensor, current: torch.Tensor, time_u: tor
     node = inst.node_u.view(-1, 4).index_select(0, base + action)  # [R, 4]
     time_u = visit_end(time_u + travel, node[:, 0], node[:, 2])
     latest = inst.node_u[..., 3] if latest is None else latest
-    mask = mask & ((time_u.unsqueeze(1) + _dist_rows(inst, ids, action))
-                   <= latest.index_select(0, ids))
+    mask = still_admissible(mask, time_u, _dist_rows(inst, ids, action),
+                            latest.index_select(0, ids))
     mask.index_put_((torch.arange(action.shape[0], device=action.device), action),
                     mask.new_zeros(()))
     return time_u, mask
@@ -181,7 +246,8 @@ def step(inst: Instances, state: State, action: torch.Tensor, check: bool = True
     time_u = torch.where(live, visit_end(arrival, node[:, 0], node[:, 2]), state.time_u)
     visited = state.visited.clone()
     visited[torch.arange(action.shape[0], device=action.device), action] |= live
-    mask = state.mask & ~visited & feasible(inst, ids, action, time_u)
+    mask = still_admissible(state.mask & ~visited, time_u, _dist_rows(inst, ids, action),
+                            inst.node_u[..., 3].index_select(0, ids))
     done = state.done | (action == n - 1)
     mask = mask & ~done.unsqueeze(1)
     route = torch.cat([state.route, torch.where(live, action, -1).unsqueeze(1)], dim=1)
@@ -203,7 +269,7 @@ def lookahead(
     admissible or not. ``graph="complete"`` drops the lookahead test (admissible j only).
     ``valid[R, m]`` marks real entries of a padded ``nodes`` (padding is never a column).
     """
-    adm = _at(state.mask, nodes)
+    adm = state.mask if nodes is None else state.mask.gather(1, nodes)
     if valid is not None:
         adm = adm & valid
     return graph_mask(inst, state.ids, state.current, state.time_u, nodes, adm, graph)
@@ -222,21 +288,17 @@ def graph_mask(
     admissible columns ``adm[R, m]`` (``nodes=None``: all n nodes)."""
     if graph not in GRAPHS:
         raise ValueError(f"unknown graph {graph!r}; expected one of {GRAPHS}")
-    r, m = adm.shape
-    eye = torch.eye(m, dtype=torch.bool, device=adm.device)
     if graph == "complete":
-        return adm.unsqueeze(1).expand(r, m, m) | eye
-    n = inst.n_nodes
+        return adjacency(adm)
+    r, n = adm.shape[0], inst.n_nodes
     table = _node_table(inst, ids, nodes)
     arrival = time_u.unsqueeze(1) + _dist_from(inst, ids, current, nodes)
-    leave = visit_end(arrival, table[..., 0], table[..., 2])  # [R, m]
     if nodes is None:
         sub = inst.dist_u.index_select(0, ids)
     else:
         flat = (ids * (n * n)).view(r, 1, 1) + nodes.unsqueeze(2) * n + nodes.unsqueeze(1)
         sub = inst.dist_u.view(-1).take(flat)
-    ok = (leave.unsqueeze(2) + sub) <= table[..., 3].unsqueeze(1)
-    return (ok & adm.unsqueeze(1)) | eye
+    return adjacency(adm, visit_end(arrival, table[..., 0], table[..., 2]), sub, table[..., 3])
 
 
 def dynamic_features(
@@ -255,32 +317,15 @@ def node_features(
     time_u: torch.Tensor,
     nodes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """:func:`dynamic_features` from the raw fields (``ids``, ``current``, ``time_u`` [R]).
-
-    Differences are exact integers (time units) before the one float32 division.
-    """
-    t = time_u.unsqueeze(1)
-    ts = inst.t_start_u.index_select(0, ids).unsqueeze(1)
-    te = inst.t_end_u.index_select(0, ids).unsqueeze(1)
-    table = _node_table(inst, ids, nodes)
-    opening, closing = table[..., 0], table[..., 1]
-    arrival = t + _dist_from(inst, ids, current, nodes)
-    m = opening.shape[1]
-    feats = torch.stack(
-        [
-            opening - t,
-            closing - t,
-            (te - t).expand(-1, m),
-            (t - ts).expand(-1, m),
-            arrival - ts,
-            opening - arrival,
-            closing - arrival,
-            te - arrival,
-        ],
-        dim=-1,
-    )
-    span = (te - ts).to(torch.float32).unsqueeze(2)
-    return feats.to(torch.float32) / span
+    """:func:`dynamic_features` from the raw fields (``ids``, ``current``, ``time_u`` [R])."""
+    n = inst.n_nodes
+    if nodes is None:
+        nodes = torch.arange(n, device=ids.device).expand(ids.shape[0], n)
+    r, m = nodes.shape
+    travel = _dist_from(inst, ids, current, nodes)
+    rows = ids.repeat_interleave(m)
+    return Features(inst).rows(rows, rows * n + nodes.reshape(-1),
+                               time_u.repeat_interleave(m), travel.reshape(-1)).view(r, m, 8)
 
 
 def reward(inst: Instances, state: State) -> torch.Tensor:

@@ -21,11 +21,11 @@ from optw.model.checkpoint import (
     write_checkpoint,
 )
 from optw.model.config import ModelConfig
-from optw.model.network import EncoderLayer, PointerNet, heads_to_linear, linear_to_heads
+from optw.model.network import EncoderLayer, PointerNet, heads_to_linear
 
 __all__ = [
     "CHECK_ENV", "check_plain", "write_checkpoint",
     "FORMAT", "FORMAT_VERSION", "CheckpointError", "EncoderLayer", "ModelConfig", "PointerNet",
     "checkpoint_dict", "convert_published", "heads_to_linear", "is_published_state_dict",
-    "linear_to_heads", "load_model", "model_from_state_dict", "read_checkpoint", "save_model",
+    "load_model", "model_from_state_dict", "read_checkpoint", "save_model",
 ]

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from optw.errors import UserError
 from optw.model.config import ModelConfig
 from optw.model.network import PointerNet, heads_to_linear
 from optw.paths import replace_atomic
@@ -30,7 +31,7 @@ FORMAT = "optw-model"
 FORMAT_VERSION = 1
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A file that is not a readable model checkpoint of this architecture."""
 
 
@@ -110,7 +111,7 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     :func:`write_checkpoint` are rebuilt from an allow-list and returned as Python numbers."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
+        raise CheckpointError(f"checkpoint {path} does not exist")
     try:
         with torch.serialization.safe_globals(_numpy_scalar_globals()):
             obj = torch.load(path, map_location=map_location, weights_only=True)

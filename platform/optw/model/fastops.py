@@ -3,25 +3,17 @@ training blocks.
 
 PyTorch sends float32 ``F.linear`` on CPU to MKL's sgemm. oneDNN's kernels are reachable
 through ``torch.ops.mkldnn._linear_pointwise`` (the op PyTorch's own compiler emits for CPU
-linear layers), which also fuses the activation (ReLU, tanh) or a residual addition. Which is
-faster depends on the processor and the work (:data:`TRAIN_ONEDNN`, :data:`INFER_ONEDNN`):
-
-- on AVX-512 processors MKL runs its generic path on AMD (~100 GFLOP/s per core on the first
-  development machine) and oneDNN ~2.3x faster: oneDNN everywhere;
-- on AVX2 processors (the 2-core machine of later sessions, an AMD EPYC) oneDNN is ~1.13x
-  faster for inference's large tables (``make run``'s evaluation of pr10), but training, with
-  its many row counts and backward products, ran 1.3-1.4x faster with MKL (t101, B = 32,
-  2 threads, the same lean blocks): oneDNN for inference only.
+linear layers), which also fuses the activation (ReLU, tanh) or a residual addition. Inference
+takes oneDNN wherever it is present; training takes it on AVX-512 processors only, where MKL
+runs a generic path (on AVX2, training's many row counts and backward products ran faster
+with MKL: ``docs/measurements.md``). A given computation always takes the same kernels on a
+given machine (resumed runs stay exact).
 
 :func:`linear` takes the fast path for 2-D float32 CPU tensors of at least :data:`MIN_ROWS`
 rows, with a hand-written backward, and falls back to ``F.linear`` anywhere else (small
-inputs, GPU, other dtypes, a PyTorch build without oneDNN, or ``OPTW_ONEDNN=0``;
-``OPTW_ONEDNN=1`` takes oneDNN for training too). A given computation always takes the same
-kernels on a given machine (resumed runs stay exact).
-
-oneDNN compiles one kernel per input shape (~0.6 MB each, kept in two caches of 1024 entries
-by default), so callers should keep the number of distinct row counts small (the decoder pads
-rows on a grid); the cache capacities are lowered here unless already set.
+inputs, GPU, other dtypes, a PyTorch build without oneDNN). oneDNN compiles one kernel per
+input shape, so callers keep the number of distinct row counts small (the decoder pads rows on
+a grid); the process entry points cap its kernel caches (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``).
 
 :func:`layer_norm`, :func:`feed_forward`, :func:`pointer_logits` and :func:`embed` compute the
 same values as the plain compositions but, when gradients are recorded, keep fewer tensors for
@@ -32,26 +24,23 @@ uses (a training rollout's decoding steps) instead of leaving one buffer per use
 
 from __future__ import annotations
 
-import os
+import functools
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")
-os.environ.setdefault("LRU_CACHE_CAPACITY", "256")
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
 _ACTS = ("none", "relu", "tanh")
 #: Below this many rows MKL is as fast and the shapes are not worth compiling.
 MIN_ROWS = 64
 
 
-def _probe() -> bool:
-    """Is the oneDNN op present and does it agree with ``F.linear``?"""
-    if os.environ.get("OPTW_ONEDNN", "1") == "0":
-        return False
+@functools.cache
+def onednn() -> bool:
+    """Is the oneDNN op present and does it agree with ``F.linear`` (probed once, on first
+    use)?"""
     op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
     if op is None or not torch.backends.mkldnn.is_available():
         return False
@@ -63,17 +52,14 @@ def _probe() -> bool:
         ok = torch.allclose(op(x, w, b, "relu", [], ""), torch.relu(ref), atol=1e-5)
         ok &= torch.allclose(op.binary(x, o, w, b, "add"), ref + o, atol=1e-5)
         return bool(ok)
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure means: not usable here
         return False
 
 
-ONEDNN = _probe()
-#: Whether torch runs this processor's AVX-512 kernels (see the module docstring).
-AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-#: Products of inference (no gradient) go to oneDNN.
-INFER_ONEDNN = ONEDNN
-#: Products of training (forward and backward) go to oneDNN: AVX-512, or ``OPTW_ONEDNN=1``.
-TRAIN_ONEDNN = ONEDNN and (AVX512 or os.environ.get("OPTW_ONEDNN", "").strip() == "1")
+@functools.cache
+def train_onednn() -> bool:
+    """Products of training (forward and backward) go to oneDNN: on AVX-512 processors."""
+    return onednn() and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 def _mm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, act: str,
@@ -209,7 +195,7 @@ def tracing() -> bool:
 
 
 def _fast_rows(x: torch.Tensor) -> bool:
-    return (ONEDNN and not tracing() and x.dim() == 2 and x.shape[0] >= MIN_ROWS
+    return (onednn() and not tracing() and x.dim() == 2 and x.shape[0] >= MIN_ROWS
             and x.dtype == torch.float32 and x.device.type == "cpu")
 
 
@@ -221,13 +207,13 @@ def fast_rows(x: torch.Tensor) -> bool:
 def raw_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """``x·wᵀ + b`` as training computes it, without autograd (for callers with their own
     backward; only where :func:`fast_rows` holds)."""
-    return _mm(x.contiguous(), w, b, "none", None, TRAIN_ONEDNN)
+    return _mm(x.contiguous(), w, b, "none", None, train_onednn())
 
 
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, act, other):  # noqa: D102
-        y = _mm(x, w, b, act, other, TRAIN_ONEDNN)
+        y = _mm(x, w, b, act, other, train_onednn())
         ctx.act = act
         ctx.has_other = other is not None
         ctx.save_for_backward(x, w, b, y if act != "none" else None)
@@ -242,7 +228,7 @@ class _Linear(torch.autograd.Function):
             g = g * (1.0 - y * y)
         g = g.contiguous()
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        gx = _mm(g, _transposed(w), None, "none", None, TRAIN_ONEDNN) if need_x else None
+        gx = _mm(g, _transposed(w), None, "none", None, train_onednn()) if need_x else None
         gw, gb = _defer(w, b, g, x, need_w, need_b)
         return gx, gw, gb, None, (g if ctx.has_other else None)
 
@@ -263,7 +249,7 @@ def linear(
         add = add.contiguous() if add is not None else None
         if _grad_needed(x, weight, bias, add):
             return _Linear.apply(x, weight, bias, act, add)
-        return _mm(x, weight, bias, act, add, INFER_ONEDNN)
+        return _mm(x, weight, bias, act, add, onednn())
     y = F.linear(x, weight, bias)
     if add is not None:
         y = y + add
@@ -341,23 +327,23 @@ class _FeedForward(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, y, w1, b1, w2, b2):  # noqa: D102
-        f = _mm(y, w1, b1, "relu", None, TRAIN_ONEDNN)
+        f = _mm(y, w1, b1, "relu", None, train_onednn())
         ctx.keep = f.numel() <= KEEP_HIDDEN
         ctx.save_for_backward(y, w1, b1, w2, b2, f if ctx.keep else None)
-        return _mm(f, w2, b2, "none", y, TRAIN_ONEDNN)
+        return _mm(f, w2, b2, "none", y, train_onednn())
 
     @staticmethod
     def backward(ctx, g):  # noqa: D102
         y, w1, b1, w2, b2, f = ctx.saved_tensors
         g = g.contiguous()
         if f is None:
-            f = _mm(y, w1, b1, "relu", None, TRAIN_ONEDNN)
+            f = _mm(y, w1, b1, "relu", None, train_onednn())
         need = ctx.needs_input_grad
         gw2, gb2 = _defer(w2, b2, g, f, need[3], need[4])
-        gf = _mm(g, _transposed(w2), None, "none", None, TRAIN_ONEDNN).masked_fill_(f <= 0, 0.0)
+        gf = _mm(g, _transposed(w2), None, "none", None, train_onednn()).masked_fill_(f <= 0, 0.0)
         del f
         gw1, gb1 = _defer(w1, b1, gf, y, need[1], need[2])
-        gy = _mm(gf, _transposed(w1), None, "none", g, TRAIN_ONEDNN)
+        gy = _mm(gf, _transposed(w1), None, "none", g, train_onednn())
         return gy, gw1, gb1, gw2, gb2
 
 
@@ -375,7 +361,7 @@ class _Pointer(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, enc, w_ref, query, route, v, clip):  # noqa: D102
-        u = _mm(enc, w_ref, None, "tanh", query.index_select(0, route), TRAIN_ONEDNN)
+        u = _mm(enc, w_ref, None, "tanh", query.index_select(0, route), train_onednn())
         t = torch.tanh(torch.mv(u, v))
         ctx.clip = clip
         keep = u.numel() <= KEEP_HIDDEN
@@ -386,12 +372,12 @@ class _Pointer(torch.autograd.Function):
     def backward(ctx, g):  # noqa: D102
         enc, w_ref, query, route, v, t, u = ctx.saved_tensors
         if u is None:
-            u = _mm(enc, w_ref, None, "tanh", query.index_select(0, route), TRAIN_ONEDNN)
+            u = _mm(enc, w_ref, None, "tanh", query.index_select(0, route), train_onednn())
         gs = g * ctx.clip * (1.0 - t * t)
         gv = torch.mv(u.t(), gs)
         gpre = torch.outer(gs, v).mul_(1.0 - u * u)
         del u
-        g_enc = _mm(gpre, _transposed(w_ref), None, "none", None, TRAIN_ONEDNN)
+        g_enc = _mm(gpre, _transposed(w_ref), None, "none", None, train_onednn())
         g_w = _defer(w_ref, None, gpre, enc, ctx.needs_input_grad[1], False)[0]
         g_query = torch.zeros_like(query).index_add_(0, route, gpre)
         return g_enc, g_w, g_query, None, gv, None
@@ -411,7 +397,7 @@ class _Embed(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, static, dyn, w, b):  # noqa: D102
-        h = (_mm(dyn.contiguous(), w, b, "tanh", None, TRAIN_ONEDNN) if _fast_rows(dyn)
+        h = (_mm(dyn.contiguous(), w, b, "tanh", None, train_onednn()) if _fast_rows(dyn)
              else torch.tanh(F.linear(dyn, w, b)))  # as training computes products
         x = torch.cat([static, h], dim=1)
         ctx.split = static.shape[1]

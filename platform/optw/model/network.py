@@ -49,12 +49,6 @@ def heads_to_linear(w: torch.Tensor) -> torch.Tensor:
     return w.permute(0, 2, 1).reshape(h * d_k, d_in)
 
 
-def linear_to_heads(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Inverse of :func:`heads_to_linear`."""
-    out, d_in = w.shape
-    return w.reshape(n_heads, out // n_heads, d_in).permute(0, 2, 1).contiguous()
-
-
 @dataclass
 class Bucket:
     """Routes whose rows form one padded table ``[n_routes, width]`` starting at row ``start``;

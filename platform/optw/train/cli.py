@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from optw.train.config import ROLLOUT_CHOICES
+from optw.train.rollouts import ROLLOUTS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="start from these weights (ours or the authors' .pt): fine-tuning")
     p.add_argument("--finetune", action="store_true", help="fixed fine-tuning lr (1e-5)")
     p.add_argument("--resume", action="store_true",
-                   help="continue from OUT/last.pt exactly where it stopped")
+                   help="continue from OUT/last.pt exactly where it stopped, with its own "
+                   "settings (options given now override them where a resume allows)")
     p.add_argument("--out", type=Path, default=None, help="folder (default: runs/train/REGION)")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the weights and of training, 0..4294967295 (default: config)")
@@ -35,10 +36,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "see optw.threads)")
     p.add_argument("--device", default=None,
                    help="auto (default: cuda when available), cpu, cuda or cuda:N")
-    p.add_argument("--rollout", default=None, choices=ROLLOUT_CHOICES,
+    p.add_argument("--rollout", default=None, choices=ROLLOUTS,
                    help="the training rollout (default: auto, static on CUDA, compact "
                    "elsewhere); graph replays each epoch as a CUDA graph (CUDA only, another "
                    "random stream; docs/gpu.md)")
+    p.add_argument("--patience", type=int, default=None, metavar="N",
+                   help="stop after N validations without a better validation score")
     p.add_argument("--catalog", type=Path, default=None)
     p.set_defaults(func=_train)
 
@@ -51,12 +54,13 @@ OPTIONS = {"regions": "--region", "epochs": "--epochs", "seed": "--seed",
            "rollout": "--rollout"}
 
 
-def _config(args):
-    """The run's :class:`TrainConfig` from ``--config`` and the options; a bad value given as
-    an option is one ``ConfigError`` naming the option (``--seed -5: ...``), one from the file
-    names the file and the key (``cfg.toml: model.d_model = 0: ...``)."""
+def _config(args, base: dict | None = None):
+    """The run's :class:`TrainConfig`: ``base`` (a resumed run's own settings), then
+    ``--config``, then the options. A bad value given as an option is one ``ConfigError``
+    naming the option (``--seed -5: ...``), one from the file names the file and the key
+    (``cfg.toml: model.d_model = 0: ...``)."""
     from optw.checks import load_mapping
-    from optw.errors import ConfigError
+    from optw.errors import ConfigError, UserError
     from optw.train.config import TrainConfig
 
     overrides = {k: v for k, v in {
@@ -74,10 +78,10 @@ def _config(args):
         listed = data.get("regions")
         listed = [listed] if isinstance(listed, str) else listed
         if args.region and listed and list(listed) != args.region:
-            raise ValueError(f"--region {' '.join(args.region)} differs from regions = "
-                             f"{listed} in {args.config}; give one of them")
+            raise UserError(f"--region {' '.join(args.region)} differs from regions = "
+                            f"{listed} in {args.config}; give one of them")
     try:
-        return TrainConfig.from_dict({**data, **overrides}, source=source)
+        return TrainConfig.from_dict({**(base or {}), **data, **overrides}, source=source)
     except ConfigError as exc:
         if exc.key in overrides and exc.key in OPTIONS:
             # "SOURCE: seed = -5: must be ..." -> "--seed -5: must be ..."
@@ -88,95 +92,116 @@ def _config(args):
 
 def _check_device(device: str, named: str) -> None:
     """A CUDA device that this machine has (before anything is written)."""
+    from optw.errors import ConfigError
+
     if not device.startswith("cuda"):
         return
     import torch
 
     if not torch.cuda.is_available():
-        raise ValueError(f"{named}: {device} asked for, but CUDA is not available on this "
-                         "machine; use cpu or auto")
+        raise ConfigError(f"{named}: {device} asked for, but CUDA is not available on this "
+                          "machine; use cpu or auto", "device")
     index = int(device[5:]) if device.startswith("cuda:") else 0
     if index >= torch.cuda.device_count():
-        raise ValueError(f"{named}: {device} asked for, but this machine has "
-                         f"{torch.cuda.device_count()} CUDA device(s)")
+        raise ConfigError(f"{named}: {device} asked for, but this machine has "
+                          f"{torch.cuda.device_count()} CUDA device(s)", "device")
+
+
+#: The marker of an ``optw train`` folder (:mod:`optw.outdir`); and what such a folder held
+#: before markers existed.
+KIND, LEGACY = "train", frozenset({"config.json", "last.pt", "best.pt"})
 
 
 def _train(args) -> int:
     from optw.catalog import open_catalog
+    from optw.errors import UserError
     from optw.model import read_checkpoint
+    from optw.outdir import check_out_dir, marker
     from optw.paths import train_run_dir, write_text_atomic
     from optw.threads import set_torch_threads
-    from optw.train.callbacks import Checkpointer, ProgressBar
+    from optw.train.callbacks import Checkpointer, EarlyStopping, ProgressBar
+    from optw.train.config import ADDED_DEFAULTS, check_fits
     from optw.train.loop import check_resume, train
 
     # every check first: a refused run writes nothing (no folder, no config.json)
     config = _config(args)
-    if not config.regions:
-        raise ValueError("--region: no region to train on (give --region R, or regions in "
-                         "the --config file)")
-    _check_device(config.device, "--device" if args.device is not None else
-                  f"device in {args.config}")
-    from optw.decode.static import GRAPH_ROLLOUTS
-
-    if config.rollout in GRAPH_ROLLOUTS:
-        from optw.train.loop import resolve_device
-
-        device = resolve_device(config.device)
-        if device.type != "cuda":
-            named = (f"--rollout {config.rollout}" if args.rollout
-                     else f"rollout = '{config.rollout}' in {args.config}")
-            raise ValueError(f"{named} replays CUDA graphs, but this run's device is "
-                             f"{device}; use a CUDA device or another rollout")
-    catalog = open_catalog(args.catalog)
-    for rid in config.regions:
-        catalog.region(rid)  # unknown region: clear error before anything starts
-    out = args.out or train_run_dir(config.regions)
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out: {out} is a file, not a folder")
     resume, done = None, 0
+    out = args.out or (train_run_dir(config.regions) if config.regions else None)
     if args.resume:
+        if out is None:
+            raise UserError("--resume: give --out (the run's folder) or --region")
         last = out / "last.pt"
-        if not last.exists():
-            raise FileNotFoundError(f"--resume: no checkpoint {last} to resume from")
+        if not last.is_file():
+            raise UserError(f"--resume: no checkpoint {last} to resume from")
         resume = read_checkpoint(last)  # read once: checked here, resumed by train()
+        if "train" not in resume:
+            raise UserError(f"--resume: {last} is a model file, not a training checkpoint")
+        # the run goes on with its own settings, but for those given now
+        config = _config(args, {**ADDED_DEFAULTS, **resume["train"].get("config", {})})
+    if not config.regions:
+        raise UserError("--region: no region to train on (give --region R, or regions in "
+                        "the --config file)")
+    if args.patience is not None and args.patience < 1:
+        raise UserError(f"--patience {args.patience}: give a number of validations >= 1")
+    _check_device(config.device, "--device" if args.device is not None else
+                  f"device in {args.config or 'the checkpoint'}")
+    if config.rollout == "graph" and not config.device.startswith("cuda"):
+        import torch
+
+        if config.device == "cpu" or not torch.cuda.is_available():
+            named = "--rollout graph" if args.rollout else f"rollout = 'graph' in {args.config}"
+            raise UserError(f"{named} replays CUDA graphs, but this run's device is the CPU; "
+                            "use a CUDA device or another rollout")
+    catalog = open_catalog(args.catalog)
+    nodes = max(catalog.region(rid).n_nodes for rid in config.regions)  # unknown: named
+    check_fits(config, nodes, "--batch-size × --tourists-per-epoch")
+    check_out_dir(out, KIND, LEGACY)  # never into a folder of other files
+    if resume is not None:
         for key, (before, now) in check_resume(resume, config, str(last)).items():
             print(f"resuming {last} with {key} = {now!r} (it was trained with {before!r})")
         done = int(resume["train"]["epoch"])
-        if done >= config.epochs:
-            print(f"nothing to train: {last} already holds {done} epochs (epochs = "
-                  f"{config.epochs}); give a larger --epochs to train more")
+        if done >= config.total_epochs:
+            print(f"nothing to train: {last} already holds {done} epochs (the run's "
+                  f"{config.total_epochs}); give a larger --epochs to train more")
             return 0
     else:
         if (out / "last.pt").exists():
-            raise FileExistsError(f"--out: {out} already holds a run (last.pt); continue it "
-                                  "with --resume, or choose a new --out")
+            raise UserError(f"--out: {out} already holds a run (last.pt); continue it "
+                            "with --resume, or choose a new --out")
         if args.init is not None and not Path(args.init).is_file():
-            raise FileNotFoundError(f"--init: model file {args.init} does not exist")
+            raise UserError(f"--init: model file {args.init} does not exist")
     if config.threads is None:
         set_torch_threads(None)  # the cores other work leaves free, not torch's core count
     created = not out.exists()
     config_file = out / "config.json"
     had_config = config_file.exists()
     out.mkdir(parents=True, exist_ok=True)
+    (out / marker(KIND)).write_text("optw train\n", encoding="utf-8")
     write_text_atomic(config_file, json.dumps(config.to_dict(), indent=2) + "\n")
     checkpointer = Checkpointer(out, every=config.checkpoint_every)
+    callbacks = [ProgressBar(), checkpointer]
+    if args.patience:
+        callbacks.append(EarlyStopping(args.patience))
     try:
-        result = train(config, catalog, [ProgressBar(), checkpointer], init=args.init,
-                       resume=resume)
+        result = train(config, catalog, callbacks, init=args.init, resume=resume)
     except BaseException:
         # a run that failed before its first checkpoint leaves nothing behind
         if not (out / "last.pt").exists():
             if not had_config:
                 config_file.unlink(missing_ok=True)
-            if created and not any(out.iterdir()):
-                out.rmdir()
+            if created:
+                (out / marker(KIND)).unlink(missing_ok=True)
+                if not any(out.iterdir()):
+                    out.rmdir()
         raise
     val = result.last_validation
     nan = float("nan")
     trained = result.epochs - done
     what = (f"trained {trained} more epochs ({result.epochs} in all)" if done
             else f"trained {trained} epochs")
-    print(f"{what} in {result.seconds:.1f} s; greedy validation score "
+    stopped = f" (stopped at {result.epochs} of {config.total_epochs})" if (
+        result.epochs < config.total_epochs) else ""
+    print(f"{what}{stopped} in {result.seconds:.1f} s; greedy validation score "
           f"{val.get('val_score', nan):.2f}, benchmark {val.get('benchmark_score', nan):.2f}; "
           f"checkpoint {checkpointer.last}")
     return 0

@@ -11,15 +11,28 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optw.catalog.generator import VALIDATION_SIZE
 from optw.checks import from_table, integer, load_mapping, number, require
 from optw.errors import ConfigError
 from optw.model.config import ModelConfig
 from optw.threads import MAX_THREADS
+from optw.train.rollouts import ROLLOUTS
 
 #: Seeds accepted (numpy's and torch's generators take 0..2**32-1 and 0..2**64-1).
 MAX_SEED = 2**32 - 1
 #: Most sampled routes per epoch (``batch_size × tourists_per_epoch``), whatever the machine.
 MAX_ROUTES = 1 << 20
+#: Most epochs (and other counts of steps, e.g. validation intervals): years of training.
+MAX_COUNT = 10**9
+#: Most demonstrations per region.
+MAX_DEMOS = 100_000
+#: Largest learning rate: Adam's step moves each weight by about lr, so above 1 a run
+#: diverges at once.
+MAX_LR = 1.0
+#: Largest entropy bonus (the paper's is 0.01).
+MAX_BETA = 10.0
+#: Longest time cap of a run: a year.
+MAX_MINUTES = 60 * 24 * 366
 #: Memory one node row of an epoch's routes is taken to need (the activations its decoding
 #: steps keep for the backward), for :func:`check_fits`.
 ROW_BYTES = 16 << 10
@@ -68,12 +81,16 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     #: torch intra-op threads (None: the cores other work leaves free, optw.threads)
     threads: int | None = None
-    #: the training rollout (ROLLOUT_CHOICES): auto picks ``static`` on CUDA and ``compact``
-    #: elsewhere (the environment variable OPTW_ROLLOUT may pick for auto); ``graph`` replays
-    #: each epoch as a CUDA graph (CUDA only; another random stream: docs/gpu.md);
-    #: ``compiled`` and ``graph-compiled`` compile each decoding step (torch.compile; values
-    #: within float rounding of the eager step's, so opt-in: docs/gpu.md)
+    #: the training rollout: auto | compact | static | graph (optw.train.rollouts)
     rollout: str = "auto"
+    #: learning from demonstrations: ILS routes of ``demos`` generated tourists per region
+    #: (optw.baselines.demos); the first ``imitation_epochs`` epochs maximise their
+    #: log-likelihood under the policy (teacher forcing, ``imitation_batch`` routes per step,
+    #: Adam at ``imitation_lr``), then REINFORCE runs its ``epochs``
+    demos: int = 0
+    imitation_epochs: int = 0
+    imitation_batch: int = 32
+    imitation_lr: float = 1e-3
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides
 
     def __post_init__(self) -> None:
@@ -90,30 +107,43 @@ class TrainConfig:
              "must be a list of region ids")
         need(integer(self.seed) and 0 <= self.seed <= MAX_SEED, "seed",
              f"must be an integer in 0..{MAX_SEED}")
-        for name in ("epochs", "batch_size", "tourists_per_epoch", "lr_decay_every"):
-            need(integer(getattr(self, name)) and getattr(self, name) >= 1, name,
-                 "must be an integer >= 1")
+        for name in ("epochs", "batch_size", "tourists_per_epoch", "lr_decay_every",
+                     "imitation_batch"):
+            need(integer(getattr(self, name)) and 1 <= getattr(self, name) <= MAX_COUNT, name,
+                 f"must be an integer in 1..{MAX_COUNT:,}")
         routes = self.batch_size * self.tourists_per_epoch
         need(routes <= MAX_ROUTES, "batch_size" if self.batch_size >= self.tourists_per_epoch
              else "tourists_per_epoch", f"{routes:,} routes per epoch (batch_size × "
              f"tourists_per_epoch); at most {MAX_ROUTES:,}")
-        for name in ("val_every", "checkpoint_every", "val_tourists"):
-            need(integer(getattr(self, name)) and getattr(self, name) >= 0, name,
-                 "must be an integer >= 0")
-        for name in ("lr", "lr_min", "finetune_lr", "max_grad_norm"):
-            need(number(getattr(self, name)) and getattr(self, name) > 0,
-                 name, "must be a finite number > 0")
+        need(self.imitation_batch <= MAX_ROUTES, "imitation_batch",
+             f"must be at most {MAX_ROUTES:,} routes")
+        for name in ("val_every", "checkpoint_every", "warmup_epochs", "imitation_epochs"):
+            need(integer(getattr(self, name)) and 0 <= getattr(self, name) <= MAX_COUNT, name,
+                 f"must be an integer in 0..{MAX_COUNT:,}")
+        need(integer(self.val_tourists) and 0 <= self.val_tourists <= VALIDATION_SIZE,
+             "val_tourists", f"must be an integer in 0..{VALIDATION_SIZE} (the validation "
+             "tourists each region has)")
+        need(integer(self.demos) and 0 <= self.demos <= MAX_DEMOS, "demos",
+             f"must be an integer in 0..{MAX_DEMOS:,}")
+        need((self.demos > 0) == (self.imitation_epochs > 0), "demos" if self.demos == 0
+             else "imitation_epochs", "demos and imitation_epochs go together: imitation "
+             "needs demonstrations, demonstrations need imitation epochs")
+        for name in ("lr", "lr_min", "finetune_lr", "imitation_lr"):
+            need(number(getattr(self, name)) and 0 < getattr(self, name) <= MAX_LR, name,
+                 f"must be a number in (0, {MAX_LR:g}] (Adam's step size)")
+        need(number(self.max_grad_norm) and 0 < self.max_grad_norm <= 1e6, "max_grad_norm",
+             "must be a number in (0, 1e6]")
         need(number(self.lr_decay) and 0 < self.lr_decay <= 1, "lr_decay", "must be in (0, 1]")
-        need(number(self.beta) and self.beta >= 0, "beta", "must be a finite number >= 0")
+        need(number(self.beta) and 0 <= self.beta <= MAX_BETA, "beta",
+             f"must be a number in 0..{MAX_BETA:g}")
         need(type(self.finetune) is bool, "finetune", "must be true or false")
         need(type(self.mix_regions) is bool, "mix_regions", "must be true or false")
         need(self.lr_schedule in LR_SCHEDULES, "lr_schedule",
              f"must be one of {list(LR_SCHEDULES)}")
-        need(integer(self.warmup_epochs) and self.warmup_epochs >= 0, "warmup_epochs",
-             "must be an integer >= 0")
         need(self.recipe in RECIPES, "recipe", f"must be one of {sorted(RECIPES)}")
-        need(self.max_minutes is None or (number(self.max_minutes) and self.max_minutes > 0),
-             "max_minutes", "must be a finite number > 0 or unset")
+        need(self.max_minutes is None or (number(self.max_minutes)
+                                          and 0 < self.max_minutes <= MAX_MINUTES),
+             "max_minutes", f"must be a number in (0, {MAX_MINUTES:,}] or unset")
         need(self.lr_schedule not in ("cosine_time", "cosine_budget")
              or self.max_minutes is not None, "lr_schedule",
              f"{self.lr_schedule} decays over max_minutes: set max_minutes")
@@ -126,8 +156,7 @@ class TrainConfig:
              "must be auto, cpu, cuda or cuda:N")
         need(self.threads is None or (integer(self.threads) and 1 <= self.threads <= MAX_THREADS),
              "threads", f"must be an integer in 1..{MAX_THREADS} or unset")
-        need(self.rollout in ROLLOUT_CHOICES, "rollout",
-             f"must be one of {list(ROLLOUT_CHOICES)}")
+        need(self.rollout in ROLLOUTS, "rollout", f"must be one of {list(ROLLOUTS)}")
         need(isinstance(self.model, dict), "model", "must be a table of model settings")
         known = sorted(f.name for f in dataclasses.fields(ModelConfig))
         unknown = sorted(set(self.model) - set(known))
@@ -136,6 +165,11 @@ class TrainConfig:
             ModelConfig(**self.model)
         except ConfigError as exc:  # "d_model = 0: ..." -> "model.d_model = 0: ..."
             raise ConfigError(f"model.{exc}", f"model.{exc.key}") from None
+
+    @property
+    def total_epochs(self) -> int:
+        """Every epoch of the run: imitation, then REINFORCE."""
+        return self.imitation_epochs + self.epochs
 
     # -- construction
     @classmethod
@@ -172,17 +206,19 @@ class TrainConfig:
         d = self.hash_dict(exclude)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
-    def learning_rate(self, epoch: int, train_s: float = 0.0) -> float:
-        """The schedule: fixed for fine-tuning; else ``step`` (lr·decay^(epoch // every)),
-        ``cosine`` (lr to lr_min over ``epochs``), ``cosine_time`` (lr to lr_min over
-        ``max_minutes``, ``train_s`` being the seconds trained so far) or ``cosine_budget``
-        (over whichever of the two ends first), floored at lr_min, after a linear warm-up over
-        ``warmup_epochs``."""
+    def learning_rate(self, epoch: int, train_s: float = 0.0, start_s: float = 0.0) -> float:
+        """The REINFORCE schedule at its ``epoch`` (counted after the imitation epochs):
+        fixed for fine-tuning; else ``step`` (lr·decay^(epoch // every)), ``cosine`` (lr to
+        lr_min over ``epochs``), ``cosine_time`` (lr to lr_min over ``max_minutes``,
+        ``train_s`` being the seconds trained so far, ``start_s`` of them before REINFORCE
+        began) or ``cosine_budget`` (over whichever of the two ends first), floored at lr_min,
+        after a linear warm-up over ``warmup_epochs``."""
         if self.finetune:
             return self.finetune_lr
         if self.lr_schedule in ("cosine", "cosine_time", "cosine_budget"):
             by_epoch = epoch / max(self.epochs, 1)
-            by_time = train_s / (60 * (self.max_minutes or math.inf))
+            budget = 60 * (self.max_minutes or math.inf) - start_s
+            by_time = (train_s - start_s) / budget if budget > 0 else 1.0
             frac = {"cosine": by_epoch, "cosine_time": by_time}.get(self.lr_schedule,
                                                                    max(by_epoch, by_time))
             frac = min(frac, 1.0)
@@ -195,13 +231,6 @@ class TrainConfig:
 
 
 LR_SCHEDULES = ("step", "cosine", "cosine_time", "cosine_budget")
-#: ``rollout`` values: auto and :data:`optw.decode.static.TRAIN_ROLLOUTS` (a test keeps them
-#: equal; spelled out here so that reading a config does not import torch).
-ROLLOUT_CHOICES = ("auto", "compact", "static", "static-free", "compiled", "graph",
-                   "graph-compiled")
-#: ``rollout`` values a pack (:func:`optw.train.pack.train_pack`, which trains compacted) honours.
-PACK_ROLLOUTS = ("auto", "compact")
-
 #: Named presets of training settings (``[train] recipe = "..."``; keys given beside it win).
 #: ``paper`` is the paper's and the published weights' (the defaults above). ``fast`` takes
 #: more, cheaper and larger steps (8 routes of one tourist, lr 1e-3 with cosine decay): it
@@ -211,12 +240,16 @@ RECIPES: dict[str, dict[str, Any]] = {
     "paper": {},
     "fast": {"tourists_per_epoch": 1, "batch_size": 8, "lr": 1e-3, "lr_min": 1e-5,
              "lr_schedule": "cosine"},
+    "imitate": {"tourists_per_epoch": 1, "batch_size": 8, "lr": 1e-3, "lr_min": 1e-5,
+                "lr_schedule": "cosine", "demos": 512, "imitation_epochs": 200,
+                "imitation_batch": 32, "imitation_lr": 1e-3},
 }
 
 #: Settings added after the first release, with the defaults that keep the paper's behaviour.
 ADDED_DEFAULTS: dict[str, Any] = {"mix_regions": False, "lr_schedule": "step",
                                   "warmup_epochs": 0, "recipe": "paper", "max_minutes": None,
-                                  "rollout": "auto"}
+                                  "rollout": "auto", "demos": 0, "imitation_epochs": 0,
+                                  "imitation_batch": 32, "imitation_lr": 1e-3}
 
 
 def machine_memory() -> int:

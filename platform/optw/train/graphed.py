@@ -1,7 +1,7 @@
 """Training steps replayed as CUDA graphs (opt-in: ``[train] rollout = "graph"``, CUDA only).
 
-On a GPU a training epoch of a small batch is bound by launching kernels from Python (issue 24:
-thousands of tiny kernels per epoch, the GPU busy a few % of the time). Here the whole
+On a GPU a training epoch of a small batch is bound by launching kernels from Python
+(thousands of tiny kernels per epoch, the GPU busy a few % of the time). Here the whole
 forward and backward of an epoch (:func:`~optw.decode.static.static_rollout` with ``"free"``
 sampling and a fixed number of steps S, the rewards, the REINFORCE loss and its backward) is
 captured once as a CUDA graph and replayed every epoch: one launch instead of thousands.
@@ -21,12 +21,8 @@ optimiser is the ordinary one.
   other rollouts, another random stream. So a run's numbers differ from the compacted and
   ``static`` rollouts' for the same seed, and a resumed run does not repeat its epochs exactly:
   opt-in, not the default.
-- The first :data:`WARMUP` epochs of each node count run eagerly (``static-free``) on a side
-  stream, as CUDA graph capture asks; they are real training epochs.
-- ``rollout = "graph-compiled"`` (``compiled=True``) captures the ``compiled`` rollout's steps
-  (each through ``torch.compile``, which fuses them into fewer kernels) instead of the eager
-  ones; the first warm-up epoch compiles. Its values are the compiled steps' (within float
-  rounding of the eager ones).
+- The first :data:`WARMUP` epochs of each node count run eagerly (the same rollout, not captured) on
+  a side stream, as CUDA graph capture asks; they are real training epochs.
 """
 
 from __future__ import annotations
@@ -38,11 +34,12 @@ from dataclasses import dataclass
 import torch
 
 from optw.decode.core import route_reward
-from optw.decode.reinforce import ReinforceLoss, clip_gradients, reinforce_loss
+from optw.decode.reinforce import ReinforceLoss, reinforce_loss
 from optw.decode.static import all_done, static_rollout
 from optw.env.instances import Instances
 from optw.model import PointerNet
 from optw.train.config import TrainConfig
+from optw.train.step import clip_gradients
 
 #: Eager epochs (per node count) before the first capture.
 WARMUP = 2
@@ -70,16 +67,15 @@ def graph_steps(longest: int, n: int) -> int:
 
 
 class GraphedStep:
-    """:func:`~optw.train.loop.train_step` for rollout ``"graph"`` (``compiled``:
-    ``"graph-compiled"``): call it with each epoch's instances and learning rate; returns the
-    loss and the gradient norm as ``train_step``."""
+    """:func:`~optw.train.step.reinforce_step` for rollout ``"graph"``: call it with each
+    epoch's instances and learning rate; returns the loss and the gradient norm as
+    ``reinforce_step``."""
 
     def __init__(self, model: PointerNet, optimizer: torch.optim.Optimizer,
-                 config: TrainConfig, ids: torch.Tensor, compiled: bool = False):
+                 config: TrainConfig, ids: torch.Tensor):
         if ids.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {ids.device}")
         self.model, self.optimizer, self.config, self.ids = model, optimizer, config, ids
-        self.compiled = compiled  # rollout "graph-compiled": each step through torch.compile
         self.params = list(model.parameters())
         self.stream = torch.cuda.Stream(ids.device)
         self.eager: dict[int, int] = {}  # eager epochs run, per node count
@@ -112,7 +108,7 @@ class GraphedStep:
         return cap.loss, grad_norm
 
     def _eager(self, instances: Instances) -> tuple[ReinforceLoss, torch.Tensor]:
-        """A ``static-free`` epoch on the side stream (warm-up before capture); sets the
+        """An eager epoch of the same rollout on the side stream (warm-up before capture); sets the
         steps S of the first capture from its longest route."""
         n = instances.n_nodes
         self.stream.wait_stream(torch.cuda.current_stream())
@@ -130,11 +126,10 @@ class GraphedStep:
 
     def _loss(self, instances: Instances, steps: int | None = None,
               ) -> tuple[torch.Tensor, ReinforceLoss]:
-        """The ``static-free`` rollout's routes (``steps``: that many steps, untrimmed; else
-        until every route is done, trimmed) and its REINFORCE loss."""
+        """The static rollout's routes with ``"free"`` sampling (``steps``: that many steps,
+        untrimmed; else until every route is done, trimmed) and its REINFORCE loss."""
         routes, log_prob, entropy = static_rollout(self.model, instances, self.ids,
-                                                   sampling="free", steps=steps,
-                                                   compiled=self.compiled)
+                                                   sampling="free", steps=steps)
         return routes, reinforce_loss(route_reward(instances, self.ids, routes), log_prob,
                                       entropy, self.config.batch_size, self.config.beta)
 

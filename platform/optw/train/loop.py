@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,20 +20,22 @@ import numpy as np
 import torch
 
 from optw.catalog import Catalog, Region, Tourists, sample_tourists
-from optw.decode import rollout, solve
-from optw.decode.reinforce import (
-    ReinforceLoss,
-    clip_gradients,
-    make_optimizer,
-    reinforce_loss,
-)
-from optw.decode.static import GRAPH_ROLLOUTS, training_rollout
-from optw.env import Instances, make_instances, stack_instances
+from optw.decode import solve
+from optw.env import make_instances, stack_instances
+from optw.env.demos import Demonstrations
+from optw.errors import ConfigError, UserError
 from optw.model import ModelConfig, PointerNet, checkpoint_dict, load_model, read_checkpoint
-from optw.model.fastops import deferred_grads
 from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import TrainConfig
-from optw.train.graphed import GraphedStep
+from optw.train.rollouts import choose_rollout
+from optw.train.step import (
+    check_finite,
+    demo_batch,
+    diverging,
+    imitation_step,
+    make_optimizer,
+    reinforce_step,
+)
 
 
 @dataclass
@@ -52,7 +54,8 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device {name!r} asked for, but CUDA is not available here")
+        raise ConfigError(f"device = {name!r}: CUDA is not available here; use cpu or auto",
+                          "device")
     return torch.device(name)
 
 
@@ -78,25 +81,6 @@ def validate(
     model.train(was_training)
     return {"val_score": float(np.mean(val)), "benchmark_score": float(np.mean(bench)),
             "val_seconds": time.perf_counter() - t0, **out}
-
-
-def train_step(model: PointerNet, optimizer: torch.optim.Optimizer, instances: Instances,
-               ids: torch.Tensor, generator: torch.Generator, config: TrainConfig, lr: float,
-               mode: str = "compact") -> tuple[ReinforceLoss, torch.Tensor]:
-    """One epoch's learning step: ``config.batch_size`` sampled routes per tourist (route r is
-    of tourist ``ids[r]``; ``mode``: the rollout, :func:`~optw.decode.static.training_rollout`),
-    REINFORCE with the per-tourist mean baseline and the entropy bonus β, the gradient norm
-    clipped, one optimiser step at ``lr``. Returns the loss and the gradient norm."""
-    out = rollout(model, instances, ids, greedy=False, generator=generator, mode=mode)
-    rl = reinforce_loss(out.reward, out.log_prob, out.entropy, config.batch_size, config.beta)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
-    with deferred_grads():  # each weight's uses summed in place (fastops.WeightGrads)
-        rl.loss.backward()
-    grad_norm = clip_gradients(model.parameters(), config.max_grad_norm)
-    optimizer.step()
-    return rl, grad_norm
 
 
 def end_epoch(model: Callable[[], PointerNet], regions: list[Region],
@@ -134,7 +118,7 @@ def check_resume(state: dict[str, Any], config: TrainConfig, source: str = "chec
     harmless changes (e.g. the epoch budget) as ``{key: (before, now)}`` for the caller to
     state."""
     if "train" not in state:
-        raise ValueError(f"{source} is a model file, not a training checkpoint (use init=)")
+        raise UserError(f"{source} is a model file, not a training checkpoint (use init=)")
     t = state["train"]
     before = dict(t.get("config", {}))
     if before:  # settings added since the checkpoint was written had their defaults then
@@ -142,25 +126,25 @@ def check_resume(state: dict[str, Any], config: TrainConfig, source: str = "chec
 
         before = {**ADDED_DEFAULTS, **before}
     if list(t.get("regions", before.get("regions", []))) != list(config.regions):
-        raise ValueError(f"{source} was trained on regions {t.get('regions')}, not "
+        raise UserError(f"{source} was trained on regions {t.get('regions')}, not "
                          f"{config.regions}; resume with the same regions or start afresh")
     want = ModelConfig.from_dict(config.model).to_dict()
     have = dict(state.get("config", {}))
     model_diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
     if model_diff:
         what = ", ".join(f"{k}: {have.get(k)!r} there, {want.get(k)!r} now" for k in model_diff)
-        raise ValueError(f"{source} holds a model with other settings ({what})")
+        raise UserError(f"{source} holds a model with other settings ({what})")
     now = config.to_dict()
     diff = {k: (before.get(k), now.get(k)) for k in sorted(set(before) | set(now))
             if k not in ("regions", "model") and before.get(k) != now.get(k)}
     refused = sorted(k for k in diff if k not in RESUMABLE_CHANGES)
     if before and refused:
         what = ", ".join(f"{k}: {diff[k][0]!r} there, {diff[k][1]!r} now" for k in refused)
-        raise ValueError(f"{source} was trained with other settings ({what}); only "
+        raise UserError(f"{source} was trained with other settings ({what}); only "
                          f"{', '.join(RESUMABLE_CHANGES)} may change on resume")
-    if int(t.get("epoch", 0)) > config.epochs:
-        raise ValueError(f"{source} has already trained {t['epoch']} epochs, more than "
-                         f"epochs = {config.epochs}")
+    if int(t.get("epoch", 0)) > config.total_epochs:
+        raise UserError(f"{source} has already trained {t['epoch']} epochs, more than the "
+                        f"{config.total_epochs} of this run")
     return diff if before else {}
 
 
@@ -210,15 +194,20 @@ def train(
     callbacks: list[Callback] | tuple[Callback, ...] = (),
     init: str | Path | None = None,
     resume: str | Path | dict | None = None,
+    demos: Mapping[str, Demonstrations] | None = None,
 ) -> TrainResult:
-    """Train a model on ``config.regions``.
+    """Train a model on ``config.regions``: ``config.imitation_epochs`` of imitation of the
+    demonstrations, then ``config.epochs`` of REINFORCE.
 
-    ``init``: start from a model file's weights (ours or the authors'; fine-tuning).
+    ``init``: start from a model file's weights (ours or the authors'; fine-tuning); such a
+    run validates once before its first epoch too (the starting model on these regions).
     ``resume``: a checkpoint written by this function (``last.pt``, or its dict); the run
     continues exactly where it stopped: weights, optimiser, schedule position, RNG states.
+    ``demos``: each region's demonstrations (at least ``config.demos``); default: read from
+    the catalog's store, computing the missing ones (:func:`optw.baselines.demos.get_demos`).
     """
     if not config.regions:
-        raise ValueError("no regions to train on (config.regions is empty)")
+        raise ConfigError("regions = []: no regions to train on", "regions")
     regions = [catalog.region(r) for r in config.regions]  # KeyError names unknown ones
     device = resolve_device(config.device)
     if config.threads:
@@ -238,14 +227,16 @@ def train(
     model = start_model(config, init, state)
     model.to(device).train()
     optimizer = make_optimizer(model, config.learning_rate(0))
-    ctx = TrainContext(region_ids=[r.id for r in regions], config=config,
-                       total_epochs=config.epochs)
+    imitation, total = config.imitation_epochs, config.total_epochs
+    ctx = TrainContext(region_ids=[r.id for r in regions], config=config, total_epochs=total)
     if state is not None:
         optimizer.load_state_dict(state["train"]["optimizer"])
         for group in optimizer.param_groups:  # checkpoints from before foreach (same values)
             group["foreach"] = True
         restore_run(state, ctx, np_rng, gen)
     start_epoch = ctx.epoch
+    if start_epoch < imitation:
+        demos = _demos(config, catalog, regions, demos)
 
     validation = {r.id: catalog.validation(r.id)[: config.val_tourists] for r in regions}
     benchmark = {r.id: catalog.benchmark(r.id) for r in regions}
@@ -256,36 +247,54 @@ def train(
     ctx.snapshot = snapshot
     for cb in callbacks:
         cb.on_train_start(ctx)
+    if init is not None and start_epoch == 0:  # the starting model, for comparison
+        ctx.last_validation = validate(model, regions, validation, benchmark)
+        for cb in callbacks:
+            cb.on_validation(ctx, ctx.last_validation)
 
     B, K = config.batch_size, config.tourists_per_epoch
     ids = torch.arange(K, device=device).repeat_interleave(B)  # route r -> tourist r // B
-    graphed: GraphedStep | None = None
+    graphed = None
     t_run, rate, t_last = time.perf_counter(), None, time.perf_counter()
-    train_s, limit_s = 0.0, (config.max_minutes or 0.0) * 60
-    for epoch in range(start_epoch, config.epochs):
-        # 1. a region and K tourists for it (or, mixing regions, a region per tourist)
-        if config.mix_regions and len(regions) > 1:
-            picks = np.bincount(np_rng.integers(len(regions), size=K), minlength=len(regions))
-            instances = stack_instances([
-                make_instances(regions[i], sample_tourists(regions[i], int(k), np_rng,
-                                                           config.score_kind), device)
-                for i, k in enumerate(picks) if k])
+    train_s, limit_s, imitation_s = 0.0, (config.max_minutes or 0.0) * 60, 0.0
+    for epoch in range(start_epoch, total):
+        if epoch < imitation:
+            # 1.-3. (imitation) demonstrations of the regions, their log-likelihood, one step
+            lr = config.imitation_lr
+            inst, acts, names = demo_batch(demos, regions, config.imitation_batch, np_rng,
+                                           device)
+            with diverging(model, epoch + 1, lr):
+                loss, grad_norm = imitation_step(model, optimizer, inst, acts, names, config)
+            metrics = {"imitation_loss": float(loss.detach())}
         else:
-            region = (regions[int(np_rng.integers(len(regions)))] if len(regions) > 1
-                      else regions[0])
-            tourists = sample_tourists(region, K, np_rng, config.score_kind)
-            instances = make_instances(region, tourists, device)
+            # 1. a region and K tourists for it (or, mixing regions, a region per tourist)
+            if config.mix_regions and len(regions) > 1:
+                picks = np.bincount(np_rng.integers(len(regions), size=K),
+                                    minlength=len(regions))
+                instances = stack_instances([
+                    make_instances(regions[i], sample_tourists(regions[i], int(k), np_rng,
+                                                               config.score_kind), device)
+                    for i, k in enumerate(picks) if k])
+            else:
+                region = (regions[int(np_rng.integers(len(regions)))] if len(regions) > 1
+                          else regions[0])
+                tourists = sample_tourists(region, K, np_rng, config.score_kind)
+                instances = make_instances(region, tourists, device)
 
-        # 2.-3. B sampled routes per tourist, REINFORCE, one Adam step
-        lr = config.learning_rate(epoch, train_s)
-        mode = training_rollout(device, ids.shape[0] * instances.n_nodes, config.rollout)
-        if mode in GRAPH_ROLLOUTS:  # the same step, replayed as a CUDA graph (opt-in)
-            graphed = graphed or GraphedStep(model, optimizer, config, ids,
-                                             compiled=mode == "graph-compiled")
-            rl, grad_norm = graphed(instances, lr)
-        else:
-            rl, grad_norm = train_step(model, optimizer, instances, ids, gen, config, lr, mode)
-        loss, entropy = rl.loss, rl.entropy
+            # 2.-3. B sampled routes per tourist, REINFORCE, one Adam step
+            lr = config.learning_rate(epoch - imitation, train_s, imitation_s)
+            mode = choose_rollout(config.rollout, device.type,
+                                  ids.shape[0] * instances.n_nodes)
+            if mode == "graph" and graphed is None:  # replayed as a CUDA graph (opt-in)
+                from optw.train.graphed import GraphedStep  # CUDA only
+
+                graphed = GraphedStep(model, optimizer, config, ids)
+            with diverging(model, epoch + 1, lr):
+                rl, grad_norm = (graphed(instances, lr) if mode == "graph" else reinforce_step(
+                    model, optimizer, instances, ids, gen, config, lr, mode))
+            loss = rl.loss
+            metrics = {"mean_reward": float(rl.reward.mean()),
+                       "entropy": float(rl.entropy.detach())}
 
         # 4. report, validate, hand over to callbacks
         ctx.epoch = epoch + 1
@@ -293,11 +302,13 @@ def train(
         inst_rate = 1.0 / max(now - t_last, 1e-9)
         rate = inst_rate if rate is None else 0.9 * rate + 0.1 * inst_rate
         train_s += now - t_last
-        metrics = {"mean_reward": float(rl.reward.mean()), "loss": float(loss.detach()),
-                   "entropy": float(entropy.detach()), "grad_norm": float(grad_norm), "lr": lr,
-                   "epochs_per_s": rate}
+        if ctx.epoch == imitation:
+            imitation_s = train_s
+        metrics.update({"loss": float(loss.detach()), "grad_norm": float(grad_norm), "lr": lr,
+                        "epochs_per_s": rate})
+        check_finite(metrics, ctx.epoch, lr)
         out_of_time = bool(limit_s) and train_s >= limit_s
-        last = ctx.epoch == config.epochs or out_of_time
+        last = ctx.epoch == total or out_of_time
         end_epoch(lambda: model, regions, validation, benchmark, ctx, callbacks, metrics, last)
         t_last = time.perf_counter()  # callbacks and validation are not training time
         if ctx.stop or out_of_time:
@@ -309,3 +320,22 @@ def train(
     return TrainResult(model=model, epochs=ctx.epoch, last_validation=ctx.last_validation,
                        best_validation=ctx.best_validation,
                        seconds=time.perf_counter() - t_run, checkpoint=ctx.last_checkpoint)
+
+
+def _demos(config: TrainConfig, catalog: Catalog, regions: list[Region],
+           given: Mapping[str, Demonstrations] | None) -> dict[str, Demonstrations]:
+    """``config.demos`` demonstrations of each region: the first of ``given``, else from the
+    catalog's store (computing what it lacks)."""
+    if given is None:
+        from optw.baselines.demos import get_demos
+
+        given = get_demos(catalog, [r.id for r in regions], config.demos, config.seed,
+                          config.score_kind)
+    out = {}
+    for region in regions:
+        have = given.get(region.id)
+        if have is None or len(have) < config.demos:
+            raise UserError(f"demos = {config.demos}: {region.id} has "
+                            f"{0 if have is None else len(have)} demonstrations")
+        out[region.id] = have.take(np.arange(config.demos))
+    return out

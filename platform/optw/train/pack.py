@@ -34,7 +34,7 @@ from optw.env import make_instances, stack_instances
 from optw.model import PointerNet, read_checkpoint
 from optw.model.stacked import StackedPointerNet
 from optw.train.callbacks import Callback, TrainContext
-from optw.train.config import PACK_ROLLOUTS, TrainConfig
+from optw.train.config import TrainConfig
 from optw.train.loop import (
     TrainResult,
     check_resume,
@@ -43,7 +43,10 @@ from optw.train.loop import (
     restore_run,
     start_model,
     training_snapshot,
+    validate,
 )
+from optw.train.rollouts import PACK_ROLLOUTS
+from optw.train.step import check_finite
 
 #: Adam's defaults, as :func:`optw.train.train` uses them.
 BETAS, EPS = (0.9, 0.999), 1e-8
@@ -161,6 +164,9 @@ def train_pack(
         if c.rollout not in PACK_ROLLOUTS:
             raise ValueError(f"pack member {i}: rollout = {c.rollout!r}, but a pack trains "
                              "with the compacted rollout (train it alone, or use auto)")
+        if c.imitation_epochs:
+            raise ValueError(f"pack member {i}: imitation_epochs = {c.imitation_epochs}, but "
+                             "a pack trains with REINFORCE only (train it alone)")
     devices = {c.device for c in configs}
     if len(devices) > 1:
         raise ValueError(f"pack members ask for different devices {sorted(devices)}")
@@ -228,6 +234,11 @@ def train_pack(
         mb.ctx.snapshot = snapshot_of(mb)
         for cb in mb.callbacks:
             cb.on_train_start(mb.ctx)
+        if inits[mb.index] is not None and mb.ctx.epoch == 0:  # the starting model
+            mb.ctx.last_validation = validate(stacked.member(mb.index), [mb.region],
+                                              mb.validation, mb.benchmark)
+            for cb in mb.callbacks:
+                cb.on_validation(mb.ctx, mb.ctx.last_validation)
     for mb in members:
         if mb.ctx.epoch >= mb.config.epochs:
             finish(mb)
@@ -292,6 +303,7 @@ def train_pack(
             metrics = {"mean_reward": float(reward.mean()), "loss": float(loss.detach()),
                        "entropy": float(entropy.detach()), "grad_norm": float(norms[mb.index]),
                        "lr": lrs[mb.index], "epochs_per_s": rate}
+            check_finite(metrics, ctx.epoch, lrs[mb.index])
             last = ctx.epoch == c.epochs or bool(c.max_minutes and train_s >= 60 * c.max_minutes)
             end_epoch(lambda mb=mb: stacked.member(mb.index), [mb.region], mb.validation,
                       mb.benchmark, ctx, mb.callbacks, metrics, last)

@@ -1,0 +1,220 @@
+"""Demonstrations for imitation: ILS routes of generated training tourists, per region.
+
+- **Tourists** come from a stream of their own (:func:`demo_tourists`): blocks of
+  :data:`BLOCK` tourists, block b drawn from ``default_rng([DEMO_STREAM, seed, crc32(region),
+  b])`` (the validation sets' stream is ``default_rng([seed, crc32(region)])``), ids from
+  :data:`FIRST_ID` on; a tourist equal to one of the region's validation or benchmark tourists
+  is dropped, so a demonstration is never a tourist the models are scored on. The first n
+  tourists of a longer set are the n of a shorter one.
+- **Routes** are ILS's (:func:`~optw.baselines.ils.solve_ils`), each checked by the route
+  validator.
+- **Stored** in ``<catalog>/baselines/demos.parquet``, one row per demonstration, keyed by
+  (region, seed, score kind, ILS version, index): a run that needs n demonstrations reads the
+  first n and computes only the missing ones (:func:`get_demos`; on Ray with ``workers`` > 1).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from optw.baselines.ils import ILS_VERSION
+from optw.catalog.generator import sample_tourists
+from optw.catalog.region import Region, Tourists
+from optw.env.demos import Demonstrations
+from optw.env.validate import check_route
+from optw.paths import replace_atomic
+
+DEMO_FILE = "demos.parquet"
+#: Tag of the demonstrations' random stream (the validation sets' seeds have no tag).
+DEMO_STREAM = 0x44454D4F
+BLOCK = 64
+FIRST_ID = 1_000_000
+KEY = ("region", "seed", "score_kind", "ils_version", "index")
+SCHEMA = pa.schema([
+    ("region", pa.string()), ("seed", pa.int64()), ("score_kind", pa.string()),
+    ("ils_version", pa.int64()), ("index", pa.int64()), ("tourist", pa.int64()),
+    ("start_x", pa.float64()), ("start_y", pa.float64()), ("t_start", pa.float64()),
+    ("t_end", pa.float64()), ("scores", pa.list_(pa.float64())), ("route", pa.list_(pa.int32())),
+    ("score", pa.float64()), ("seconds", pa.float64()),
+])
+
+
+def demos_path(catalog_dir: Path | str) -> Path:
+    """The demonstrations' store of the catalog at ``catalog_dir``."""
+    return Path(catalog_dir) / "baselines" / DEMO_FILE
+
+
+def _key(t: Tourists, i: int) -> bytes:
+    return np.concatenate([t.start_xy[i], [t.t_start[i], t.t_end[i]], t.scores[i]]).tobytes()
+
+
+def demo_tourists(region: Region, n: int, seed: int, held_out: Sequence[Tourists],
+                  score_kind: str | None = None) -> Tourists:
+    """The region's first ``n`` demonstration tourists for ``seed`` (see the module
+    docstring), none equal to a tourist of ``held_out`` (its validation and benchmark
+    tourists)."""
+    banned = {_key(t, i) for t in held_out for i in range(len(t))}
+    crc = zlib.crc32(region.id.encode())
+    blocks, have, b = [], 0, 0
+    while have < n:
+        rng = np.random.default_rng([DEMO_STREAM, int(seed), crc, b])
+        block = sample_tourists(region, BLOCK, rng, score_kind, kind="generated")
+        keep = np.array([_key(block, i) not in banned for i in range(BLOCK)])
+        blocks.append(block[np.flatnonzero(keep)])
+        have += int(keep.sum())
+        b += 1
+    out = Tourists.concat(blocks)[:n] if blocks else sample_tourists(region, 0)
+    return Tourists(region.id, np.arange(FIRST_ID, FIRST_ID + n, dtype=np.int64), "generated",
+                    out.start_xy, out.t_start, out.t_end, out.scores)
+
+
+def _rows(region: Region, tourists: Tourists, first: int, seed: int, kind: str) -> list[dict]:
+    """ILS routes of ``tourists`` (demonstrations ``first``, ``first + 1``, ...) as store
+    rows; an invalid route is a bug in the ILS and raises."""
+    from optw.baselines.ils import solve_ils
+
+    rows = []
+    for i in range(len(tourists)):
+        res = solve_ils(region, tourists, i)
+        check_route(region, res.route, tourists, i, claimed_score=res.score).raise_if_invalid(
+            f"the ILS route of demonstration {first + i} of {region.id}")
+        rows.append({
+            "region": region.id, "seed": int(seed), "score_kind": kind,
+            "ils_version": ILS_VERSION, "index": first + i,
+            "tourist": int(tourists.tourist_id[i]), "start_x": float(tourists.start_xy[i, 0]),
+            "start_y": float(tourists.start_xy[i, 1]), "t_start": float(tourists.t_start[i]),
+            "t_end": float(tourists.t_end[i]), "scores": tourists.scores[i].tolist(),
+            "route": list(res.route), "score": res.score, "seconds": res.seconds})
+    return rows
+
+
+def solve_block(catalog: str, region_id: str, start: int, stop: int, seed: int,
+                score_kind: str | None, localize: Callable[[str], str] | None = None,
+                ) -> list[dict]:
+    """Demonstrations ``start..stop-1`` of a region as store rows (a Ray task; ``localize``
+    makes ``catalog`` a folder on the task's node, as for the ILS baseline's tasks)."""
+    from optw.catalog.store import open_catalog
+
+    cat = open_catalog(localize(catalog) if localize is not None else catalog)
+    region = cat.region(region_id)
+    tourists = demo_tourists(region, stop, seed, [cat.validation(region_id),
+                                                  cat.benchmark(region_id)], score_kind)
+    return _rows(region, tourists[start:stop], start, seed, score_kind or "default")
+
+
+def _read(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        return pd.DataFrame({name: pd.Series(dtype=object) for name in SCHEMA.names})
+    return pq.read_table(path).to_pandas()
+
+
+def _write(path: Path, stored: pd.DataFrame, rows: list[dict]) -> pd.DataFrame:
+    """The store with ``rows`` added (a new row wins over a stored one of the same key),
+    written atomically."""
+    new = pd.DataFrame(rows, columns=SCHEMA.names)
+    both = pd.concat([df for df in (stored, new) if len(df)], ignore_index=True)
+    both = both.drop_duplicates(list(KEY), keep="last").sort_values(list(KEY))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pandas(both.reset_index(drop=True), schema=SCHEMA,
+                                 preserve_index=False)
+    replace_atomic(path, lambda tmp: pq.write_table(table, tmp))
+    return both
+
+
+def get_demos(catalog, region_ids: Sequence[str], n: int, seed: int,
+              score_kind: str | None = None, *, workers: int = 1, progress: bool = False,
+              write: bool = True, task_catalog: str | None = None,
+              localize: Callable[[str], str] | None = None,
+              task_resources: Mapping[str, float] | None = None,
+              ) -> dict[str, Demonstrations]:
+    """``n`` demonstrations of each region of ``catalog`` (an open
+    :class:`~optw.catalog.Catalog`): the stored ones, and the missing ones computed (in
+    ``workers`` Ray tasks when more than one, opening ``task_catalog`` through ``localize``
+    as the ILS baseline's tasks do) and added to the store (unless ``write`` is false)."""
+    kind = score_kind or "default"
+    path = demos_path(catalog.path)
+    stored = _read(path)
+    mine = stored[(stored["seed"] == seed) & (stored["score_kind"] == kind)
+                  & (stored["ils_version"] == ILS_VERSION)] if len(stored) else stored
+    have = mine.groupby("region")["index"].apply(set).to_dict() if len(mine) else {}
+    jobs = []
+    for rid in region_ids:
+        first = next((i for i in range(n) if i not in have.get(rid, set())), n)
+        if first < n:
+            jobs.append((rid, first, n))
+    rows: list[dict] = []
+    if jobs:
+        todo = sum(stop - start for _, start, stop in jobs)
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=todo, desc="demonstrations", unit="tourist", smoothing=0.05)
+        args = [(task_catalog or str(catalog.path), rid, start, stop, seed, score_kind)
+                for rid, start, stop in jobs]
+        try:
+            for got in _map(args, workers, localize, task_resources):
+                rows += got
+                if bar is not None:
+                    bar.update(len(got))
+        finally:
+            if bar is not None:
+                bar.close()
+        if write:
+            stored = _write(path, stored, rows)
+        else:
+            stored = pd.concat([stored, pd.DataFrame(rows, columns=SCHEMA.names)])
+        mine = stored[(stored["seed"] == seed) & (stored["score_kind"] == kind)
+                      & (stored["ils_version"] == ILS_VERSION)]
+    out = {}
+    for rid in region_ids:
+        df = mine[(mine["region"] == rid) & (mine["index"] < n)].sort_values("index")
+        out[rid] = _demonstrations(rid, df)
+    return out
+
+
+def _demonstrations(region_id: str, df: pd.DataFrame) -> Demonstrations:
+    tourists = Tourists(
+        region_id, df["tourist"].to_numpy(np.int64), "generated",
+        df[["start_x", "start_y"]].to_numpy(np.float64), df["t_start"].to_numpy(np.float64),
+        df["t_end"].to_numpy(np.float64),
+        np.array(df["scores"].tolist(), dtype=np.float64).reshape(len(df), -1))
+    return Demonstrations(tourists, [list(map(int, r)) for r in df["route"]],
+                          df["score"].to_numpy(np.float64))
+
+
+def _map(args: list[tuple], workers: int, localize, resources) -> Iterator[list[dict]]:
+    """:func:`solve_block` of each argument tuple, here or in Ray tasks, as they arrive."""
+    if workers <= 1:
+        for a in args:
+            yield solve_block(*a, localize=localize)
+        return
+    import ray
+
+    from optw.raylocal import ensure_token
+
+    started = False
+    if not ray.is_initialized():
+        ensure_token()
+        ray.init(address="local", num_cpus=workers, include_dashboard=False,
+                 object_store_memory=200 * 1024**2, configure_logging=True,
+                 logging_level="ERROR")
+        started = True
+    try:
+        task = ray.remote(num_cpus=1, max_retries=0)(solve_block)
+        if resources:
+            task = task.options(resources=dict(resources))
+        pending = [task.remote(*a, localize=localize) for a in args]
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            yield ray.get(ready[0])
+    finally:
+        if started:
+            ray.shutdown()

@@ -1,0 +1,47 @@
+"""Demonstrations: routes of given tourists (a teacher's, e.g. ILS) for the policy to imitate,
+as the action sequences a teacher-forced rollout follows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from optw.catalog.region import Tourists
+
+
+@dataclass(frozen=True)
+class Demonstrations:
+    """Routes ``routes[i]`` (node indices from the start 0 to the end ``n - 1``) of
+    ``tourists[i]`` of one region, and their scores."""
+
+    tourists: Tourists
+    routes: list[list[int]]
+    scores: np.ndarray
+
+    def __post_init__(self) -> None:
+        if not len(self.tourists) == len(self.routes) == len(self.scores):
+            raise ValueError(f"{len(self.tourists)} tourists, {len(self.routes)} routes and "
+                             f"{len(self.scores)} scores: expected one of each per tourist")
+
+    def __len__(self) -> int:
+        return len(self.routes)
+
+    def take(self, idx: np.ndarray) -> Demonstrations:
+        """The demonstrations ``idx`` (an index array), in that order."""
+        return Demonstrations(self.tourists[idx], [self.routes[int(i)] for i in idx],
+                              self.scores[idx])
+
+
+def actions(routes: list[list[int]], n_nodes: list[int] | int, width: int,
+            device: torch.device | str = "cpu") -> torch.Tensor:
+    """``routes`` as the ``actions`` [R, L] of a teacher-forced rollout over instances of
+    ``width`` nodes: each route's end node (``n_nodes[r] - 1`` of its own region) becomes
+    ``width - 1``, the end of instances padded to ``width`` nodes
+    (:func:`optw.env.instances.stack_instances`); padded with -1."""
+    sizes = [n_nodes] * len(routes) if isinstance(n_nodes, int) else n_nodes
+    out = torch.full((len(routes), max(len(r) for r in routes)), -1, dtype=torch.long)
+    for i, (route, n) in enumerate(zip(routes, sizes, strict=True)):
+        out[i, : len(route)] = torch.tensor([width - 1 if v == n - 1 else v for v in route])
+    return out.to(device)
