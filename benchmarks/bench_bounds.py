@@ -1,9 +1,9 @@
 """Where a CPU's time goes in training and evaluation, and the most that removing every other
-operation could gain: the bound behind issue 24's CPU goals.
+operation could gain.
 
 No device needed. Three workloads, each as ``make run`` or ``bench_ops.py`` runs it:
 
-- ``train``: t101 training epochs (K = 1 tourist × B = 32 routes: ``train_step``, the
+- ``train``: t101 training epochs (K = 1 tourist × B = 32 routes: ``reinforce_step``, the
   compacted rollout, REINFORCE backward, clipping, Adam, as ``bench_ops.py`` times them) with
   ``--threads`` threads, and the same epochs with 1 thread, alternated (does the second thread
   help?);
@@ -130,13 +130,12 @@ def best_seconds(fn: Callable[[], Any], rounds: int) -> float:
 
 def fixed_epochs(model, instances: list, routes_per_tourist: int,
                  seed: int) -> Callable[[], None]:
-    """A callable that trains one epoch on each of ``instances`` (``train_step``: compacted
-    rollout, REINFORCE, clipping, Adam) at lr 1e-9, each epoch's sampling seeded by its index:
-    every call does the same work (the same routes; the weights hardly move), so timed and
-    profiled calls compare."""
-    from optw.decode.reinforce import make_optimizer
+    """A callable that trains one epoch on each of ``instances`` (``reinforce_step``:
+    compacted rollout, REINFORCE, clipping, Adam) at lr 1e-9, each epoch's sampling seeded by
+    its index: every call does the same work (the same routes; the weights hardly move), so
+    timed and profiled calls compare."""
     from optw.train import TrainConfig
-    from optw.train.loop import train_step
+    from optw.train.step import make_optimizer, reinforce_step
 
     model.train()
     opt = make_optimizer(model, 1e-9)
@@ -148,7 +147,7 @@ def fixed_epochs(model, instances: list, routes_per_tourist: int,
     def run() -> None:
         for i, inst in enumerate(instances):
             gens[i].manual_seed(seed + i)
-            train_step(model, opt, inst, ids[i], gens[i], config, 1e-9)
+            reinforce_step(model, opt, inst, ids[i], gens[i], config, 1e-9)
 
     return run
 

@@ -32,10 +32,9 @@ from benchutil import sync
 
 ROOT = Path(__file__).resolve().parents[1]
 #: where the published weights are, and the device (``--pretrained``, ``--device``; passed on
-#: to the training worker processes through the environment)
-PRETRAINED = Path(os.environ.get("OPTW_BENCH_PRETRAINED",
-                                 ROOT.parent / "shared" / "reference" / "pretrained"))
-DEVICE = os.environ.get("OPTW_BENCH_DEVICE", "cpu")
+#: to the training worker processes as the same options)
+PRETRAINED = ROOT.parent / "shared" / "reference" / "pretrained"
+DEVICE = "cpu"
 WEIGHTS = {rid: PRETRAINED / name for rid, name in PUBLISHED_WEIGHTS.items()}
 
 
@@ -205,12 +204,13 @@ def bench_training(threads: list[int], quick: bool, quiet: float = 0.0) -> list[
     for region_id, init in runs:
         for th in threads:
             epochs = (6 if init != "scratch" else 15) // (2 if quick else 1)
-            cmd = [sys.executable, __file__, "--worker", region_id, init, str(th), str(epochs)]
+            cmd = [sys.executable, __file__, "--worker", region_id, init, str(th), str(epochs),
+                   "--device", DEVICE, "--pretrained", str(PRETRAINED)]
             wait_quiet(quiet)
             out = subprocess.run(cmd, capture_output=True, text=True,
                                  env={**os.environ, "PYTHONPATH": str(ROOT / "platform")})
             if out.returncode:
-                raise RuntimeError(f"training worker {cmd[3:]} failed:\n{out.stderr}")
+                raise RuntimeError(f"training worker {cmd[3:7]} failed:\n{out.stderr}")
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     return rows
 
@@ -268,7 +268,6 @@ def main() -> int:
                    help=argparse.SUPPRESS)
     args = p.parse_args()
     DEVICE, PRETRAINED = args.device, args.pretrained
-    os.environ.update(OPTW_BENCH_DEVICE=DEVICE, OPTW_BENCH_PRETRAINED=str(PRETRAINED))
     for key, path in WEIGHTS.items():
         WEIGHTS[key] = PRETRAINED / path.name
     if args.worker:

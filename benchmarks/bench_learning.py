@@ -159,7 +159,7 @@ def plot(summary: list[dict[str, Any]], path: Path) -> None:
     for ax, rid in zip(axes[0], regions, strict=True):
         for s in (s for s in summary if s["region"] == rid):
             xs = [p["cpu_s"] / 60 for p in s["points"]]
-            c = colors.get(s["recipe"], None)
+            c = colors.get(s["recipe"])
             ax.plot(xs, [p["greedy"] for p in s["points"]], color=c,
                     label=f"{s['recipe']} greedy")
             ax.plot(xs, [p["beam"] for p in s["points"]], color=c, ls="--",

@@ -1,12 +1,12 @@
 """Operations dispatched per training epoch, and CPU epochs/s, for each training rollout.
 
 No device needed. One training epoch = what :func:`optw.train.train` does per epoch
-(:func:`optw.train.loop.train_step`): K generated tourists of the region, B sampled routes
-each, REINFORCE backward, gradient clipping, one Adam step. Runs every rollout mode
-(``compact``: the compacted CPU decoder; ``static``: the fixed-shape GPU rollout, with its
-``compat`` sampling; ``static-free``: its Gumbel sampling) in ONE process, side by side, from
-the same weights (the published t101 weights when ``--pretrained`` holds them, else a seeded
-model; trained weights give realistic route lengths), on the same tourists::
+(:func:`optw.train.step.reinforce_step`): K generated tourists of the region, B sampled routes
+each, REINFORCE backward, gradient clipping, one Adam step. Runs each training rollout of
+``--modes`` (``compact``: the compacted CPU decoder; ``static``: the fixed-shape rollout CUDA
+trains with; :mod:`optw.train.rollouts`) in ONE process, side by side, from the same weights
+(the published t101 weights when ``--pretrained`` holds them, else a seeded model; trained
+weights give realistic route lengths), on the same tourists::
 
     PYTHONPATH=platform .venv/bin/python benchmarks/bench_ops.py            # t101, B = 32
     PYTHONPATH=platform .venv/bin/python benchmarks/bench_ops.py --quick
@@ -24,8 +24,8 @@ baseline, the speed-up is also given per round: round k of both runs the same ep
 seed, tourists and route lengths), so the median of the per-round ratios is the steadier
 figure on a shared machine.
 
-``--baseline-ref REF`` (default ``2f4bf16``, the code issue 24 measured; ``none`` skips it;
-a ref from before ``train_step`` runs its own loop's step, :func:`legacy_step`) runs the same
+``--baseline-ref REF`` (default ``2f4bf16``; ``none`` skips it; a ref older than the
+learning-step function runs :func:`legacy_step`, that ref's loop inline) runs the same
 measurement, same weights, seed, B and threads, in a subprocess on a ``git archive`` of REF's
 ``platform/``, next to this checkout's, and prints the ratios (ops: new / old, epochs/s:
 new / old). The baseline runs as a worker process whose timed rounds alternate with this
@@ -53,13 +53,10 @@ import torch
 from benchutil import common_options, parse_list, published_or_seeded
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("compact", "static", "static-free")
-#: Modes ``--modes`` also takes: ``compiled``, ``static-free`` with each step through
-#: ``torch.compile`` (opt-in; for GPUs; compiles in its first epoch; no baseline has it).
-CPU_MODES = (*MODES, "compiled")
-#: Modes a CUDA device can also run (``graph``: :mod:`optw.train.graphed`, CUDA graphs;
-#: ``graph-compiled``: the same, each step through ``torch.compile``).
-CUDA_MODES = (*MODES, "graph", "graph-compiled")
+#: Training rollouts ``--modes`` takes (:mod:`optw.train.rollouts`).
+MODES = ("compact", "static")
+#: Rollouts a CUDA device also runs (``graph``: :mod:`optw.train.graphed`, CUDA graphs).
+CUDA_MODES = (*MODES, "graph")
 #: aten ops that launch no kernel (views, metadata, allocation).
 METADATA_OPS = {
     "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::_unsafe_view",
@@ -85,12 +82,7 @@ class Runner:
         self.model = PointerNet(cfg)
         self.model.load_state_dict(state)
         self.model.to(self.device).train()
-        try:  # the run's optimiser, as optw.train.train makes it
-            from optw.decode.reinforce import make_optimizer
-        except ImportError:  # a baseline from before make_optimizer
-            self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-5)
-        else:
-            self.opt = make_optimizer(self.model, 1e-5)
+        self.opt = _optimizer(self.model)
         self.config = TrainConfig(regions=[region.id], batch_size=batch,
                                   tourists_per_epoch=tourists)
         self.region = region
@@ -98,11 +90,10 @@ class Runner:
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.ids = torch.arange(tourists, device=self.device).repeat_interleave(batch)
         self.graphed = None
-        if name in ("graph", "graph-compiled"):
+        if name == "graph":
             from optw.train.graphed import GraphedStep
 
-            self.graphed = GraphedStep(self.model, self.opt, self.config, self.ids,
-                                       compiled=name == "graph-compiled")
+            self.graphed = GraphedStep(self.model, self.opt, self.config, self.ids)
 
     def epoch(self) -> None:
         from optw.catalog import sample_tourists
@@ -116,17 +107,32 @@ class Runner:
             self.graphed(inst, 1e-5)
             return
         try:
-            from optw.train.loop import train_step
-        except ImportError:  # a baseline from before train_step (2f4bf16): its loop, inline
-            legacy_step(self.model, self.opt, inst, self.ids, self.gen, c, 1e-5)
-            return
-        train_step(self.model, self.opt, inst, self.ids, self.gen, c, 1e-5, self.mode)
+            from optw.train.step import reinforce_step
+        except ImportError:  # a baseline ref: its own step function, else its loop inline
+            try:
+                from optw.train.loop import train_step as reinforce_step
+            except ImportError:
+                legacy_step(self.model, self.opt, inst, self.ids, self.gen, c, 1e-5)
+                return
+        reinforce_step(self.model, self.opt, inst, self.ids, self.gen, c, 1e-5, self.mode)
+
+
+def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The run's optimiser, as :func:`optw.train.train` makes it (a baseline ref's own)."""
+    try:
+        from optw.train.step import make_optimizer
+    except ImportError:
+        try:
+            from optw.decode.reinforce import make_optimizer
+        except ImportError:  # a ref older than make_optimizer
+            return torch.optim.Adam(model.parameters(), lr=1e-5)
+    return make_optimizer(model, 1e-5)
 
 
 def legacy_step(model, opt, inst, ids, gen, c, lr: float) -> None:
-    """One epoch's learning step as :func:`optw.train.train` did it before ``train_step``
-    existed (2f4bf16, the code issue 24 measured): compacted rollout, REINFORCE with the
-    per-tourist mean baseline and the entropy bonus, clipping, one Adam step."""
+    """One epoch's learning step of a ref older than the learning-step function (such as
+    2f4bf16): compacted rollout, REINFORCE with the per-tourist mean baseline and the entropy
+    bonus, clipping, one Adam step."""
     from optw.decode import rollout
 
     out = rollout(model, inst, ids, greedy=False, generator=gen)
@@ -166,19 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=10, help="epochs per timed round")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per mode")
     p.add_argument("--profile-epochs", type=int, default=3)
-    p.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(CPU_MODES)}")
+    p.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
     common_options(p)
     p.add_argument("--quick", action="store_true", help="fewer epochs and rounds")
     p.add_argument("--baseline-ref", default="2f4bf16",
                    help="git ref whose platform/ is measured first, for ratios ('none': skip)")
     p.add_argument("--json-stdout", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    modes = parse_list(args.modes, CPU_MODES, "bench_ops", "--modes")
+    modes = parse_list(args.modes, MODES, "bench_ops", "--modes")
     if modes is None:
-        return 2
-    if "compiled" in modes and args.baseline_ref != "none" and not args.json_stdout:
-        print("bench_ops: error: --modes compiled: no baseline ref has that rollout; add "
-              "--baseline-ref none", file=sys.stderr)
         return 2
     if args.quick:
         args.epochs, args.rounds, args.profile_epochs = 2, 1, 1

@@ -1,5 +1,5 @@
-"""The CUDA path (issue 10 §1): the checks of ``benchmarks/gpu_check.py`` under pytest, on a
-machine with CUDA; skipped elsewhere (CI has no GPU). They need only torch, numpy and pyarrow:
+"""The CUDA path: the checks of ``benchmarks/gpu_check.py`` under pytest, on a machine with
+CUDA; skipped elsewhere (CI has no GPU). They need only torch, numpy and pyarrow:
 ``PYTHONPATH=platform python -m pytest -m gpu tests/test_gpu.py`` or, without pytest,
 ``benchmarks/gpu_check.py`` (docs/gpu.md)."""
 
@@ -67,37 +67,3 @@ def test_graph_rollout_replays_what_eager_computes_on_cuda(catalog):
     scratch with it learns."""
     res = gpu_check.check_graph(catalog, PRETRAINED, CUDA)
     assert res["ok"], res
-
-
-@needs_weights
-def test_graph_compiled_rollout_replays_what_its_compiled_steps_compute_on_cuda(catalog):
-    """Rollout "graph-compiled" (opt-in; each step through torch.compile, then captured): a
-    replayed epoch gives what the same compiled steps give eagerly, and training learns."""
-    res = gpu_check.check_graph(catalog, PRETRAINED, CUDA, compiled=True)
-    assert res["ok"], res
-
-
-@needs_weights
-def test_static_and_graph_beam_search_find_the_compacted_routes_on_cuda(catalog):
-    """The opt-in beam-search modes ``static`` and ``graph`` (replayed CUDA graphs, also from
-    the cache on a second call): 308/399 and the compacted search's routes on CUDA."""
-    res = gpu_check.check_beam_static(catalog, PRETRAINED, CUDA)
-    assert res["ok"], res
-
-
-def test_graph_beam_search_on_tiny_regions_on_cuda(tiny_catalog):
-    """Beam mode ``graph`` on regions of 10-14 points, where a replayed chunk of steps runs past
-    the last node: the compacted search's routes, scores and finished counts, twice."""
-    from optw.decode import beam_search
-    from optw.env import make_instances
-    from optw.model import ModelConfig, PointerNet
-
-    torch.manual_seed(5)
-    model = PointerNet(ModelConfig()).eval().to(CUDA)
-    for rid in tiny_catalog.list_regions():
-        inst = make_instances(tiny_catalog.region(rid), tiny_catalog.validation(rid)[:5], CUDA)
-        for width in (3, 8, 8):
-            a = beam_search(model, inst, width)
-            b = beam_search(model, inst, width, mode="graph")
-            assert (a.routes, a.scores, a.finished) == (b.routes, b.scores, b.finished), (
-                rid, width)
