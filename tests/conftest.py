@@ -76,7 +76,7 @@ def write_tiny_source(root: Path) -> Path:
 RAY_MODULES = frozenset({
     "test_custom_job", "test_dashboards", "test_distributed", "test_embedded", "test_examples",
     "test_fresh_machine", "test_ils", "test_planner_page", "test_quiet_output", "test_raylogs",
-    "test_serve", "test_serve_cli", "test_serve_latlon", "test_two_node"})
+    "test_report_job", "test_serve", "test_serve_cli", "test_serve_latlon", "test_two_node"})
 
 
 class RayModulesApart:

@@ -152,7 +152,9 @@ def test_catalog_build_refuses_a_bogus_device_and_an_out_file(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith(f"optw catalog build: error: {text}") and err.count("\n") == 1
     assert afile.read_text() == "mine" and not (tmp_path / "c").exists()
-    with pytest.raises(NotADirectoryError, match="not a catalog folder"):
+    from optw.outdir import OutDirError
+
+    with pytest.raises(OutDirError, match="is a file, not a catalog folder"):
         build_catalog(src, afile)
 
 

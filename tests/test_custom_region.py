@@ -353,6 +353,13 @@ def _geo_text(text: str):
     return make
 
 
+def _header_only(tmp: Path) -> dict:
+    header = (FIX / "town.csv").read_text().splitlines()[0]
+    path = tmp / "header_only.csv"
+    path.write_text(header + "\n\n")
+    return {"points": path}
+
+
 def _ok(**kw):
     return lambda tmp: {"points": FIX / "town.csv", **kw}
 
@@ -371,6 +378,7 @@ BAD = {
     "reserved name": (_edit(4, name="End"), 4, "name", "reserved"),
     "missing name": (_edit(5, name=""), 5, "name", "missing name"),
     "too few points": (_few, None, None, "at least 3"),
+    "header and no rows": (_header_only, None, None, "has a header but no rows"),
     "unreachable far away": (_edit(7, lat="44.5"), 7, "closes", "no tourist can visit"),
     "unreachable too late": (_edit(11, closes="09:01"), 11, "closes", "Market Hall"),
     "bad latitude": (_edit(3, lat="95"), 3, "lat", "outside [-90, 90]"),
@@ -423,6 +431,10 @@ OPTION_ERRORS = {
     "benchmark-like id": ({"region": "pr42"}, "region", "clashes"),
     "unsafe id": ({"region": "My City!"}, "region", "safe identifier"),
     "benchmark group": ({"group": "solomon"}, "group", "benchmark group"),
+    "benchmark group as id": ({"region": "gavalas"}, "region", "is a group name"),
+    "default group as id": ({"region": "custom"}, "region", "is a group name"),
+    "its own group as id": ({"region": "trips", "group": "trips"}, "region", "is a group name"),
+    "region id as group": ({"group": "r199"}, "group", "is a region id"),
     "bad group": ({"group": "Big Group"}, "group", "safe identifier"),
     "speed for x/y": ({"points": FIX / "grid.csv", "speed_kmh": 5.0}, "--speed-kmh", "lat/lon"),
     "zero speed": ({"speed_kmh": 0.0}, "--speed-kmh", "must be in"),
@@ -461,6 +473,27 @@ def test_bad_options_are_refused_and_leave_catalog(cat_dir, case):
         add_region(kw.pop("region"), catalog=cat_dir, **kw)
     assert err.value.field == field and text in str(err.value)
     assert snapshot(cat_dir) == before
+
+
+def test_cli_refuses_group_names_as_ids_and_a_file_without_rows(cat_dir, tmp_path, capsys):
+    """`optw catalog add gavalas` (a benchmark group's name), an id equal to a custom group of
+    the catalog, and a points CSV with the full header and no rows are refused in one line
+    (exit 2) naming the id or the file; the catalog stays byte-identical."""
+    before = snapshot(cat_dir)
+    cases = [(["gavalas", "--points", str(FIX / "town.csv")], "region id 'gavalas' is a "
+              "group name"),
+             (["town", "--points", str(_header_only(tmp_path)["points"])],
+              "header_only.csv: the file has a header but no rows")]
+    for args, text in cases:
+        capsys.readouterr()
+        assert cli(["catalog", "add", *args, "--catalog", str(cat_dir)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and text in err, err
+        assert "missing column" not in err
+    assert snapshot(cat_dir) == before
+    add_region("town", FIX / "town.csv", group="trips", catalog=cat_dir)
+    with pytest.raises(CustomRegionError, match="region id 'trips' is a group name"):
+        add_region("trips", FIX / "grid.csv", catalog=cat_dir)
 
 
 def test_unreachable_lists_every_unreachable_point(tmp_path):

@@ -149,12 +149,16 @@ def test_missing_baseline_pairs(cat):
 
 def test_write_tables_all_or_nothing(cat, tmp_path, monkeypatch):
     """A failure while writing leaves the output folder exactly as it was (no partial files,
-    no temporary folder left behind)."""
+    no temporary folder left behind); a second evaluation replaces the folder whole; a folder
+    of other files is refused and left alone."""
+    from optw.outdir import OutDirError
+
     res, ils = _case_frames()
     out = evaluate(validate_results(res, cat), ils, pd.Series(BEST_KNOWN))
     dest = tmp_path / "eval"
-    dest.mkdir()
-    (dest / "keep.txt").write_text("old")
+    write_tables(out, dest)
+    (dest / "stale.md").write_text("old")
+    before = {p.name: p.read_bytes() for p in dest.iterdir()}
 
     def boom(tables):
         raise RuntimeError("disk full")
@@ -163,11 +167,18 @@ def test_write_tables_all_or_nothing(cat, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError):
         write_tables(out, dest)
     assert [p.name for p in tmp_path.iterdir()] == ["eval"]
-    assert [p.name for p in dest.iterdir()] == ["keep.txt"]
+    assert {p.name: p.read_bytes() for p in dest.iterdir()} == before
     monkeypatch.undo()
     names = {p.name for p in write_tables(out, dest)}
     assert {"summary.csv", "summary.md", "regions.csv", "pvalues.md",
             "regions_benchmark.md", "regions_generated.md"} <= names
+    assert not (dest / "stale.md").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine")
+    with pytest.raises(OutDirError, match="holds other files"):
+        write_tables(out, mine)
+    assert [p.name for p in mine.iterdir()] == ["keep.txt"]
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -379,3 +390,54 @@ def test_gap_to_ils_of_a_model_validated_on_several_regions():
     assert gap_to_ils({"val_score": 110.0}, {"r199": 100.0}) == pytest.approx(-10.0)
     assert gap_to_ils(metrics, {"pr01": 100.0, "c101": 0.0}) == pytest.approx(10.0)
     assert gap_to_ils(metrics, {}) is None
+
+
+def test_active_search_in_an_evaluation_shows_a_progress_bar(tiny_catalog, tmp_path, capfd):
+    """An evaluation with active search shows one tqdm bar over every epoch of every tourist
+    it tunes (on stderr; asked for here, by default only on a terminal), naming the region and
+    the tourist; without a terminal it stays quiet."""
+    from optw.evaluate.protocol import EvaluateSettings, evaluate_model
+    from optw.model import ModelConfig, PointerNet, save_model
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(2)
+    ckpt = save_model(PointerNet(ModelConfig()), tmp_path / "m.pt")
+    settings = EvaluateSettings(beams=2, validation_tourists=2, beam_sweep=[],
+                                active_search=2)
+    rows, _ = evaluate_model(str(ckpt), ["pr99"], "model", settings, str(tiny_catalog.path),
+                             progress=True)
+    err = capfd.readouterr().err
+    assert "active search" in err and "6/6" in err and "region=pr99" in err, err
+    assert len([r for r in rows if r["method"] == "model_as"]) == 3
+    evaluate_model(str(ckpt), ["pr99"], "model", settings, str(tiny_catalog.path))
+    assert "active search" not in capfd.readouterr().err  # stderr is no terminal here
+
+
+def test_user_errors_of_these_layers_are_optw_errors(cat, tmp_path):
+    """Every error these layers raise for bad input is an OptwError (the command line's one
+    line, exit 2) and keeps its builtin base (callers catching ValueError etc. still work);
+    an unknown region is a KeyError that reads as its message."""
+    from optw.baselines.store import run_ils_baseline
+    from optw.catalog import CatalogError, CustomRegionError, SourceError, TouristError
+    from optw.catalog.store import UnknownRegionError
+    from optw.errors import OptwError
+    from optw.evaluate.paper import parse_column_map
+    from optw.report.build import ReportDirError
+    from optw.report.data import RunNotFoundError
+    from optw.tracking import TrackingUnavailableError
+
+    for cls, base in ((CatalogError, RuntimeError), (CustomRegionError, ValueError),
+                      (SourceError, ValueError), (TouristError, ValueError),
+                      (ResultsError, ValueError), (ReportDirError, ValueError),
+                      (TrackingUnavailableError, RuntimeError), (UnknownRegionError, KeyError),
+                      (RunNotFoundError, KeyError)):
+        assert issubclass(cls, OptwError) and issubclass(cls, base), cls
+    with pytest.raises(UnknownRegionError) as err:
+        cat.region("c1O1")
+    assert str(err.value).startswith("unknown region 'c1O1'; did you mean c101")
+    for call in (lambda: cat.list_regions("nope"), lambda: cat.tourists("c101", "nope"),
+                 lambda: parse_column_map(["beam=nope"]),
+                 lambda: tables_mod.read_reference(tmp_path / "none.csv", ("ils",)),
+                 lambda: run_ils_baseline(cat.path, regions=["c101"], tourists="nope")):
+        with pytest.raises(OptwError):
+            call()

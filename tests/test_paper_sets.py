@@ -328,7 +328,8 @@ def test_solve_baseline_and_evaluate_against_paper(tiny_paper, tmp_path, capsys)
     """`optw solve --tourist paper` solves the 64 paper tourists (ids 1000..1063) and flags an
     approximate set; `optw baseline ils --tourists paper` stores them apart from ours; its
     JSON lines feed `optw evaluate --against-paper`, whose tables hold ours beside the paper's
-    columns with hand-checkable differences and group means."""
+    columns with hand-checkable differences and group means; a --paper-column of a method the
+    results lack names it and the known ones."""
     from conftest import copy_catalog
     from optw.baselines import load_ils_results
     from optw.baselines.store import ils_store_path
@@ -381,6 +382,16 @@ def test_solve_baseline_and_evaluate_against_paper(tiny_paper, tmp_path, capsys)
     groups = pd.read_csv(dest / "paper_groups.csv")
     assert groups.query("name == 'ils'")["inexact_regions"].tolist() == [1]
     assert "| Gavalas | t199 | no |" in (dest / "against_paper.md").read_text()
+
+    for extra, text in ((["--results", str(results)], "unknown method 'nomethod'; the methods "
+                         f"of {results}: beam"), ([], "no --results given")):
+        before = sorted(p.name for p in dest.iterdir())
+        assert main(["evaluate", "--against-paper", *extra, "--paper-column", "nomethod=model",
+                     "--paper-dir", str(ref), "--out", str(dest), *base]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--paper-column nomethod=model: " in err, err
+        assert text in err, err
+        assert sorted(p.name for p in dest.iterdir()) == before
 
     assert main(["evaluate", "--against-paper", "--paper-dir", str(ref), "--out",
                  str(dest), "--quiet", *base]) == 0  # ILS only, every stored region

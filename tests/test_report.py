@@ -1,9 +1,10 @@
 """Job reports (``optw report``): content from a real MLflow store, atomic writes, the
 artifact logged to the parent run, and the page in a real headless Chromium.
 
-The store is written through the real tracking API in the job's structure (parent run with
-tables, child runs with metric histories and evaluation rows): fast, no training. One slow
-test runs the tiny platform job itself and reports it.
+The stores are written through the real tracking API in the jobs' structure (parent run with
+tables, child runs with metric histories and evaluation rows): a scratch job and a global-ft
+job (global models, then fine-tuning runs that validate before their first epoch and at
+their end); fast, no training. ``test_report_job.py`` reports a real tiny job (slow).
 """
 
 from __future__ import annotations
@@ -95,6 +96,79 @@ def make_job_store(uri: str, job: str = "optw-report-test") -> str:
     log_tables(parent.run_id, tables, uri=uri)
     parent.finish("FINISHED")
     return parent.run_id
+
+
+FT_REGIONS = {"r199": "solomon", "c199": "solomon", "pr99": "cordeau"}
+#: fine-tuned region -> (gap to ILS before fine-tuning, after it) on its validation tourists
+FT_GAPS = {"r199": (12.0, 7.5), "c199": (9.0, 9.5), "pr99": (20.0, 11.0)}
+
+
+def make_finetune_store(uri: str, job: str = "optw-finetune-test") -> str:
+    """A global-ft job's store: per group a global model (training reward every 10 epochs,
+    validation every 20), then one fine-tuning run per region started from it, validated at
+    epoch 0 (the global model) and at its end (epoch 2), with evaluation rows and the job's
+    tables; plus a global model of one logged point (never drawn). Returns the parent run id."""
+    from mlflow.entities import Metric
+
+    from optw.evaluate import evaluate
+    from optw.tracking import end_run, get_client, log_evaluation, log_tables, start_job_run
+
+    client = get_client(uri)
+    parent = start_job_run(job, {"job": {"mode": "global-ft"}}, tags={
+        "mode": "global-ft", "profile": "test", "catalog_version": "1",
+        "regions": len(FT_REGIONS)}, uri=uri)
+    for g, shift in (("solomon", 0.0), ("cordeau", 15.0)):
+        run_id = parent.child("global", f"global-{g}", {"train": {"epochs": 100}})
+        metrics = []
+        for epoch in [1, *range(10, 101, 10)]:
+            metrics.append(Metric("mean_reward", 20 + 30 * (1 - 0.97 ** epoch) + shift, 0,
+                                  epoch))
+            if epoch % 20 == 0:
+                metrics += [Metric("val_score", 25 + 32 * (1 - 0.97 ** epoch) + shift, 0,
+                                   epoch),
+                            Metric("benchmark_score", 30 + 25 * (1 - 0.96 ** epoch), 0, epoch),
+                            Metric("val_gap_ils", 40 * 0.97 ** epoch + 5 + shift / 3, 0,
+                                   epoch)]
+        client.log_batch(run_id, metrics=metrics)
+        end_run(run_id, "FINISHED", uri)
+    lone = parent.child("global", "global-gavalas", {"train": {"epochs": 1}})
+    client.log_batch(lone, metrics=[Metric("val_score", 5.0, 0, 1)])
+    end_run(lone, "FINISHED", uri)
+    rows, ils = [], []
+    for rid, group in FT_REGIONS.items():
+        run_id = parent.child("finetune", rid, {"train": {"epochs": 2, "val_tourists": 4},
+                                                "init_from": f"global-{group}"})
+        before, after = FT_GAPS[rid]
+        client.log_batch(run_id, metrics=[
+            Metric("val_score", 100 - before, 0, 0), Metric("val_gap_ils", before, 0, 0),
+            Metric("mean_reward", 80.0, 0, 1), Metric("mean_reward", 82.0, 0, 2),
+            Metric("val_score", 100 - after, 0, 2), Metric("val_gap_ils", after, 0, 2)])
+        eval_rows = []
+        for tourist in range(5):
+            kind = "benchmark" if tourist == 0 else "validation"
+            ils.append({"region": rid, "tourist": tourist, "kind": kind, "score": 100.0,
+                        "seconds": 0.5})
+            for method, score in (("global_ft_greedy", 100 - after),
+                                  ("global_ft", 100 - after + 2)):
+                eval_rows.append({"region": rid, "tourist": tourist, "kind": kind,
+                                  "method": method, "score": score, "seconds": 0.02,
+                                  "route": "[1]"})
+        log_evaluation(run_id, pd.DataFrame(eval_rows), f"evaluation_{rid}", uri=uri)
+        end_run(run_id, "FINISHED", uri)
+        rows += [{**r, "group": group} for r in eval_rows]
+    results = pd.DataFrame(rows).drop(columns=["route"])
+    tables = evaluate(results, pd.DataFrame(ils), None, n_resamples=200)
+    log_tables(parent.run_id, tables, uri=uri)
+    parent.finish("FINISHED")
+    return parent.run_id
+
+
+@pytest.fixture(scope="module")
+def finetune_store(tmp_path_factory) -> tuple[str, str]:
+    """(tracking URI, parent run id) of a small global-ft job store."""
+    root = tmp_path_factory.mktemp("report-finetune")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    return uri, make_finetune_store(uri)
 
 
 @pytest.fixture(scope="module")
@@ -217,6 +291,38 @@ def test_report_never_replaces_a_folder_or_file_it_does_not_own(job_store, tmp_p
     assert not (empty / "stale.png").exists() and (empty / build.MARKER).is_file()
 
 
+def test_global_models_curves_and_the_finetune_chart(finetune_store, tmp_path):
+    """A global-ft job's report opens with one figure of the global models' learning curves
+    (reward, validation and gap to ILS over epochs; a model of one logged point is left out)
+    and one chart of every fine-tuned region's gap to ILS before (the global model, the
+    fine-tuning run's validation at epoch 0) and after (its last validation), with the
+    evaluation's gap beside it; no figure per fine-tuning run."""
+    import re
+
+    from optw.report import load_job, write_report
+    from optw.report.plots import finetune_points, has_curve
+
+    uri, parent = finetune_store
+    index = write_report(parent, tmp_path / "report", uri)
+    html = index.read_text()
+    srcs = re.findall(r'<img src="([^"]+)"', html)
+    assert srcs[:2] == ["plots/curves_global.png", "plots/finetune.png"], srcs
+    assert not any(s.startswith("plots/curves_") and s != "plots/curves_global.png"
+                   for s in srcs)
+    assert 'id="finetune"' in html and "before its first epoch" in html
+    assert html.index('id="curves"') < html.index('id="finetune"') < html.index('id="gaps"')
+    data = load_job(parent, uri)
+    drawn = {c.key for c in data.children if c.stage == "global" and has_curve(c)}
+    assert drawn == {"global-solomon", "global-cordeau"}
+    pts = finetune_points(data.children, data.tables["regions"]).set_index("region")
+    assert set(pts.index) == set(FT_REGIONS) and set(pts["metric"]) == {"val_gap_ils"}
+    for rid, (before, after) in FT_GAPS.items():
+        assert (pts.at[rid, "before"], pts.at[rid, "after"]) == (before, after)
+        assert pts.at[rid, "start"] == f"global-{FT_REGIONS[rid]}"
+    assert pts.at["r199", "evaluated"] == pytest.approx(FT_GAPS["r199"][1] - 2.0)
+    assert (pts["after_epoch"] == 2).all() and (pts["val_tourists"] == "4").all()
+
+
 def test_report_of_a_job_that_failed_before_evaluation(tmp_path):
     """A job with training curves but no tables or evaluation rows (failed half-way) still
     gets a report: the curves, and 'no data' notes instead of missing images."""
@@ -233,7 +339,7 @@ def test_report_of_a_job_that_failed_before_evaluation(tmp_path):
     end_run(child, "FAILED", uri)
     parent.finish("FAILED")
     html = write_report(parent.run_id, tmp_path / "report", uri).read_text()
-    assert html.count("<img ") == 1 and "plots/curves_gavalas.png" in html
+    assert html.count("<img ") == 1 and "plots/curves_global.png" in html
     assert "no data" in html and "No summary table" in html
     assert 'class="status-FAILED"' in html
 
@@ -365,24 +471,22 @@ def _errors(events: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def test_report_in_headless_chromium(job_store, tmp_path, output_dir):
-    """The report opens in a real headless Chromium without console errors, failed loads or
-    any non-file request; every plot image has decoded (naturalWidth > 0); a full-page
-    screenshot is saved as test-output/report-screenshot.png."""
+def screenshot_report(index: Path, tmp_path: Path, png: Path, width: int = 1400,
+                      ) -> dict[str, Any]:
+    """Open a report in a real headless Chromium, check that nothing failed to load, nothing
+    but files was requested and no console error was logged, and save a full-page screenshot
+    as ``png``. Returns the page's title, height, images ``[src, width, height]`` and number
+    of tables. Skips without Chromium."""
     from websockets.sync.client import connect
-
-    from optw.report import write_report
 
     binary = find_chromium()
     if binary is None:
         pytest.skip(f"chromium not found (install it: {CHROMIUM_INSTALL})")
-    uri, parent = job_store
-    index = write_report(parent, tmp_path / "report", uri)
     proc, port = start_chromium(binary, tmp_path / "chromium-profile")
     try:
         with connect(page_target(port), max_size=64 * 1024**2, open_timeout=10) as ws:
             devtools = DevTools(ws)
-            devtools.load(index.as_uri(), width=1400, height=1000)
+            devtools.load(index.as_uri(), width=width, height=1000)
             state = devtools.call(
                 "Runtime.evaluate", returnByValue=True, awaitPromise=True,
                 expression="Promise.all([...document.images].map(i => i.decode().catch(() => 0)))"
@@ -392,22 +496,48 @@ def test_report_in_headless_chromium(job_store, tmp_path, output_dir):
                            " i.naturalWidth, i.naturalHeight]),"
                            " tables: document.querySelectorAll('table').length}))")
             info = json.loads(state["result"]["value"])
-            assert info["title"] == "optw job report: optw-report-test"
-            assert len(info["images"]) == 6, info["images"]
             assert all(w > 0 and h > 0 for _, w, h in info["images"]), info["images"]
-            assert info["tables"] >= 4
             requests = [e["params"]["request"]["url"] for e in devtools.events
                         if e.get("method") == "Network.requestWillBeSent"]
             assert requests and all(u.startswith(("file:", "data:")) for u in requests), requests
             assert _errors(devtools.events) == []
             height = min(int(info["height"]), 16000)
-            devtools.call("Emulation.setDeviceMetricsOverride", width=1400, height=height,
+            devtools.call("Emulation.setDeviceMetricsOverride", width=width, height=height,
                           deviceScaleFactor=1, mobile=False)
             shot = devtools.call("Page.captureScreenshot", format="png", timeout=60)
-            png = base64.b64decode(shot["data"])
-            assert png[:8] == b"\x89PNG\r\n\x1a\n"
-            (output_dir / "report-screenshot.png").write_bytes(png)
+            data = base64.b64decode(shot["data"])
+            assert data[:8] == b"\x89PNG\r\n\x1a\n"
+            png.write_bytes(data)
             assert _errors(devtools.events) == []
+            return info
     finally:
         stop_process(proc)
 
+
+def test_report_in_headless_chromium(job_store, tmp_path, output_dir):
+    """The report opens in a real headless Chromium without console errors, failed loads or
+    any non-file request; every plot image has decoded (naturalWidth > 0); a full-page
+    screenshot is saved as test-output/report-screenshot.png."""
+    from optw.report import write_report
+
+    uri, parent = job_store
+    index = write_report(parent, tmp_path / "report", uri)
+    info = screenshot_report(index, tmp_path, output_dir / "report-screenshot.png")
+    assert info["title"] == "optw job report: optw-report-test"
+    assert len(info["images"]) == 6, info["images"]
+    assert info["tables"] >= 4
+
+
+def test_finetune_report_in_headless_chromium(finetune_store, tmp_path, output_dir):
+    """A global-ft job's report in a real headless Chromium: it opens with the global
+    models' learning curves and the fine-tuning before/after chart, both decoded and wide
+    enough to read; screenshot test-output/report-finetune-screenshot.png."""
+    from optw.report import write_report
+
+    uri, parent = finetune_store
+    index = write_report(parent, tmp_path / "report", uri)
+    info = screenshot_report(index, tmp_path, output_dir / "report-finetune-screenshot.png")
+    assert info["title"] == "optw job report: optw-finetune-test"
+    first = {src: (w, h) for src, w, h in info["images"][:2]}
+    assert list(first) == ["plots/curves_global.png", "plots/finetune.png"], info["images"]
+    assert all(w >= 700 for w, _ in first.values()), first

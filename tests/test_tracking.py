@@ -347,10 +347,14 @@ def test_racing_registration_keeps_the_oldest_version(store, checkpoint, monkeyp
 
 
 def test_register_rejects_missing_checkpoint(store, tmp_path):
-    """A checkpoint that does not exist is an error before anything is registered."""
+    """A checkpoint that does not exist is a user error naming it (a FileNotFoundError too)
+    before anything is registered."""
     region = _name("r")
-    with pytest.raises(FileNotFoundError):
+    from optw.errors import OptwError
+
+    with pytest.raises(FileNotFoundError) as err:
         register_version(region, tmp_path / "nope.pt", _run(region=region), {"val_score": 1})
+    assert isinstance(err.value, OptwError) and "nope.pt not found" in str(err.value)
     assert champion(region) is None
 
 
@@ -441,6 +445,33 @@ def test_pyfunc_beams_param_is_checked_not_replaced(tiny_catalog):
         with pytest.raises(ValueError, match="^beams: ") as err:
             pyfunc.predict(None, [{}], params={"beams": bad})
         assert "\n" not in str(err.value)
+
+
+def test_pyfunc_warns_once_when_its_model_was_trained_elsewhere(tiny_catalog, caplog):
+    """The pyfunc of a region whose model was trained on other regions logs one warning line
+    naming both, on its first request only (not per request); a model trained on the region,
+    or one whose file does not say, logs nothing; an unknown method is refused at its edge."""
+    from optw.errors import UserError
+
+    region = tiny_catalog.region("r199")
+    pyfunc = _local_pyfunc(region)
+    pyfunc.model.trained_on = ("t199", "pr99")
+    with caplog.at_level(logging.WARNING, logger="optw.tracking.pyfunc"):
+        for _ in range(3):
+            pyfunc.predict(None, [{}], params={"method": "greedy"})
+    lines = [r.getMessage() for r in caplog.records if r.name == "optw.tracking.pyfunc"]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert "trained on t199, pr99, not on r199 (solomon)" in lines[0]
+    assert pyfunc.check_region() is not None
+    caplog.clear()
+    for trained in (("r199",), None):
+        other = _local_pyfunc(region)
+        other.model.trained_on = trained
+        with caplog.at_level(logging.WARNING, logger="optw.tracking.pyfunc"):
+            other.predict(None, [{}], params={"method": "greedy"})
+        assert not [r for r in caplog.records if r.name == "optw.tracking.pyfunc"]
+    with pytest.raises(UserError, match="^method: 'nope' is not one of"):
+        pyfunc.solve([{}], method="nope")
 
 
 def _local_pyfunc(region):

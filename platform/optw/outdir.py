@@ -25,11 +25,12 @@ from optw.errors import UserError
 
 
 class OutDirError(UserError):
-    """The output path is a file, or a folder that this kind of output did not write."""
+    """The output path is a file, or a folder that this kind of output did not write. With
+    ``option`` (e.g. ``--out``) the message reads ``--out PATH: reason``."""
 
-    def __init__(self, path: Path, reason: str):
-        super().__init__(f"{path} {reason}")
-        self.path, self.reason = path, reason
+    def __init__(self, path: Path, reason: str, option: str | None = None):
+        super().__init__(f"{option} {path}: {reason}" if option else f"{path} {reason}")
+        self.path, self.reason, self.option = path, reason, option
 
 
 def marker(kind: str) -> str:
@@ -37,44 +38,65 @@ def marker(kind: str) -> str:
     return f".optw-{kind}"
 
 
-def check_out_dir(out: str | Path, kind: str, legacy: frozenset[str] = frozenset()) -> Path:
+def _a(kind: str) -> str:
+    """``kind`` with its indefinite article (``a report``, ``an evaluation``)."""
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
+
+
+def check_out_dir(out: str | Path, kind: str, legacy: frozenset[str] = frozenset(),
+                  option: str | None = None) -> Path:
     """``out`` resolved, when a ``kind`` output may replace it: absent, an empty folder, or a
     folder holding :func:`marker` (or only names of ``legacy``: outputs written before markers
-    existed). Raises :class:`OutDirError` otherwise."""
-    out = Path(out).resolve()
+    existed). Raises :class:`OutDirError` otherwise (naming ``option``, e.g. ``--out``, and
+    ``out`` as given, when ``option`` is given)."""
+    given = Path(out)
+    out = given.resolve()
+
+    def refuse(reason: str) -> OutDirError:
+        return OutDirError(given, reason, option) if option else OutDirError(out, reason)
+
     if not out.exists():
-        if out.is_symlink():
-            raise OutDirError(out, "is a broken link; choose another folder")
+        if out.is_symlink() or given.is_symlink():
+            raise refuse("is a broken link; choose another folder")
         return out
     if not out.is_dir():
-        raise OutDirError(out, f"is a file, not a folder; choose a new folder or a {kind} "
-                               "folder")
-    names = {p.name for p in out.iterdir()}
+        raise refuse(f"is a file, not a folder; choose a new folder or {_a(kind)} folder")
+    try:
+        names = {p.name for p in out.iterdir()}
+    except OSError as exc:
+        raise refuse(f"cannot be listed ({exc.strerror or exc})") from None
     if marker(kind) in names or (legacy and names <= legacy) or not names:
         return out
     listed = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
-    raise OutDirError(out, f"holds other files ({listed}) and is not a {kind} folder; choose a "
-                           f"new or an empty folder (a {kind} replaces its folder as a whole)")
+    raise refuse(f"holds other files ({listed}) and is not {_a(kind)} folder; choose a new "
+                 f"or an empty folder ({_a(kind)} replaces its folder as a whole)")
 
 
 @contextmanager
 def replace_dir(out: str | Path, kind: str, note: str = "",
-                legacy: frozenset[str] = frozenset()) -> Iterator[Path]:
+                legacy: frozenset[str] = frozenset(), option: str | None = None,
+                ) -> Iterator[Path]:
     """Yield a fresh hidden folder beside ``out`` to write a ``kind`` output into; when the
     block ends without an error it replaces ``out`` as a whole (with the marker, holding
     ``note``). ``out`` is checked before and again just before the rename
-    (:func:`check_out_dir`)."""
-    out = check_out_dir(out, kind, legacy)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    (:func:`check_out_dir`; ``option`` names it in the error)."""
+    given = out
+    out = check_out_dir(out, kind, legacy, option)
     tag = uuid.uuid4().hex[:8]
     tmp = out.parent / f".{out.name}.tmp-{tag}"
     old = out.parent / f".{out.name}.old-{tag}"
-    tmp.mkdir()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as exc:  # a file on the way, no permission
+        reason = f"cannot be written ({exc.strerror or exc}: {exc.filename or out.parent})"
+        raise (OutDirError(Path(given), reason, option) if option
+               else OutDirError(out, reason)) from None
     try:
         yield tmp
         (tmp / marker(kind)).write_text(f"optw {kind}{': ' + note if note else ''}\n",
                                         encoding="utf-8")
-        check_out_dir(out, kind, legacy)  # nobody put other files there meanwhile
+        check_out_dir(given, kind, legacy, option)  # nobody put other files there meanwhile
         if out.exists():
             os.replace(out, old)
         os.replace(tmp, out)

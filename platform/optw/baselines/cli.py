@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 
@@ -41,6 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     ils.set_defaults(func=_ils)
 
 
+def max_workers() -> int:
+    """The most local ILS workers ``--workers`` takes: four per CPU, at least 64."""
+    return max(64, 4 * (os.cpu_count() or 1))
+
+
 def _record(row: dict, cached: bool) -> dict:
     return {
         "region": row["region"], "tourist": int(row["tourist"]), "kind": row["kind"],
@@ -52,9 +58,12 @@ def _record(row: dict, cached: bool) -> dict:
 
 def _ils(args) -> int:
     from optw.baselines.store import run_ils_baseline
+    from optw.errors import UserError
 
-    if args.workers is not None and args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    limit = max_workers()
+    if args.workers is not None and not 1 <= args.workers <= limit:
+        raise UserError(f"--workers {args.workers}: expected 1..{limit} (a local Ray worker "
+                        f"process each; this machine has {os.cpu_count() or 1} CPUs)")
     emit = None
     if args.json:
         def emit(row: dict) -> None:

@@ -27,7 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from optw.baselines.ils import ILS_VERSION, MAX_ITER_NO_IMPROVE
-from optw.catalog.store import write_parquet_atomic
+from optw.catalog.store import CatalogError, write_parquet_atomic
+from optw.errors import UserError
 from optw.raylocal import ensure_token
 
 ILS_FILE = "ils.parquet"
@@ -119,7 +120,7 @@ def _write_store(catalog_dir: Path | str | None, rows: pd.DataFrame, store: str,
     path = _store_path(catalog_dir, store)
     sha = _catalog_hash(catalog_dir, store)
     if sha is None:
-        raise ValueError(f"the catalog at {catalog_dir} has no {_SOURCE_OF[store]} to store "
+        raise CatalogError(f"the catalog at {catalog_dir} has no {_SOURCE_OF[store]} to store "
                          "ILS results for")
     old, old_sha = _read(path)
     if replace_stale and old_sha != sha:
@@ -239,13 +240,13 @@ def run_ils_baseline(
     the custom Ray resources ``task_resources``. The results are written by this process into
     ``catalog_dir``'s stores.
     """
-    from optw.catalog.store import CatalogError, default_catalog_dir, open_catalog
+    from optw.catalog.store import default_catalog_dir, open_catalog
 
     t0 = time.perf_counter()
     catalog_dir = Path(catalog_dir or default_catalog_dir()).resolve()
     cat = open_catalog(catalog_dir)
     if tourists not in (*TOURIST_KINDS, "all"):
-        raise ValueError(f"--tourists: unknown tourist kind {tourists!r}; expected "
+        raise UserError(f"--tourists: unknown tourist kind {tourists!r}; expected "
                          f"{', '.join(TOURIST_KINDS)} or all")
     if tourists == "paper" and not cat.has_paper_sets:
         raise CatalogError(f"--tourists paper: the catalog at {catalog_dir} has no paper sets; "
@@ -256,7 +257,7 @@ def run_ils_baseline(
     groups = list(groups) if groups else None
     selection = _selection(cat, list(regions) if regions else None, groups, kinds)
     if not selection:
-        raise ValueError(f"no region matches --regions {list(regions or [])} within "
+        raise UserError(f"no region matches --regions {list(regions or [])} within "
                          f"--groups {groups}")
     stored = pd.DataFrame() if force else load_ils_results(catalog_dir)
     done = set(zip(stored["region"], stored["tourist"], strict=True)) if len(stored) else set()

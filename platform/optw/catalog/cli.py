@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from optw.errors import UserError
+
 #: Values of ``catalog build --device``.
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
@@ -126,20 +128,23 @@ def dumps(obj: Any) -> str:
     return json.dumps(_finite(obj), allow_nan=False)
 
 
-def _check_out(out: Path | None, what: str = "catalog folder") -> None:
-    """``--out`` must be a folder or a new path, never an existing file."""
-    if out is not None and out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out}: is a file, not a {what}; choose a folder")
+def _check_out(out: Path | None) -> None:
+    """``--out`` must be new, empty, a catalog folder or one of only catalog files
+    (:func:`~optw.catalog.store.check_catalog_dir`): never a file or a folder of other files."""
+    from optw.catalog.store import check_catalog_dir
+
+    if out is not None:
+        check_catalog_dir(out, "--out")
 
 
 def _build(args) -> int:
     from optw.catalog.store import Catalog, CatalogError, build_catalog, default_catalog_dir
 
     if not _DEVICE_RE.match(args.device):
-        raise ValueError(f"--device {args.device!r}: expected one of {', '.join(DEVICES)}")
+        raise UserError(f"--device {args.device!r}: expected one of {', '.join(DEVICES)}")
     if args.device != "auto" and not args.paper_sets:
-        raise ValueError(f"--device {args.device}: only --paper-sets draws on a device; add "
-                         "--paper-sets or leave --device out")
+        raise UserError(f"--device {args.device}: only --paper-sets draws on a device; add "
+                        "--paper-sets or leave --device out")
     _check_out(args.out)
     if args.if_missing:
         try:

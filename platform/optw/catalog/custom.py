@@ -22,6 +22,7 @@ import csv
 import io
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ import numpy as np
 from optw.catalog.parse import FILE_PATTERNS
 from optw.catalog.region import CUSTOM_GROUP, GROUPS, Region, round_down
 from optw.catalog.tourist_json import SCORE_LIMIT, describe, load_json
+from optw.errors import UserError
 from optw.paths import file_sha256
 
 #: Region ids and group names: lower-case letter first, then letters, digits, ``_`` or ``-``.
@@ -59,7 +61,7 @@ MAX_TRAVEL_MINUTES = 1e5
 _HHMM = re.compile(r"^(\d{1,2}):(\d{2})$")
 
 
-class CustomRegionError(ValueError):
+class CustomRegionError(UserError):
     """A bad custom region input: ``path`` (None for the region id / options), ``row``
     (1-based data row or feature; None for the whole file), ``field`` and ``problem``."""
 
@@ -111,11 +113,16 @@ def check_id(value: str, what: str = "region") -> str:
     return value
 
 
-def check_region_id(region_id: str, group: str) -> None:
+def check_region_id(region_id: str, group: str, groups: Iterable[str] = ()) -> None:
     """A custom region id and group: safe identifiers; the id must not be (or look like) a
-    benchmark region, the group must not be a benchmark group."""
+    benchmark region, nor be a group name (a benchmark group, ``custom``, ``group`` or one of
+    ``groups``, the catalog's); the group must not be a benchmark group."""
     check_id(region_id, "region")
     check_id(group, "group")
+    if region_id in {*GROUPS, CUSTOM_GROUP, group, *groups}:
+        raise CustomRegionError(None, None, "region", f"region id {region_id!r} is a group "
+                                "name; choose an id that names no group (groups and regions "
+                                "share one namespace in --groups/--regions and model names)")
     for g, pattern in FILE_PATTERNS.items():
         if pattern.match(f"{region_id}.txt"):
             raise CustomRegionError(None, None, "region", f"region id {region_id!r} clashes with "
@@ -134,6 +141,9 @@ def _read_text(path: Path) -> str:
     except UnicodeDecodeError as exc:
         raise CustomRegionError(path, None, None, f"not UTF-8 text ({exc.reason} at byte "
                                 f"{exc.start})") from None
+    except OSError as exc:  # a folder, no permission
+        raise CustomRegionError(path, None, None, f"cannot read it ({exc.strerror or exc})"
+                                ) from None
 
 
 def _canon(header: str) -> str:
@@ -148,6 +158,10 @@ def _csv_records(path: Path, text: str) -> list[_Record]:
     if not rows:
         raise CustomRegionError(path, None, None, "the file is empty (a header row and one row "
                                 "per place expected)")
+    if len(rows) == 1:
+        raise CustomRegionError(path, None, None, "the file has a header but no rows (one row "
+                                "per place expected: the start place, then the points of "
+                                "interest)")
     head_line, header = rows[0]
     keys = [_canon(h) for h in header]
     seen = set()

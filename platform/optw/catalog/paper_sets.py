@@ -46,6 +46,8 @@ import pyarrow.parquet as pq
 
 from optw.catalog.region import GROUPS, START_BOX, Region, Tourists
 from optw.catalog.tables import PAPER_FILE, PAPER_KIND, read_regions, write_parquet_atomic
+from optw.errors import OptwError, UserError
+from optw.outdir import check_out_dir, replace_dir
 
 PAPER_SEED = 2925
 PAPER_SIZE = 64
@@ -81,9 +83,9 @@ def _device(device: str | None) -> str:
     if device in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
     if not re.fullmatch(r"cpu|cuda(:\d+)?", str(device)):
-        raise ValueError(f"--device {device!r}: expected cpu, cuda, cuda:N or auto")
+        raise UserError(f"--device {device!r}: expected cpu, cuda, cuda:N or auto")
     if device != "cpu" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: CUDA is not available on this machine")
+        raise UserError(f"--device {device}: CUDA is not available on this machine")
     return device
 
 
@@ -113,7 +115,7 @@ def generate_paper_set(region: Region, device: str | None = "cpu", seed: int = P
             end = int(torch.randint(max(int(12 / 24 * day), start + m), t1 + m, (1,),
                                     generator=cpu))
         except RuntimeError as exc:
-            raise ValueError(f"region {region.id}: the paper's generator cannot draw the times "
+            raise UserError(f"region {region.id}: the paper's generator cannot draw the times "
                              f"of tourist {k} (T {t0}-{t1}, day {day}): {exc}") from None
         if correlated:
             raw = s / d_max * dur + 10 * torch.randn(n, generator=noise, device=device)
@@ -188,7 +190,7 @@ def _from_data(region: Region, cpu_set: PaperSet, rows: dict[str, np.ndarray] | 
             and np.array_equal(data.t_end, mine.t_end)
             and np.array_equal(data.start_xy, mine.start_xy))
     if not same:
-        raise ValueError(f"{source}: the times or start points of region {region.id} differ "
+        raise UserError(f"{source}: the times or start points of region {region.id} differ "
                          "from the paper's CPU draws; regenerate the file (see "
                          "optw.catalog.paper_sets)")
     return PaperSet(data, True, str(rows["device"][0]), str(rows["torch"][0]))
@@ -239,17 +241,23 @@ def _regions(args: argparse.Namespace) -> list[Region]:
     groups = [g for item in args.groups or [] for g in item.split(",") if g]
     bad = sorted(set(groups) - set(GROUPS))
     if bad:
-        raise ValueError(f"--groups: unknown group(s) {bad}; expected some of {list(GROUPS)}")
+        raise UserError(f"--groups: unknown group(s) {bad}; expected some of {list(GROUPS)}")
     wanted = [r for item in args.regions or [] for r in item.split(",") if r]
     unknown = sorted(set(wanted) - {r.id for r in regions})
     if unknown:
-        raise ValueError(f"--regions: unknown region(s) {unknown}")
+        raise UserError(f"--regions: unknown region(s) {unknown}")
     return [r for r in regions if r.group in GROUPS and (not groups or r.group in groups)
             and (not wanted or r.id in wanted)]
 
 
+#: The kind of ``--out`` folder (:mod:`optw.outdir`): it holds the paper sets file only.
+OUT_KIND = "paper-sets"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Write the paper sets of the chosen regions to ``OUT/paper_tourists.parquet``."""
+    """Write the paper sets of the chosen regions to ``OUT/paper_tourists.parquet`` (``OUT``
+    new, empty or an earlier output of this command, replaced as a whole; a file or a folder
+    of other files is refused)."""
     p = argparse.ArgumentParser(prog="python -m optw.catalog.paper_sets",
                                 description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group()
@@ -260,14 +268,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto", help="cpu, cuda[:N] or auto (default)")
     p.add_argument("--groups", action="append", default=None, help="e.g. gavalas")
     p.add_argument("--regions", action="append", default=None, help="e.g. t101,t102")
-    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--out", type=Path, required=True,
+                   help="output folder: new, empty or an earlier output (replaced whole)")
     args = p.parse_args(argv)
     try:
         device = _device(args.device)
+        check_out_dir(args.out, OUT_KIND, option="--out")
         regions = _regions(args)
         sets = [(r, generate_paper_set(r, device)) for r in regions]
-        path = write_parquet_atomic(paper_table(sets), args.out / PAPER_FILE)
-    except (ValueError, OSError) as exc:
+        with replace_dir(args.out, OUT_KIND, f"{len(sets)} regions on {device}",
+                         option="--out") as tmp:
+            write_parquet_atomic(paper_table(sets), tmp / PAPER_FILE)
+        path = args.out / PAPER_FILE
+    except (OptwError, OSError) as exc:
         print(f"paper_sets: error: {exc}", file=sys.stderr)
         return 2
     exact = sum(ps.exact for _, ps in sets)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from optw.catalog.region import Region
+from optw.errors import UserError
 
 #: Instance file names accepted per group folder.
 FILE_PATTERNS = {
@@ -28,7 +29,7 @@ FILE_PATTERNS = {
 DECIMALS = {"solomon": 1, "cordeau": 2, "gavalas": 2}
 
 
-class SourceError(ValueError):
+class SourceError(UserError):
     """A malformed or inconsistent benchmark file."""
 
     def __init__(self, path: Path | str, line: int | None, problem: str):

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from optw.errors import UserError
+
 #: The benchmark groups. Custom regions (``optw catalog add``) carry any other safe group name,
 #: :data:`CUSTOM_GROUP` by default (see :func:`is_benchmark_group`).
 GROUPS = ("solomon", "cordeau", "gavalas")
@@ -92,7 +94,7 @@ def to_time_units(values: npt.ArrayLike) -> npt.NDArray[np.int64]:
     arr = np.asarray(values, dtype=np.float64)
     if arr.size and not (np.abs(arr) <= MAX_TIME_MINUTES).all():  # NaN fails too
         bad = arr[~(np.abs(arr) <= MAX_TIME_MINUTES)].flat[0]
-        raise ValueError(f"time {bad!r} minutes is not finite or beyond ±{MAX_TIME_MINUTES:g} "
+        raise UserError(f"time {bad!r} minutes is not finite or beyond ±{MAX_TIME_MINUTES:g} "
                          "(a travel time, opening, closing or visit of the region or tourist)")
     return np.rint(arr * TIME_UNITS_PER_MINUTE).astype(np.int64)
 
@@ -216,7 +218,7 @@ class Region:
     # -- lat/lon <-> planar minutes (equirectangular around ``origin``)
     def _minutes_per_radian(self) -> float:
         if self.coords != "latlon" or self.origin is None or not self.speed_kmh:
-            raise ValueError(f"region {self.id} has planar x/y coordinates, not lat/lon")
+            raise UserError(f"region {self.id} has planar x/y coordinates, not lat/lon")
         return EARTH_RADIUS_KM * 60.0 / float(self.speed_kmh)
 
     def to_xy(self, lat, lon):

@@ -64,6 +64,8 @@ from optw.catalog.tables import (  # noqa: F401 - read_regions, write_parquet_at
     region_from_row,
     write_parquet_atomic,
 )
+from optw.errors import OptwError, UserError
+from optw.outdir import OutDirError
 from optw.paths import (
     PROJECT_ROOT,  # noqa: F401 - re-exported by optw.catalog
     file_sha256,
@@ -84,8 +86,51 @@ TOURIST_KINDS = ("benchmark", "validation", PAPER_KIND)
 TOURIST_SETS = ("validation", PAPER_KIND)
 
 
-class CatalogError(RuntimeError):
+class CatalogError(OptwError, RuntimeError):
     """A missing, partial or out-of-date catalog."""
+
+
+class UnknownRegionError(OptwError, KeyError):
+    """A region id the catalog does not have (a ``KeyError``; the message names it)."""
+
+    def __str__(self) -> str:  # KeyError's str() would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+#: What a catalog folder holds besides the marker-less tables (``optw catalog build`` writes
+#: into a folder of only these, or an empty, new or built one).
+CATALOG_NAMES = frozenset({"README.md", "manifest.json", *FILES, PAPER_FILE, CUSTOM_DIR,
+                           "baselines"})
+
+
+def check_catalog_dir(out: Path | str, option: str | None = None) -> Path:
+    """``out`` resolved, when a catalog may be built there: absent, empty, a built catalog
+    (``manifest.json``) or a folder holding only catalog files (:data:`CATALOG_NAMES`, e.g. the
+    project's ``region_catalog/`` with its README before the first build). A file or a folder
+    of other files is an :class:`~optw.outdir.OutDirError` naming it (and ``option``, e.g.
+    ``--out``); nothing is touched. A build keeps the folder's ``custom/`` and ``baselines/``,
+    so a catalog folder is updated in place, not replaced whole."""
+    given = Path(out)
+    out = given.resolve()
+
+    def refuse(reason: str) -> OutDirError:
+        return OutDirError(given, reason, option) if option else OutDirError(out, reason)
+
+    if out.exists() and not out.is_dir():
+        raise refuse("is a file, not a catalog folder; choose a new, an empty or a catalog "
+                     "folder")
+    if not out.is_dir():
+        return out
+    try:
+        names = {p.name for p in out.iterdir() if not p.name.startswith(".build-")}
+    except OSError as exc:
+        raise refuse(f"cannot be listed ({exc.strerror or exc})") from None
+    if (out / "manifest.json").is_file() or names <= CATALOG_NAMES:
+        return out
+    other = sorted(names - CATALOG_NAMES)
+    listed = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
+    raise refuse(f"holds other files ({listed}) and is not a catalog folder; choose a new, an "
+                 "empty or a catalog folder")
 
 
 def default_source() -> Path:
@@ -165,13 +210,13 @@ def build_catalog(
 
     ``paper_sets`` also stores the paper's own tourists (:func:`~optw.catalog.paper_sets.
     build_paper_sets`, correlated sets drawn on ``device``); without it a previous paper file
-    is removed. Raises :class:`~optw.catalog.parse.SourceError` on the first bad file, before
-    anything at ``out`` is touched. Returns the manifest.
+    is removed. Raises :class:`~optw.catalog.parse.SourceError` on the first bad file, and
+    :class:`~optw.outdir.OutDirError` for an ``out`` that is not a catalog folder
+    (:func:`check_catalog_dir`), before anything at ``out`` is touched. Returns the manifest.
     """
     source = Path(source) if source else default_source()
     out = Path(out) if out else default_catalog_dir()
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"{out} is a file, not a catalog folder")
+    check_catalog_dir(out)
     t0 = time.perf_counter()
     files = discover(source)
     it: Iterable = files
@@ -189,8 +234,11 @@ def build_catalog(
         tables[PAPER_FILE], paper_info = build_paper_sets(regions, device)
     regions = regions + custom
 
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=out))
+    except OSError as exc:  # a file on the way, no permission
+        raise OutDirError(out, f"cannot be written ({exc.strerror or exc})") from None
     try:
         for name, table in tables.items():
             pq.write_table(table, tmp / name, compression="zstd")
@@ -376,7 +424,11 @@ def add_region(
     its tables, its 64 validation tourists and a copy of its source files, atomically. An
     existing custom region of that id needs ``replace``; its stored ILS results are dropped."""
     cat = Catalog(catalog)
-    check_region_id(region_id, group)
+    check_region_id(region_id, group, cat.groups)
+    if group in cat and group != region_id:
+        raise CustomRegionError(None, None, "group", f"group {group!r} is a region id of the "
+                                f"catalog at {cat.path}; choose a group name that names no "
+                                "region")
     if region_id in cat:
         if not cat.is_custom(region_id):
             raise CustomRegionError(None, None, "region", f"{region_id!r} is a benchmark "
@@ -436,13 +488,20 @@ class Catalog:
     def __init__(self, path: Path | str | None = None):
         self.path = Path(path) if path else default_catalog_dir()
         manifest_path = self.path / "manifest.json"
+        if self.path.exists() and not self.path.is_dir():
+            raise CatalogError(f"{self.path} is a file, not a catalog folder")
         if not manifest_path.exists():
             raise CatalogError(
                 f"no region catalog at {self.path} (or a build was interrupted); build it with "
                 f"`optw catalog build --out {self.path}`"
             )
-        self.manifest = json.loads(manifest_path.read_text())
-        version = self.manifest.get("catalog_version")
+        try:
+            self.manifest = json.loads(manifest_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise CatalogError(f"cannot read {manifest_path} ({exc}); rebuild the catalog with "
+                               f"`optw catalog build --out {self.path}`") from None
+        version = self.manifest.get("catalog_version") if isinstance(self.manifest, dict) \
+            else None
         if version != CATALOG_VERSION:
             raise CatalogError(
                 f"region catalog at {self.path} has catalog_version {version}, this code reads "
@@ -530,7 +589,7 @@ class Catalog:
             known = [*self.groups, *([CUSTOM_GROUP] if CUSTOM_GROUP not in self.groups else [])]
             unknown = sorted(set(groups) - set(known))
             if unknown:
-                raise ValueError(f"unknown group(s) {unknown}; expected some of {known}")
+                raise UserError(f"unknown group(s) {unknown}; expected some of {known}")
             df = df[df["group"].isin(groups)]
         if subset:
             df = df[df["paper_subset"]]
@@ -548,7 +607,7 @@ class Catalog:
 
             close = difflib.get_close_matches(region_id, self._regions.index, n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise KeyError(f"unknown region {region_id!r}{hint}")
+            raise UnknownRegionError(f"unknown region {region_id!r}{hint}")
 
     # -- regions
     def region(self, region_id: str) -> Region:
@@ -571,7 +630,7 @@ class Catalog:
         paper's own set; only in a catalog built with ``--paper-sets``) tourists of a region."""
         self._check(region_id)
         if kind not in TOURIST_KINDS:
-            raise ValueError(f"unknown tourist kind {kind!r}; expected one of "
+            raise UserError(f"unknown tourist kind {kind!r}; expected one of "
                              f"{', '.join(TOURIST_KINDS)}")
         if kind == PAPER_KIND:
             from optw.catalog.paper_sets import tourists_from_rows

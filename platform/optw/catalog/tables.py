@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from optw.catalog.region import GROUPS, Region
+from optw.errors import UserError
 
 TRAVEL_FILE = "travel_times.parquet"
 #: The paper's own tourists (``--paper-sets``; written by :mod:`optw.catalog.paper_sets`).
@@ -91,8 +92,8 @@ def read_regions(path: Path | str) -> list[Region]:
     path = Path(path)
     for name in ("regions.parquet", "nodes.parquet"):
         if not (path / name).exists():
-            raise FileNotFoundError(f"{path / name} does not exist; build the catalog with "
-                                    f"`optw catalog build --out {path}`")
+            raise UserError(f"{path / name} does not exist; build the catalog with "
+                            f"`optw catalog build --out {path}`")
     nodes = pq.read_table(path / "nodes.parquet")
     ids = np.asarray(nodes.column("region").to_pylist(), dtype=object)
     index = nodes.column("index").to_numpy()

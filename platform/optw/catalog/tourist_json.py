@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from optw.catalog.region import Region, Tourists
+from optw.errors import UserError
 
 #: Every field of a tourist (the format of :meth:`Tourists.to_records`).
 TOURIST_FIELDS = ("tourist", "region", "kind", "start", "t_start", "t_end", "scores")
@@ -45,7 +46,7 @@ MAX_ID_LENGTH = 200
 TouristId = int | str
 
 
-class TouristError(ValueError):
+class TouristError(UserError):
     """A tourist that cannot be read: the offending ``field`` and a message naming it;
     ``index``: the tourist's position when reading many."""
 
@@ -101,27 +102,27 @@ def describe(value: Any) -> str:
 
 
 def load_json(text: str | bytes, where: str | None = None) -> Any:
-    """``json.loads(text)``, or a one-line :class:`ValueError` starting with ``where`` (e.g.
-    ``tourist file f.json``) for invalid JSON, JSON nested too deep for Python's parser (not a
-    bare ``maximum recursion depth exceeded``), an integer too long for Python or text that
-    is not UTF-8. The JSON reader of tourist and region files."""
+    """``json.loads(text)``, or a one-line :class:`~optw.errors.UserError` starting with
+    ``where`` (e.g. ``tourist file f.json``) for invalid JSON, JSON nested too deep for
+    Python's parser (not a bare ``maximum recursion depth exceeded``), an integer too long for
+    Python or text that is not UTF-8. The JSON reader of tourist and region files."""
     prefix = f"{where}: " if where else ""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
-            raise ValueError(f"{prefix}not UTF-8 text ({exc.reason} at byte {exc.start})") \
+            raise UserError(f"{prefix}not UTF-8 text ({exc.reason} at byte {exc.start})") \
                 from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{prefix}not valid JSON: {exc.msg} (line {exc.lineno}, column "
+        raise UserError(f"{prefix}not valid JSON: {exc.msg} (line {exc.lineno}, column "
                          f"{exc.colno})") from None
     except RecursionError:
-        raise ValueError(f"{prefix}JSON nested too deeply (arrays or objects inside each "
+        raise UserError(f"{prefix}JSON nested too deeply (arrays or objects inside each "
                          "other beyond Python's recursion limit)") from None
     except ValueError as exc:  # e.g. an integer of more than 4300 digits
-        raise ValueError(f"{prefix}cannot read the JSON: {' '.join(str(exc).split())[:200]}") \
+        raise UserError(f"{prefix}cannot read the JSON: {' '.join(str(exc).split())[:200]}") \
             from None
 
 

@@ -6,8 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from optw.errors import UserError
+
 #: Baselines the evaluation can compare against.
 BASELINES = ("ils",)
+#: Most bootstrap resamples (``--resamples``): each is a mean over regions, kept in memory.
+MAX_RESAMPLES = 1_000_000
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--results", type=Path, default=None, metavar="FILE",
                    help="results table (required unless --against-paper)")
     p.add_argument("--out", type=Path, default=None,
-                   help="output folder (default: outputs/evaluate/<results file stem>)")
+                   help="output folder (default: outputs/evaluate/<results file stem>): new, "
+                   "empty or an earlier evaluation (replaced as a whole); a file or a folder "
+                   "of other files is refused")
     p.add_argument("--baseline", default="ils", help=f"baseline, one of {list(BASELINES)}")
     p.add_argument("--methods", nargs="+", action="extend", default=None, metavar="NAME",
                    help="only these methods of the results table")
@@ -31,8 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reference", type=Path, default=None,
                    help="best-known scores CSV (default: $OPTW_REFERENCE/"
                    "paper_benchmark_scores.csv or ../shared/reference/)")
-    p.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--resamples", type=int, default=10_000,
+                   help=f"bootstrap resamples, 1..{MAX_RESAMPLES:,}")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (>= 0)")
     p.add_argument("--against-paper", action="store_true",
                    help="tables of ours beside the paper's columns: the paper's own tourists "
                    "against paper_generated_scores.csv, the benchmark tourist against "
@@ -60,16 +67,16 @@ def _evaluate(args) -> int:
     )
 
     if args.baseline not in BASELINES:
-        raise ValueError(f"unknown baseline {args.baseline!r}; known: {list(BASELINES)}")
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        raise ValueError(f"--out {args.out}: is a file, not a folder; choose a folder for the "
-                         "tables")
-    if args.resamples < 1:
-        raise ValueError(f"--resamples must be >= 1, got {args.resamples}")
+        raise UserError(f"unknown baseline {args.baseline!r}; known: {list(BASELINES)}")
+    _check_out(args.out)
+    if not 1 <= args.resamples <= MAX_RESAMPLES:
+        raise UserError(f"--resamples {args.resamples}: expected 1..{MAX_RESAMPLES}")
+    if args.seed < 0:
+        raise UserError(f"--seed {args.seed}: expected an integer >= 0")
     if args.against_paper:
         return _against_paper(args)
     if args.results is None:
-        raise ValueError("--results FILE is required (or --against-paper)")
+        raise UserError("--results FILE is required (or --against-paper)")
     cat = open_catalog(args.catalog)
     results = load_results(args.results, cat, args.baseline, args.methods)
     reference = args.reference or default_reference_path()
@@ -82,8 +89,8 @@ def _evaluate(args) -> int:
     baseline = load_ils_results(cat.path)
     tables = evaluate(results, baseline, best_known, args.baseline, args.resamples, args.seed)
     out = args.out or Path("outputs") / "evaluate" / args.results.stem
-    _check_default_out(out)
-    paths = write_tables(tables, out)
+    _check_out(out, default=args.out is None)
+    paths = write_tables(tables, out, note=f"of {args.results}", option=_option(args))
     if not args.quiet:
         print(render_markdown(tables)["summary.md"])
         print(f"wrote {len(paths)} files to {out}")
@@ -97,6 +104,7 @@ def _against_paper(args) -> int:
     from optw.catalog.store import open_catalog
     from optw.evaluate.paper import (
         against_paper,
+        check_column_names,
         group_view,
         load_paper_scores,
         ours_from_results,
@@ -111,6 +119,8 @@ def _against_paper(args) -> int:
     cat = open_catalog(args.catalog)
     results = (load_results(args.results, cat, args.baseline, args.methods)
                if args.results is not None else None)
+    check_column_names(columns, sorted(set(results["method"])) if results is not None else [],
+                       None if args.results is None else str(args.results))
     ils = load_ils_results(cat.path)
     if results is not None:  # ILS of the same regions and tourist kinds only
         keys = set(zip(results["region"], results["kind"], strict=True))
@@ -120,7 +130,7 @@ def _against_paper(args) -> int:
     ours = ours_from_results(results, ils, exact, cat.regions_table["group"].to_dict())
     tables = against_paper(ours, paper, columns)
     if tables["paper_groups"].empty:
-        raise ValueError("nothing to hold against the paper: no stored ILS result of the "
+        raise UserError("nothing to hold against the paper: no stored ILS result of the "
                          "paper's sets or the benchmark tourists and no result of a method "
                          "with a paper column, in a region of the paper's tables (run `optw "
                          "baseline ils --tourists paper`, or map a method with "
@@ -128,9 +138,10 @@ def _against_paper(args) -> int:
     stem = args.results.stem if args.results is not None and str(args.results) != "-" else ""
     out = args.out or Path("outputs") / "evaluate" / (f"{stem}-against-paper" if stem
                                                       else "against-paper")
-    _check_default_out(out)
+    _check_out(out, default=args.out is None)
     doc = render_against_paper(tables)
-    paths = write_tables(tables, out, {"against_paper.md": doc})
+    paths = write_tables(tables, out, {"against_paper.md": doc}, note="against the paper",
+                         option=_option(args))
     if not args.quiet:
         print("# Against the paper, per group\n")
         print(to_markdown(group_view(tables["paper_groups"])))
@@ -138,7 +149,23 @@ def _against_paper(args) -> int:
     return 0
 
 
-def _check_default_out(out: Path) -> None:
-    """The output folder (the default one when --out is not given) must not be a file."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} is a file, not a folder for the tables; give --out DIR")
+def _option(args) -> str | None:
+    """How errors name the output folder: ``--out`` when given, else the default path."""
+    return "--out" if args.out is not None else None
+
+
+def _check_out(out: Path | None, default: bool = False) -> None:
+    """The output folder may be replaced by an evaluation (:func:`optw.outdir.check_out_dir`):
+    new, empty or an earlier evaluation's folder. Checked before any work; the default one
+    (no ``--out``) is named with the hint to give ``--out DIR``."""
+    from optw.evaluate.tables import OUT_KIND
+    from optw.outdir import OutDirError, check_out_dir
+
+    if out is None:
+        return
+    try:
+        check_out_dir(out, OUT_KIND, option=None if default else "--out")
+    except OutDirError as exc:
+        if not default:
+            raise
+        raise OutDirError(exc.path, f"{exc.reason}; or give --out DIR") from None

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from optw.errors import UserError
 from optw.evaluate.tables import (
     GROUP_LABEL,
     GROUP_ORDER,
@@ -47,10 +48,27 @@ def parse_column_map(items: list[str] | None) -> dict[str, str]:
     for item in items or []:
         name, sep, column = item.partition("=")
         if not sep or not name or column not in PAPER_COLUMNS:
-            raise ValueError(f"--paper-column {item!r}: expected NAME=COLUMN with COLUMN one "
+            raise UserError(f"--paper-column {item!r}: expected NAME=COLUMN with COLUMN one "
                              f"of {', '.join(PAPER_COLUMNS)}")
         out[name] = column
     return out
+
+
+def check_column_names(columns: Mapping[str, str], methods: list[str],
+                       source: str | None) -> None:
+    """Every NAME of ``--paper-column NAME=COLUMN`` must be a method of the results
+    (``methods``, from ``source``; None: no results given); else a :class:`UserError` naming
+    the unknown method and the known ones."""
+    unknown = [name for name in columns if name not in methods]
+    if not unknown:
+        return
+    name = unknown[0]
+    item = f"--paper-column {name}={columns[name]}"
+    if source is None:
+        raise UserError(f"{item}: unknown method {name!r}: no --results given, so there are no "
+                        "methods to map (give --results FILE with that method)")
+    raise UserError(f"{item}: unknown method {name!r}; the methods of {source}: "
+                    f"{', '.join(methods) or 'none'}")
 
 
 def ours_from_results(results: pd.DataFrame, ils: pd.DataFrame | None = None,

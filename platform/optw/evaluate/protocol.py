@@ -70,8 +70,42 @@ class EvaluateSettings:
                               f"{', '.join(map(repr, TOURIST_SETS))}")
 
 
+class SearchProgress:
+    """A tqdm bar on stderr over every active-search epoch of an evaluation (its regions'
+    tourists one after another): the region and tourist being tuned and the best score
+    sampled for it so far. ``show=None``: only when stderr is a terminal (as ``optw solve``)."""
+
+    def __init__(self, total: int, show: bool | None = None):
+        import sys
+
+        from tqdm import tqdm
+
+        self.show = sys.stderr.isatty() if show is None else show
+        self.bar = tqdm(total=total, desc="active search", unit="epoch", file=sys.stderr,
+                        dynamic_ncols=True, disable=not self.show)
+        self.best = float("-inf")
+        self.key: tuple[str, int] | None = None
+
+    def of(self, region: str, ids: Any):
+        """The ``progress(k, reward)`` callback of :func:`optw.decode.solve` for a batch of
+        ``region`` whose tourist ids are ``ids``."""
+        def update(k: int, reward: float) -> None:
+            key = (region, int(ids[k]))
+            if key != self.key:
+                self.key, self.best = key, float("-inf")
+            self.best = max(self.best, reward)
+            self.bar.set_postfix(region=region, tourist=key[1], best=f"{self.best:g}",
+                                 refresh=False)
+            self.bar.update(1)
+        return update
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def evaluate_model(checkpoint: str, regions: list[str], method: str,
                    settings: EvaluateSettings, catalog_dir: str,
+                   progress: bool | None = None,
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Greedy and beam search (and active search if asked) on each region's benchmark tourist
     and generated tourists (``settings.tourists``): one row per (region, tourist, method), with
@@ -79,11 +113,12 @@ def evaluate_model(checkpoint: str, regions: list[str], method: str,
     ones one by one or as a batch, see :class:`EvaluateSettings`); and the beam-width sweep on
     each benchmark tourist: one row per (region, beams). Greedy runs once per batch: beam
     search and the sweep keep its routes (``keep_greedy``) without decoding them again, and the
-    sweep reuses the evaluation's own width on the benchmark tourist."""
+    sweep reuses the evaluation's own width on the benchmark tourist. Active search (one
+    tourist at a time, the long part) shows a progress bar (:class:`SearchProgress`;
+    ``progress=None``: when stderr is a terminal)."""
     import torch
 
     from optw.catalog import open_catalog
-    from optw.decode import solve
     from optw.model import load_model
 
     torch.set_num_threads(1)
@@ -91,39 +126,60 @@ def evaluate_model(checkpoint: str, regions: list[str], method: str,
     catalog = open_catalog(catalog_dir)
     rows: list[dict[str, Any]] = []
     sweep: list[dict[str, Any]] = []
-    for rid in regions:
-        region = catalog.region(rid)
-        val = catalog.tourists(rid, settings.tourists)[: settings.validation_tourists]
-        batches = [catalog.benchmark(rid)]
-        if len(val):
-            batches += [val[k] for k in range(len(val))] if settings.one_by_one else [val]
-        # greedy first: beam search (and the sweep) keep the greedy route through these
-        # solutions instead of decoding it again (same routes, its seconds added)
-        greedy = [solve(model, region, tourists, "greedy") for tourists in batches]
-        reuse = settings.keep_greedy
-        beam = [solve(model, region, tourists, "beam", beams=settings.beams, keep_greedy=reuse,
-                      greedy=g) for tourists, g in zip(batches, greedy, strict=True)]
-        runs: list[tuple[str, list[list[Any]]]] = [(f"{method}_greedy", greedy), (method, beam)]
-        if settings.active_search:
-            runs.append((f"{method}_as", [
-                solve(model, region, tourists, "active_search", beams=settings.beams,
-                      epochs=settings.active_search) for tourists in batches]))
-        for name, solved in runs:
-            for tourists, sols in zip(batches, solved, strict=True):
-                for i, sol in enumerate(sols):
-                    tid = int(tourists.tourist_id[i])
-                    rows.append({"region": rid, "tourist": tid, "kind": tourists.kind,
-                                 "method": name, "score": float(sol.score),
-                                 "seconds": float(sol.seconds), "route": json.dumps(sol.route)})
-        bench = batches[0]
-        for width in settings.beam_sweep:
-            # the evaluation's own width on the benchmark tourist was solved just above
-            sol = (beam[0][0] if width == settings.beams else
-                   solve(model, region, bench, "beam", beams=width,
-                         keep_greedy=reuse, greedy=greedy[0])[0])
-            sweep.append({"region": rid, "method": method, "beams": width,
-                          "score": float(sol.score), "seconds": float(sol.seconds)})
+    bar = None
+    if settings.active_search:
+        tourists = sum(1 + min(settings.validation_tourists,
+                               len(catalog.tourists(rid, settings.tourists)))
+                       for rid in regions)
+        bar = SearchProgress(settings.active_search * tourists, progress)
+    try:
+        for rid in regions:
+            _evaluate_region(model, catalog, rid, method, settings, rows, sweep, bar)
+    finally:
+        if bar is not None:
+            bar.close()
     return rows, sweep
+
+
+def _evaluate_region(model: Any, catalog: Any, rid: str, method: str,
+                     settings: EvaluateSettings, rows: list[dict[str, Any]],
+                     sweep: list[dict[str, Any]], bar: SearchProgress | None) -> None:
+    """:func:`evaluate_model` of one region: its rows and sweep appended."""
+    from optw.decode import solve
+
+    region = catalog.region(rid)
+    val = catalog.tourists(rid, settings.tourists)[: settings.validation_tourists]
+    batches = [catalog.benchmark(rid)]
+    if len(val):
+        batches += [val[k] for k in range(len(val))] if settings.one_by_one else [val]
+    # greedy first: beam search (and the sweep) keep the greedy route through these
+    # solutions instead of decoding it again (same routes, its seconds added)
+    greedy = [solve(model, region, tourists, "greedy") for tourists in batches]
+    reuse = settings.keep_greedy
+    beam = [solve(model, region, tourists, "beam", beams=settings.beams, keep_greedy=reuse,
+                  greedy=g) for tourists, g in zip(batches, greedy, strict=True)]
+    runs: list[tuple[str, list[list[Any]]]] = [(f"{method}_greedy", greedy), (method, beam)]
+    if settings.active_search:
+        runs.append((f"{method}_as", [
+            solve(model, region, tourists, "active_search", beams=settings.beams,
+                  epochs=settings.active_search,
+                  progress=None if bar is None else bar.of(rid, tourists.tourist_id))
+            for tourists in batches]))
+    for name, solved in runs:
+        for tourists, sols in zip(batches, solved, strict=True):
+            for i, sol in enumerate(sols):
+                tid = int(tourists.tourist_id[i])
+                rows.append({"region": rid, "tourist": tid, "kind": tourists.kind,
+                             "method": name, "score": float(sol.score),
+                             "seconds": float(sol.seconds), "route": json.dumps(sol.route)})
+    bench = batches[0]
+    for width in settings.beam_sweep:
+        # the evaluation's own width on the benchmark tourist was solved just above
+        sol = (beam[0][0] if width == settings.beams else
+               solve(model, region, bench, "beam", beams=width,
+                     keep_greedy=reuse, greedy=greedy[0])[0])
+        sweep.append({"region": rid, "method": method, "beams": width,
+                      "score": float(sol.score), "seconds": float(sol.seconds)})
 
 
 def validation_score(rows: list[dict[str, Any]], region: str, method: str) -> float:

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from optw.errors import UserError
+
 REQUIRED = ("region", "tourist", "method", "score", "seconds")
 METHOD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+\-]*$")
 #: Names taken by baselines; a results table may not use them as method names.
@@ -29,7 +31,7 @@ MAX_REPORTED = 10
 MAX_SECONDS = 1e7
 
 
-class ResultsError(ValueError):
+class ResultsError(UserError):
     """A results table that cannot be evaluated (the message names the offending rows)."""
 
 
@@ -57,15 +59,29 @@ def read_table(path: Path | str) -> pd.DataFrame:
     """A CSV, Parquet (``.pq``/``.parquet``) or JSON-lines (``.jsonl``/``.json``; ``-`` =
     standard input) results table as a DataFrame."""
     if str(path) == "-":
-        df = _json_lines(sys.stdin.read(), "standard input")
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError as exc:
+            raise ResultsError(f"standard input is not UTF-8 text ({exc.reason})") from None
+        df = _json_lines(text, "standard input")
         df.attrs.update(source="standard input", csv=False)
         return df
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"results file {path} does not exist")
+        raise ResultsError(f"results file {path} does not exist")
+    if not path.is_file():
+        raise ResultsError(f"results file {path} is a folder, not a file")
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json", ".ndjson"):
-        df = _json_lines(path.read_text(), f"results file {path}")
+        try:
+            text = path.read_bytes().decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise ResultsError(f"results file {path} is not UTF-8 text ({exc.reason} at byte "
+                               f"{exc.start})") from None
+        except OSError as exc:
+            raise ResultsError(f"cannot read results file {path} ({exc.strerror or exc})"
+                               ) from None
+        df = _json_lines(text, f"results file {path}")
         df.attrs.update(source=str(path), csv=False)
         return df
     try:

@@ -14,15 +14,14 @@ Aggregation follows the paper ("Metrics and Statistical analysis"):
 
 from __future__ import annotations
 
-import os
-import shutil
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from optw.errors import OptwError, UserError
 from optw.evaluate.stats import N_RESAMPLES, SEED, bootstrap_ci, gap, wilcoxon_greater
+from optw.outdir import replace_dir
 
 GROUP_ORDER = ("solomon", "cordeau", "gavalas")
 GROUP_LABEL = {"solomon": "Solomon", "cordeau": "Cordeau", "gavalas": "Gavalas"}
@@ -31,6 +30,10 @@ GROUP_LABEL = {"solomon": "Solomon", "cordeau": "Cordeau", "gavalas": "Gavalas"}
 KIND_LABEL = {"validation": "generated", "paper": "paper", "benchmark": "benchmark"}
 KIND_ORDER = ("validation", "paper", "benchmark")
 REFERENCE_FILE = "paper_benchmark_scores.csv"
+
+
+class MissingReferenceError(OptwError, FileNotFoundError):
+    """A missing reference file of the paper's scores (a ``FileNotFoundError`` too)."""
 
 
 # ----------------------------------------------------------------------------- reference
@@ -48,12 +51,16 @@ def read_reference(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     """A reference CSV of the paper indexed by ``instance``; errors name the file and what is
     missing."""
     if not path.exists():
-        raise FileNotFoundError(f"reference file {path} does not exist (set OPTW_REFERENCE "
-                                "to its folder or pass the path)")
-    df = pd.read_csv(path)
+        raise MissingReferenceError(f"reference file {path} does not exist (set "
+                                    "OPTW_REFERENCE to its folder or pass the path)")
+    try:
+        df = pd.read_csv(path)
+    except (OSError, ValueError) as exc:  # a folder, no permission, not a CSV
+        raise UserError(f"cannot read reference file {path}: "
+                        f"{' '.join(str(exc).split())[:200]}") from None
     missing = [c for c in ("instance", *columns) if c not in df.columns]
     if missing:
-        raise ValueError(f"reference file {path} lacks column(s) {missing}")
+        raise UserError(f"reference file {path} lacks column(s) {missing}")
     return df.set_index("instance")
 
 
@@ -78,7 +85,7 @@ def pair_with_baseline(results: pd.DataFrame, baseline: pd.DataFrame,
         pairs = missing[["region", "tourist"]].drop_duplicates()
         example = ", ".join(f"({r}, {t})" for r, t in pairs.head(5).itertuples(index=False))
         regions = " ".join(sorted(pairs["region"].unique()))
-        raise ValueError(
+        raise UserError(
             f"no stored {name} result for {len(pairs)} (region, tourist) pair(s), e.g. "
             f"{example}; compute them with `optw baseline {name} --regions {regions}`")
     return merged
@@ -101,7 +108,7 @@ def region_table(paired: pd.DataFrame, best_known: pd.Series | None = None) -> p
         bench = (agg["kind"] == "benchmark") & agg["group"].isin(GROUP_ORDER)
         missing = sorted(set(agg.loc[bench, "region"]) - set(best_known.index))
         if missing:
-            raise ValueError(f"no best-known score for region(s) {missing} in the reference")
+            raise UserError(f"no best-known score for region(s) {missing} in the reference")
         if bench.any():
             agg.loc[bench, "best_known"] = agg.loc[bench, "region"].map(best_known).astype(float)
     agg["gap_bk"] = gap(agg["best_known"], agg["model"])
@@ -302,29 +309,25 @@ def render_markdown(tables: dict[str, pd.DataFrame]) -> dict[str, str]:
     return docs
 
 
-def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path | str,
-                 docs: dict[str, str] | None = None) -> list[Path]:
-    """Write every table as CSV and the Markdown documents (default: :func:`render_markdown`)
-    into ``out_dir``.
+#: The kind of an evaluation's output folder (:mod:`optw.outdir`, marker ``.optw-evaluation``).
+OUT_KIND = "evaluation"
 
-    Everything is written into a temporary folder beside ``out_dir`` first and moved in only
-    when all files exist, so a failure leaves ``out_dir`` as it was.
-    """
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        names = []
+
+def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path | str,
+                 docs: dict[str, str] | None = None, note: str = "",
+                 option: str | None = None) -> list[Path]:
+    """Write every table as CSV and the Markdown documents (default: :func:`render_markdown`)
+    as the folder ``out_dir``, replaced as a whole (:func:`optw.outdir.replace_dir`): written
+    beside it first and moved into place in one rename, so a failure leaves ``out_dir`` as it
+    was and nothing of an earlier evaluation stays beside the new tables. ``out_dir`` must be
+    new, empty or an earlier evaluation's folder; a file or a folder of other files is an
+    :class:`~optw.outdir.OutDirError` (naming ``option``, e.g. ``--out``, when given)."""
+    names = []
+    with replace_dir(out_dir, OUT_KIND, note, option=option) as tmp:
         for name, df in tables.items():
             df.to_csv(tmp / f"{name}.csv", index=False)
             names.append(f"{name}.csv")
         for name, text in (render_markdown(tables) if docs is None else docs).items():
             (tmp / name).write_text(text)
             names.append(name)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for name in names:
-            os.replace(tmp / name, out_dir / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return [out_dir / n for n in names]
+    return [Path(out_dir) / n for n in names]

@@ -31,21 +31,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _report(args) -> int:
     from optw.paths import report_dir
     from optw.report import find_parent_run, load_job, write_report
-    from optw.report.build import ReportDirError, check_report_dir
+    from optw.report.build import check_report_dir
     from optw.tracking import check_tracking_uri
 
     if args.out is not None:
-        try:
-            check_report_dir(args.out)
-        except ReportDirError as exc:
-            raise ValueError(f"--out {args.out}: {exc.reason}") from None
+        check_report_dir(args.out, "--out")
     uri = check_tracking_uri(args.tracking_uri, existing=True)
     run_id = args.run or find_parent_run(args.job, uri)
     out = args.out
     if out is None:
         job = args.job or load_job(run_id, uri).job_name
         out = report_dir(job)
-    index = write_report(run_id, out, uri)
+    index = write_report(run_id, out, uri, "--out" if args.out is not None else None)
     print(f"wrote {index}")
     print(f"open file://{index.resolve()}")
     return 0

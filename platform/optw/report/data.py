@@ -14,17 +14,26 @@ from pathlib import Path
 
 import pandas as pd
 
+from optw.errors import OptwError, UserError
 from optw.tracking.runs import PARENT_TAG
 from optw.tracking.uri import get_client, tracking_uri
 
-#: Metric histories read from each child run (step = epoch); logged at validation points
-#: only, so they stay short (``mean_reward`` is logged every few epochs and is left out).
-CURVE_METRICS = ("val_score", "benchmark_score")
+#: Metric histories read from each child run (step = epoch): the training reward (logged
+#: every few epochs), the greedy validation scores and the gap to ILS (at each validation;
+#: a fine-tuning run validates at epoch 0 too, before its first epoch).
+CURVE_METRICS = ("mean_reward", "val_score", "benchmark_score", "val_gap_ils")
 #: Tables of the parent run read from ``tables/<name>.csv``.
 JOB_TABLES = ("summary", "regions", "pvalues", "beam_sweep")
 GROUP_ORDER = ("solomon", "cordeau", "gavalas")
 _GROUP_BY_ID = ((re.compile(r"^pr\d"), "cordeau"), (re.compile(r"^(c|r|rc)\d"), "solomon"),
                 (re.compile(r"^t\d"), "gavalas"))
+
+
+class RunNotFoundError(OptwError, KeyError):
+    """No such job (experiment), parent run or run in the tracking store (a ``KeyError``)."""
+
+    def __str__(self) -> str:  # KeyError's str() would quote the whole message
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclass
@@ -38,6 +47,8 @@ class ChildRun:
     tags: dict[str, str]
     curves: dict[str, pd.DataFrame] = field(default_factory=dict)  # metric -> (step, value)
     group: str = "other"
+    params: dict[str, str] = field(default_factory=dict)  # e.g. init_from, train.val_tourists
+    methods: list[str] = field(default_factory=list)  # of its evaluation rows
 
     @property
     def label(self) -> str:
@@ -105,7 +116,8 @@ def find_parent_run(job: str | None = None, uri: str | None = None) -> str:
     else:
         exp = client.get_experiment_by_name(job)
         if exp is None:
-            raise KeyError(f"no MLflow experiment named {job!r} in {tracking_uri(uri)}")
+            raise RunNotFoundError(f"no MLflow experiment named {job!r} in "
+                                   f"{tracking_uri(uri)}")
         exp_ids, filt = [exp.experiment_id], f"tags.job = '{job}'"
     runs = client.search_runs(exp_ids, filter_string=filt,
                               order_by=["attributes.start_time DESC"],
@@ -113,7 +125,7 @@ def find_parent_run(job: str | None = None, uri: str | None = None) -> str:
     parents = [r for r in runs if PARENT_TAG not in r.data.tags]
     if not parents:
         where = f"experiment {job!r}" if job else f"the store {tracking_uri(uri)}"
-        raise KeyError(f"{where} has no parent run of a platform job")
+        raise RunNotFoundError(f"{where} has no parent run of a platform job")
     return parents[0].info.run_id
 
 
@@ -146,9 +158,9 @@ def load_job(parent_run_id: str, uri: str | None = None) -> JobData:
     try:
         parent = client.get_run(parent_run_id)
     except MlflowException:
-        raise KeyError(f"no run {parent_run_id!r} in {uri}") from None
+        raise RunNotFoundError(f"no run {parent_run_id!r} in {uri}") from None
     if PARENT_TAG in parent.data.tags:
-        raise ValueError(f"run {parent_run_id} is a child run; pass its parent "
+        raise UserError(f"run {parent_run_id} is a child run; pass its parent "
                          f"{parent.data.tags[PARENT_TAG]}")
     exp = client.get_experiment(parent.info.experiment_id)
     found = client.search_runs([exp.experiment_id],
@@ -165,7 +177,8 @@ def load_job(parent_run_id: str, uri: str | None = None) -> JobData:
         for run in found:
             tags = dict(run.data.tags)
             key = tags.get("region", run.info.run_name or run.info.run_id)
-            child = ChildRun(run.info.run_id, tags.get("stage", ""), key, run.info.status, tags)
+            child = ChildRun(run.info.run_id, tags.get("stage", ""), key, run.info.status, tags,
+                             params=dict(run.data.params))
             for metric in CURVE_METRICS:
                 if metric in run.data.metrics:
                     child.curves[metric] = _history(client, run.info.run_id, metric)
@@ -178,6 +191,8 @@ def load_job(parent_run_id: str, uri: str | None = None) -> JobData:
                     df = _read_csv(client, run.info.run_id, f.path, Path(tmp))
                     if df is not None and len(df):
                         evaluation.append(df.assign(stage=child.stage, model=key))
+                        if "method" in df.columns:
+                            child.methods += [str(m) for m in dict.fromkeys(df["method"])]
             children.append(child)
     known: dict[str, str] = {}
     if "regions" in tables and {"region", "group"} <= set(tables["regions"].columns):

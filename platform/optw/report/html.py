@@ -204,10 +204,62 @@ def _when(ms: int | None) -> str:
     return dt.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _curves_section(figures: dict[str, str | None], groups: list[str]) -> list[str]:
+    """Learning curves: the global models', then the models trained from scratch per group."""
+    parts = ['<section id="curves"><h2>Learning curves</h2>'
+             '<p class="note">Per model, over epochs: the training reward (mean over the '
+             "epoch's sampled routes, logged every few epochs) and, at each validation, the "
+             "mean greedy score on the validation tourists, the benchmark tourist's greedy "
+             "score and the gap to ILS on the validation tourists (negative: better than "
+             "ILS). Models with fewer than two points are left out.</p>"]
+    shown = False
+    for key, alt in [("curves_global", "learning curves of the global models"),
+                     *((f"curves_{g}", f"learning curves {g}") for g in groups)]:
+        if figures.get(key):
+            parts.append(_figure(figures[key], alt))
+            shown = True
+    if not shown:
+        parts.append('<p class="note">No model logged a curve of two or more epochs.</p>')
+    parts.append("</section>")
+    return parts
+
+
+def _finetune_section(figures: dict[str, str | None], points: pd.DataFrame | None,
+                      ) -> list[str]:
+    """Fine-tuning: every region before (the model it starts from) and after."""
+    if points is None:
+        return []
+    parts = ['<section id="finetune"><h2>Fine-tuning: before and after</h2>'
+             '<p class="note">Each fine-tuned region: the validation of the model it starts '
+             "from (its group's global model), made by the fine-tuning run before its first "
+             "epoch, and the fine-tuned model's last validation: greedy decoding of the same "
+             "validation tourists, as the gap to ILS on them (negative: better than ILS). "
+             "The cross is the job's evaluation of the fine-tuned model (beam search on the "
+             "evaluation's validation tourists), as in the gaps per region below.</p>"]
+    if not figures.get("finetune"):
+        parts.append('<p class="note">No fine-tuning run logged a validation before its first '
+                     "epoch and after it.</p>")
+    else:
+        parts.append(_figure(figures["finetune"], "fine-tuning before and after"))
+        gap = bool(len(points)) and points["metric"].iloc[0] == "val_gap_ils"
+        what = "gap to ILS %" if gap else "mean score"
+        shown = points.rename(columns={
+            "start": "started from", "before": f"{what} before", "after": f"{what} after",
+            "after_epoch": "after epoch", "evaluated": "evaluated gap %"})
+        drop = ["metric", "val_tourists"] + ([] if gap else ["evaluated gap %"])
+        parts.append("<details><summary>Per region</summary>"
+                     + table(shown.drop(columns=drop),
+                             left=("region", "group", "started from")) + "</details>")
+    parts.append("</section>")
+    return parts
+
+
 def render(data: JobData, figures: dict[str, str | None], groups: list[str],
-           time_points: pd.DataFrame | None = None) -> str:
+           time_points: pd.DataFrame | None = None,
+           finetune: pd.DataFrame | None = None) -> str:
     """The whole page. ``figures``: figure id -> file name beside the page (or ``None``);
-    ``time_points``: the points of the time/score figure, shown as a table."""
+    ``time_points``: the points of the time/score figure, shown as a table; ``finetune``: the
+    fine-tuned regions' before/after points (None: the job fine-tuned nothing)."""
     t = data.tags
     title = f"optw job report: {data.job_name}"
     meta = " · ".join(escape(x) for x in [
@@ -221,20 +273,14 @@ def render(data: JobData, figures: dict[str, str | None], groups: list[str],
         '<link rel="icon" href="data:,">', f"<title>{escape(title)}</title>",
         f"<style>{CSS}</style></head><body>",
         f"<header><h1>{escape(title)}</h1><div class=\"meta\">{meta}</div></header>",
-        '<nav><a href="#curves">Training curves</a><a href="#gaps">Gaps per region</a>'
+        '<nav><a href="#curves">Learning curves</a>'
+        + ('<a href="#finetune">Fine-tuning</a>' if finetune is not None else "")
+        + '<a href="#gaps">Gaps per region</a>'
         '<a href="#time">Time vs score</a><a href="#tables">Group tables</a>'
         '<a href="#paper">Against the paper</a><a href="#runs">MLflow runs</a></nav><main>',
-        '<section id="curves"><h2>Training curves</h2>'
-        '<p class="note">Greedy decoding of the validation tourists (mean score) and of the '
-        "benchmark tourist at each validation point; step = epoch.</p>",
     ]
-    for g in groups:
-        key = f"curves_{g}"
-        if key in figures:
-            parts.append(_figure(figures[key], f"training curves {g}"))
-    if not any(k.startswith("curves_") and v for k, v in figures.items()):
-        parts.append('<p class="note">No metric histories logged.</p>')
-    parts.append("</section>")
+    parts += _curves_section(figures, groups)
+    parts += _finetune_section(figures, finetune)
     parts.append('<section id="gaps"><h2>Gaps per region</h2>'
                  '<p class="note">Gap = (reference − model) / reference × 100 on the mean '
                  "score over a region's tourists; generated = the catalog's validation "

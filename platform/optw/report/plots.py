@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from optw.evaluate.tables import KIND_LABEL
 from optw.report.data import ChildRun, JobData, group_of
@@ -39,44 +40,195 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-# ----------------------------------------------------------------------------- training curves
+# ----------------------------------------------------------------------------- learning curves
 
 
-def training_curves(children: list[ChildRun], group: str, path: Path) -> Path | None:
-    """Small multiples, one panel per model of ``group``: greedy validation score (and the
-    benchmark tourist's greedy score) over epochs."""
-    runs = sorted((c for c in children if c.group == group and c.curves),
-                  key=lambda c: (STAGE_ORDER.get(c.stage, 9), c.key))
+def _points(run: ChildRun, metric: str) -> pd.DataFrame | None:
+    """``run``'s history of ``metric`` (step = epoch), or None when it logged none."""
+    df = run.curves.get(metric)
+    return df if df is not None and len(df) else None
+
+
+def has_curve(run: ChildRun) -> bool:
+    """Whether ``run`` has a learning curve to draw: a training or validation history of at
+    least two epochs (a single point is no curve)."""
+    return any(df is not None and len(df) >= 2
+               for df in (_points(run, m) for m in ("mean_reward", "val_score")))
+
+
+_CURVE_STYLES = {
+    "mean_reward": dict(color="#7f7f7f", lw=1.3, label="training: mean reward of the epoch's "
+                        "sampled routes"),
+    "val_score": dict(color="#1f77b4", marker="o", ms=4, lw=1.8,
+                      label="validation: mean greedy score"),
+    "benchmark_score": dict(color="#d62728", ls="--", marker="s", ms=2.5, lw=1.0,
+                            label="benchmark tourist (greedy)"),
+}
+
+
+def learning_curves(runs: list[ChildRun], path: Path, title: str) -> Path | None:
+    """One column per model of ``runs`` (those with a curve, :func:`has_curve`): its training
+    reward per logged epoch and its validation scores (greedy, the validation tourists and the
+    benchmark tourist) over epochs; below, where two or more validations logged one, the gap
+    to ILS on the validation tourists. None when no model has a curve."""
+    runs = sorted((r for r in runs if has_curve(r)),
+                  key=lambda r: (STAGE_ORDER.get(r.stage, 9), r.key))
     if not runs:
         return None
+    with_gap = any((g := _points(r, "val_gap_ils")) is not None and len(g) >= 2 for r in runs)
     ncols = min(4, len(runs))
     nrows = math.ceil(len(runs) / ncols)
-    fig = Figure(figsize=(3.2 * ncols, 2.4 * nrows + 0.5), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    styles = {"val_score": dict(color="#1f77b4", marker="o", ms=3, lw=1.6,
-                                label="validation score (greedy)"),
-              "benchmark_score": dict(color="#d62728", ls="--", marker="s", ms=2.5, lw=1.1,
-                                      label="benchmark tourist (greedy)")}
-    for ax, run in zip(axes.flat, runs, strict=False):
-        for metric, style in styles.items():
-            df = run.curves.get(metric)
-            if df is not None and len(df):
+    per = 2 if with_gap else 1
+    width = 4.6 if len(runs) <= 3 else 3.4
+    fig = Figure(figsize=(width * ncols, (2.8 + (1.6 if with_gap else 0)) * nrows + 0.8),
+                 layout="constrained")
+    axes = fig.subplots(nrows * per, ncols, squeeze=False,
+                        gridspec_kw={"height_ratios": [2.8, 1.6] * nrows if with_gap
+                                     else [1] * nrows})
+    for i, run in enumerate(runs):
+        row, col = divmod(i, ncols)
+        ax = axes[row * per, col]
+        for metric, style in _CURVE_STYLES.items():
+            df = _points(run, metric)
+            if df is not None:
                 ax.plot(df["step"], df["value"], **style)
-        ax.set_title(run.label, fontsize=9)
+        ax.set_title(f"{run.key} ({run.stage})", fontsize=10)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("score", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(runs):]:
-        ax.set_visible(False)
-    for ax in axes[-1]:
-        ax.set_xlabel("epoch", fontsize=8)
+        if with_gap:
+            gx = axes[row * per + 1, col]
+            g = _points(run, "val_gap_ils")
+            if g is not None:
+                gx.plot(g["step"], g["value"], color="#2ca02c", marker="o", ms=3.5, lw=1.6,
+                        label="validation: gap to ILS [%]")
+                gx.axhline(0, color="k", lw=0.7)
+            gx.set_ylabel("gap to ILS [%]", fontsize=8)
+            gx.tick_params(labelsize=7)
+            gx.grid(alpha=0.3)
+            gx.set_xlabel("epoch", fontsize=8)
+            gx.sharex(ax)
+        else:
+            ax.set_xlabel("epoch", fontsize=8)
+    for i in range(len(runs), nrows * ncols):
+        row, col = divmod(i, ncols)
+        for k in range(per):
+            axes[row * per + k, col].set_visible(False)
     handles, labels = [], []
     for ax in axes.flat:
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize=8, frameon=False)
-    fig.suptitle(f"Training curves: {group}", fontsize=11)
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)),
+               fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=11)
+    return _save(fig, path)
+
+
+# ----------------------------------------------------------------------------- fine-tuning
+
+
+def finetune_points(children: list[ChildRun], regions: pd.DataFrame | None = None,
+                    ) -> pd.DataFrame:
+    """Per fine-tuned region: its validation before fine-tuning (the run's validation at epoch
+    0, i.e. the model it starts from) and after (its last validation), as the gap to ILS
+    (``val_gap_ils``) or, where no gap was logged, the mean greedy score (``val_score``);
+    and, from the job's regions table, the evaluation's gap to ILS of the fine-tuned model on
+    the validation tourists. Columns ``region, group, start, metric, before, after,
+    after_epoch, evaluated, val_tourists``; regions without a validation at epoch 0 and after
+    it are left out."""
+    rows = []
+    for run in children:
+        if run.stage != "finetune":
+            continue
+        for metric in ("val_gap_ils", "val_score"):
+            df = run.curves.get(metric)
+            if df is None or not (df["step"] == 0).any() or not (df["step"] > 0).any():
+                continue
+            last = df[df["step"] > 0].iloc[-1]
+            rows.append({"region": run.key, "group": run.group,
+                         "start": run.params.get("init_from", ""), "metric": metric,
+                         "before": float(df.loc[df["step"] == 0, "value"].iloc[-1]),
+                         "after": float(last["value"]), "after_epoch": int(last["step"]),
+                         "evaluated": _evaluated_gap(run, regions),
+                         "val_tourists": run.params.get("train.val_tourists", "")})
+            break
+    cols = ["region", "group", "start", "metric", "before", "after", "after_epoch",
+            "evaluated", "val_tourists"]
+    out = pd.DataFrame(rows, columns=cols)
+    if (out["metric"] == "val_gap_ils").any():  # one measure for the whole chart
+        out = out[out["metric"] == "val_gap_ils"]
+    return out.reset_index(drop=True)
+
+
+def _evaluated_gap(run: ChildRun, regions: pd.DataFrame | None) -> float:
+    """The job's evaluation of ``run``'s model on its region's validation tourists: the gap to
+    ILS of its main method (beam search; not ``*_greedy`` / ``*_as``), or NaN."""
+    if regions is None or not len(regions) or not run.methods:
+        return math.nan
+    main = [m for m in run.methods if not m.endswith(("_greedy", "_as"))]
+    sub = regions[(regions["region"].astype(str) == run.key)
+                  & (regions["kind"] == "validation") & regions["method"].isin(main)]
+    return float(sub["gap_ils"].iloc[0]) if len(sub) else math.nan
+
+
+def finetune_chart(points: pd.DataFrame, groups: list[str], path: Path) -> Path | None:
+    """One chart of every fine-tuned region's validation before fine-tuning (the model it
+    starts from, e.g. its group's global model) and after (the fine-tuned model): one panel
+    per group, one row per region, an arrow from before to after; the evaluation's gap (beam
+    search, the evaluation's validation tourists) as a cross where the job evaluated it."""
+    if points.empty:
+        return None
+    gap = points["metric"].iloc[0] == "val_gap_ils"
+    present = [g for g in groups if (points["group"] == g).any()]
+    present += sorted(set(points["group"]) - set(present))
+    longest = max(int((points["group"] == g).sum()) for g in present)
+    fig = Figure(figsize=(4.4 * len(present) + 0.8, max(3.0, 0.24 * longest + 2.0)),
+                 layout="constrained")
+    axes = fig.subplots(1, len(present), squeeze=False)[0]
+    for ax, g in zip(axes, present, strict=True):
+        sub = points[points["group"] == g].sort_values("region")
+        y = np.arange(len(sub))
+        for yi, (b, a) in zip(y, zip(sub["before"], sub["after"], strict=True), strict=True):
+            ax.annotate("", xy=(a, yi), xytext=(b, yi),
+                        arrowprops=dict(arrowstyle="->", color="#999999", lw=1.0,
+                                        shrinkA=3, shrinkB=3))
+        ax.scatter(sub["before"], y, s=30, facecolors="white", edgecolors="#555555",
+                   linewidths=1.2, zorder=3, label="before: the model it starts from")
+        ax.scatter(sub["after"], y, s=30, color="#1f77b4", zorder=4,
+                   label="after: the fine-tuned model")
+        ev = sub["evaluated"].to_numpy(float)
+        if gap and np.isfinite(ev).any():
+            ax.scatter(ev, y, marker="x", s=26, color="#ff7f0e", zorder=4,
+                       label="after, evaluated (beam search, evaluation tourists)")
+        if gap:
+            ax.axvline(0, color="k", lw=0.8)
+        ax.set_yticks(y, sub["region"].astype(str))
+        ax.set_ylim(len(sub) - 0.5, -0.5)
+        ax.tick_params(labelsize=8)
+        ax.grid(axis="x", alpha=0.3)
+        mean_b, mean_a = sub["before"].mean(), sub["after"].mean()
+        unit = "%" if gap else ""
+        regions = f"{len(sub)} region{'s' if len(sub) > 1 else ''}"
+        ax.set_title(f"{g} ({regions})\nmean {mean_b:.2f}{unit} → {mean_a:.2f}{unit}",
+                     fontsize=10)
+        ax.set_xlabel("gap to ILS [%] (lower is better)" if gap
+                      else "mean validation score (higher is better)", fontsize=8)
+    handles, labels = [], []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(3, len(labels)),
+               fontsize=8, frameon=False)
+    n = ", ".join(sorted(set(points["val_tourists"].astype(str)) - {""}))
+    which = f"first {n} validation tourists" if n else "validation tourists"
+    what = "gap to ILS" if gap else "mean score"
+    fig.suptitle(f"Fine-tuning: {what} per region before and after\n(greedy decoding of "
+                 f"each region's {which}, the same tourists before and after)", fontsize=10)
     return _save(fig, path)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
+import logging
 import math
 import numbers
 import tempfile
@@ -38,11 +39,19 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 
+from optw.errors import OptwError, UserError
+
 if TYPE_CHECKING:
     from optw.catalog import Region, TouristBatch
 
 MODEL_CODE = Path(__file__).with_name("_model_code.py")
 DEFAULT_METHOD = "beam"
+
+log = logging.getLogger(__name__)
+
+
+class MissingCheckpointError(OptwError, FileNotFoundError):
+    """A checkpoint file to register or bundle that does not exist (names the path)."""
 
 
 # ----------------------------------------------------------------------------- region / tourists
@@ -77,7 +86,7 @@ def _records(data: Any) -> list[Any]:
         return [data]
     if isinstance(data, (list, tuple)):
         return list(data)
-    raise TypeError(f"tourists must be a Tourists batch, a dict, a list of dicts or a "
+    raise UserError(f"tourists must be a Tourists batch, a dict, a list of dicts or a "
                     f"DataFrame, not {type(data).__name__}")
 
 
@@ -100,7 +109,7 @@ def tourists_from_records(region: Region, data: Any) -> TouristBatch:
 
     if isinstance(data, Tourists):
         if data.region_id != region.id:
-            raise ValueError(f"tourists of region {data.region_id} given to a {region.id} model")
+            raise UserError(f"tourists of region {data.region_id} given to a {region.id} model")
         return TouristBatch.of(data)
     return read_tourists([_alias(r) for r in _records(data)], region, defaults=True)
 
@@ -137,6 +146,7 @@ class OptwSolverModel(mlflow.pyfunc.PythonModel):
         self._region_file: str | None = None
         self._model = None
         self._region = None
+        self._region_checked = False
 
     def load_context(self, context) -> None:
         self.config = dict(context.model_config or {})
@@ -165,23 +175,43 @@ class OptwSolverModel(mlflow.pyfunc.PythonModel):
                 self._region = open_catalog().region(self.region_id)
         return self._region
 
+    def check_region(self) -> str | None:
+        """The warning (:func:`optw.decode.region_mismatch`) when the model was trained on
+        other regions than this model's region, logged once per model and region (the first
+        call; later calls return it without logging again); None when it was trained there or
+        its file does not say."""
+        from optw.decode import region_mismatch
+
+        warning = region_mismatch(self.model, self.region)
+        if warning and not self._region_checked:
+            log.warning("optw model of region %s (%s): %s", self.region.id,
+                        self.checkpoint or "in memory", warning)
+        self._region_checked = True
+        return warning
+
     def solve(self, tourists: Any, method: str = DEFAULT_METHOD, beams: int | None = None,
               threads: int | None = None):
         """``optw.decode.solve`` for these tourists -> ``list[Solution]`` (``tourist``: the
-        given id). ``beams`` defaults to :data:`~optw.decode.limits.SERVE_BEAMS`; ``threads``
-        (torch threads for this call) to the cores other work leaves free."""
+        given id). ``beams`` defaults to :data:`~optw.decode.limits.SERVE_BEAMS` and is checked
+        here, at the model's edge (:func:`~optw.decode.limits.check_beams`); ``threads`` (torch
+        threads for this call) to the cores other work leaves free. A model trained on other
+        regions logs one warning (:meth:`check_region`)."""
         import torch
 
-        from optw.decode import solve
+        from optw.decode import METHODS, solve
         from optw.decode.limits import SERVE_BEAMS, check_beams
         from optw.threads import set_torch_threads
 
+        if method not in METHODS:
+            raise UserError(f"method: {method!r} is not one of {', '.join(METHODS)}")
         if beams is None:
             beams = SERVE_BEAMS
         elif isinstance(beams, numbers.Integral) and not isinstance(beams, (bool, np.bool_)):
             beams = int(beams)  # numpy integers from a DataFrame or MLflow's params
         check_beams(beams, "beams")  # 4.5 or True is an error, not a silent int()
         batch = tourists_from_records(self.region, tourists)
+        if not self._region_checked:
+            self.check_region()
         before = torch.get_num_threads()
         set_torch_threads(threads)
         try:
@@ -229,7 +259,7 @@ def save_pyfunc(path: str | Path, region_id: str, checkpoint: str | Path, *,
 
     path, checkpoint = Path(path), Path(checkpoint)
     if not checkpoint.is_file():
-        raise FileNotFoundError(f"checkpoint {checkpoint} not found")
+        raise MissingCheckpointError(f"checkpoint {checkpoint} not found")
     signature = ModelSignature(inputs=None, params=ParamSchema([
         ParamSpec("method", "string", DEFAULT_METHOD), ParamSpec("beams", "long", SERVE_BEAMS),
     ]))

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from optw.decode.limits import SERVE_BEAMS
+from optw.errors import OptwError
 from optw.tracking.uri import get_client, quiet, tracking_uri
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,10 @@ class VersionInfo(NamedTuple):
 
     version: int
     tags: dict[str, str]
+
+
+class ModelNotFoundError(OptwError, LookupError):
+    """A registered model, version or alias the registry does not have."""
 
 
 def model_name(region: str) -> str:
@@ -162,7 +167,9 @@ def register_version(region: str, checkpoint_path: str | Path, run_id: str,
         log.info("%s: run %s already registered as version %d", name, run_id, version)
     else:
         if not checkpoint.is_file():
-            raise FileNotFoundError(f"checkpoint {checkpoint} not found")
+            from optw.tracking.pyfunc import MissingCheckpointError
+
+            raise MissingCheckpointError(f"checkpoint {checkpoint} not found")
         region_obj = None
         if bundle_region:
             region_obj = region_data if region_data is not None else _region(region)
@@ -262,10 +269,16 @@ def load_solver(model_uri: str, *, uri: str | None = None, dst_path: str | Path 
     version, name, tags = None, None, {}
     match = _MODEL_URI.match(model_uri)
     if match:
+        from mlflow.exceptions import MlflowException
+
         client = get_client(uri)
         name = match["name"]
-        mv = (client.get_model_version_by_alias(name, match["alias"]) if match["alias"]
-              else client.get_model_version(name, match["version"]))
+        try:
+            mv = (client.get_model_version_by_alias(name, match["alias"]) if match["alias"]
+                  else client.get_model_version(name, match["version"]))
+        except MlflowException as exc:  # no such model, version or alias
+            raise ModelNotFoundError(f"no registered model {model_uri} in {uri} ("
+                                     f"{' '.join(str(exc.message).split())[:200]})") from None
         version, tags = int(mv.version), dict(mv.tags)
         source = client.get_model_version_download_uri(name, str(mv.version))
     else:

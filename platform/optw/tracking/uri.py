@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from optw import paths
+from optw.errors import OptwError
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -33,7 +34,7 @@ ARTIFACTS_DIR = "mlartifacts"
 log = logging.getLogger(__name__)
 
 
-class TrackingUnavailableError(RuntimeError):
+class TrackingUnavailableError(OptwError, RuntimeError):
     """The tracking store cannot be reached or written (raised before any work starts)."""
 
 
