@@ -92,7 +92,7 @@ def settings(profile, regions: list[str], seed: int, threads: int, finetune: boo
              finetune_lr: float | None = None, **changes: Any):
     """The profile's TrainConfig for ``regions`` (its fine-tuning one with ``finetune``), with
     unbounded epochs, no validation or checkpoints during the run, and ``changes``."""
-    base = profile.finetune_config(regions) if finetune else profile.train.replace(
+    base = profile.finetune.replace(regions=list(regions)) if finetune else profile.train.replace(
         regions=regions)
     extra = {"finetune_lr": finetune_lr} if finetune and finetune_lr else {}
     return base.replace(**{"epochs": 1_000_000, "max_minutes": None, "val_every": 0,
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
               "ils_mean": ils, "tourists": args.tourists, "threads": args.threads,
               "seed": args.seed, "short": args.short, "minutes": args.minutes,
               "profile": args.profile,
-              "finetune_lr": args.finetune_lr or profile.finetune_config([args.region]).finetune_lr,
+              "finetune_lr": args.finetune_lr or profile.finetune.finetune_lr,
               "source": {"path": str(source),
                                                           "minutes": args.source_minutes,
                                                           **source_facts},

@@ -25,7 +25,7 @@ RANK = {
     "model": 3,
     "decode": 4,
     "train": 5,
-    "baselines": 5,
+    "baselines": 4,  # ILS: below train, which learns from its routes
     "evaluate": 6,
     "tracking": 7,
     "report": 8,

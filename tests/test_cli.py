@@ -57,6 +57,9 @@ def _families(s: dict[str, Path]) -> list[tuple[list[str], str]]:
         cases.append((["tune", "--regions", value], word))
     for value, word in (("", "--groups"), ("nope", "nope")):
         cases.append((["job", "run", "--groups", value], word))
+    # both would train different regions: refused naming both (the message says which does what)
+    cases.append((["job", "run", "--regions", "r199", "--groups", "solomon"],
+                  "--regions and --groups"))
     for opt, value, word in (
         ("--profile", "no-such-profile", "no-such-profile"),
         ("--profile", f, "a-file"),
@@ -70,7 +73,9 @@ def _families(s: dict[str, Path]) -> list[tuple[list[str], str]]:
     for opt, value, word in (
         ("--samples", "0", "--samples"), ("--samples", "-3", "--samples"),
         ("--profile", "no-such-profile", "no-such-profile"), ("--name", "two words", "--name"),
-        ("--out", f, "--out"), ("--epochs", "0", "epochs"), ("--val-every", "-1", "val_every"),
+        ("--out", f, "--out"), ("--epochs", "0", "epochs"), ("--val-every", "-1", "--val-every"),
+        ("--val-every", "0", "--val-every"), ("--samples", "100000000", "10,000"),
+        ("--epochs", str(10**12), "--epochs"),
         ("--catalog", "/nonexistent/catalog", "/nonexistent/catalog"),
     ):
         cases.append((["tune", "--regions", "r199", opt, value], word))
@@ -177,6 +182,31 @@ def test_debug_shows_the_traceback(sandbox):
     """``optw --debug`` lets the error through (for bug reports)."""
     with pytest.raises(KeyError, match="zz9"):
         main(["--debug", "catalog", "show", "zz9"])
+
+
+def test_a_user_error_is_one_line_and_a_bug_says_it_is_one(sandbox, capsys, monkeypatch):
+    """Only the project's own errors (OptwError) are the user's: a real command with bad input
+    ends in one line naming it, exit 2. Any other exception is a bug: one line saying it is an
+    internal error, with its type, message and the file, line and function it was raised in,
+    exit 1; ``--debug`` shows its traceback."""
+    import optw.distributed.cli as job_cli
+
+    assert main(["job", "run", "--regions", "r199", "--name", "two words"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("optw job run: error: --name: ") and err.count("\n") == 1, err
+
+    def buggy(args) -> int:
+        return {}["no such key"]
+
+    monkeypatch.setattr(job_cli, "_tune", buggy)  # what `optw tune` runs, as a bug would
+    assert main(["tune", "--regions", "r199"]) == 1
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("optw tune: internal error (a bug"), err
+    assert "KeyError: 'no such key'" in err and "Traceback" not in err
+    assert f"{__file__}:" in err and " in buggy" in err
+    with pytest.raises(KeyError, match="no such key"):
+        main(["--debug", "tune", "--regions", "r199"])
 
 
 @pytest.mark.parametrize("script,args,word", [

@@ -1,4 +1,4 @@
-"""Acceptance of issue 14 §1: custom regions go the whole way through the platform.
+"""Custom regions go the whole way through the platform.
 
 Two custom regions are added to a private copy of the tiny catalog with the catalog's own
 ``add_region``: ``towncsv`` from ``tests/fixtures/custom/town.csv`` (group ``custom``) and
@@ -85,7 +85,7 @@ def _profile(catalog, name: str, argv_mode: str = "scratch", **job):
     args = argparse.Namespace(profile=str(path), groups=job.get("groups"),
                               regions=job.get("regions"), from_groups=job.get("from_groups"),
                               mode=argv_mode, name=None, catalog=str(catalog.path))
-    return profile_from_args(args)
+    return profile_from_args(args, catalog)
 
 
 @pytest.fixture(scope="module")
@@ -101,14 +101,21 @@ def job(ray_cluster, custom_catalog, store, root):
 
 
 def test_unknown_custom_group_is_refused_naming_it(custom_catalog, tiny_catalog):
-    """A group the job's catalog does not have fails before anything runs, naming the group
-    (in the profile when the default catalog lacks it too, else against the job's catalog);
-    ``custom`` on a catalog without custom regions says how to add one."""
+    """A group the job's catalog does not have fails before anything runs, naming the option
+    and the group (the profile is checked against the job's catalog, whose custom groups it
+    may name, also in [global.<group>] tables); ``custom`` on a catalog without custom regions
+    says how to add one."""
     from optw.distributed.plan import UnknownGroupError, select_regions
+    from optw.distributed.profile import load_profile
     from optw.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"job\.groups.*'villages'"):
+    with pytest.raises(ConfigError, match=r"^--groups: job\.groups.*'villages'.*'towns'"):
         _profile(custom_catalog, "bad", groups="custom,villages")
+    path = Path(custom_catalog.path).parent / "global-towns.toml"
+    path.write_text("[job]\ngroups = ['towns']\nmode = 'global-ft'\n[global.towns]\nepochs = 3\n")
+    assert load_profile(path, custom_catalog).global_train["towns"].epochs == 3
+    with pytest.raises(ConfigError, match=r"\[global\.towns\]: unknown group 'towns'"):
+        load_profile(path, tiny_catalog)
     assert select_regions(custom_catalog, ["towns"], []) == ["towngeo"]
     assert select_regions(custom_catalog, ["custom", "solomon"], []) == ["r199", "towncsv"]
     with pytest.raises(UnknownGroupError, match=r"\['custom'\].*optw catalog add"):

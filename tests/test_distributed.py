@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,6 +70,19 @@ class PauseAfterCheckpoint(Callback):
             time.sleep(120)
 
 
+class FailOnSetting(Callback):
+    """Fault injection: at the first epoch's end, note this worker's start in a marker file and
+    raise an error meant for the user, as the loop does for a diverged run or a setting."""
+
+    def __init__(self, marker: str):
+        self.marker = Path(marker)
+
+    def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
+        with open(self.marker, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        raise ConfigError("lr = 1e+308: the run diverged at epoch 1 (a test's)", "lr")
+
+
 # Ray workers cannot import this test module: ship its classes by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -85,19 +99,22 @@ def _run(profile, tiny_catalog, store, tmp_path, **kw):
 
 
 def test_shipped_profiles_and_bad_profiles(tmp_path):
-    """smoke, quick and paper load; unknown keys and bad values are named before anything
-    runs."""
+    """smoke, quick and paper load into typed configs, each built once ([train], [finetune],
+    [global.<group>]); their config hashes (registries key on them) are the same as ever;
+    unknown keys and bad values are named before anything runs."""
     smoke, paper, quick = load_profile("smoke"), load_profile("paper"), load_profile("quick")
     assert quick.job.mode == "global-ft" and quick.train.recipe == "fast"
     assert quick.train.mix_regions and quick.train.max_minutes
-    assert quick.finetune_config(["c101"]).recipe == "fast"
-    # [global.<group>] overrides [train] for that group's global model only
-    assert quick.global_config("solomon", ["c101"]).epochs < quick.train.epochs
-    assert quick.global_config("cordeau", ["pr01"]).epochs == quick.train.epochs
-    assert smoke.global_overrides == {}  # without [global.*] a profile hashes as before
+    assert quick.finetune.recipe == "fast" and quick.finetune.finetune
+    # [global.<group>] changes [train] for that group's global model only
+    assert quick.global_train["solomon"].epochs < quick.train.epochs
+    assert set(quick.global_train) == {"solomon"}
+    assert smoke.global_tables == {}  # without [global.*] a profile hashes as before
     assert paper.train.recipe == "paper" and paper.resources.pack_mode == "sequential"
-    assert paper.train.epochs == 500_000 and paper.finetune_config(["c101"]).epochs == 50_000
-    assert paper.finetune_config(["c101"]).learning_rate(10**6) == 1e-5
+    assert paper.train.epochs == 500_000 and paper.finetune.epochs == 50_000
+    assert paper.finetune.learning_rate(10**6) == 1e-5
+    assert {n: load_profile(n).config_hash() for n in ("smoke", "quick", "paper")} == {
+        "smoke": "8a282eb3902f809e", "quick": "bf8f6922b7e00f4d", "paper": "4aef5a32097ad703"}
     assert paper.evaluate.beams == 128 and smoke.job.groups == ["solomon", "cordeau", "gavalas"]
     assert smoke.config_hash() != paper.config_hash()
     bad = tmp_path / "bad.toml"
@@ -164,12 +181,14 @@ BAD_PROFILE_VALUES = [
     ("evaluate", "unknown_key", [1]),
     ("resources", "cpus_per_region", [0, -1, float("nan"), float("inf"), "x"]),
     ("resources", "gpu_fraction", [0, 1.5, float("nan")]),
-    ("resources", "max_failures", [-2, 1.5]),
+    ("resources", "cpus_per_region", [2000]),
+    ("resources", "regions_per_worker", [0, 10**6, 1.5]),
+    ("resources", "max_failures", [-1, -2, 1.5, 101]),  # -1 would retry for ever
     ("resources", "unknown_key", [1]),
     ("job", "mode", ["sideways", 3]),
-    ("job", "groups", [[], ["nope"], "solomon", [3]]),
-    ("job", "regions", ["c101", [3], [""]]),
-    ("job", "name", ["", "two words", "a/b", 3]),
+    ("job", "groups", [[], ["nope"], "solomon", [3], ["solomon", "solomon"]]),
+    ("job", "regions", ["c101", [3], [""], ["c101", "c101"]]),
+    ("job", "name", ["", "two words", "a/b", 3, "x" * 101]),
     ("job", "unknown_key", [1]),
 ]
 
@@ -197,6 +216,86 @@ def test_bad_profile_values_name_file_table_and_key(tmp_path):
     assert problems == []
 
 
+def test_a_profiles_tables_and_groups_are_checked_when_it_loads(tmp_path):
+    """A profile's structure is checked when it loads, naming the file and the table: an
+    unknown table, a [global.<group>] table of no group a job can train (a typo such as
+    [global.solomn] passed silently), a table that is not one, regions outside [job]."""
+    path = tmp_path / "p.toml"
+    for text, words in (
+            ("[trian]\nepochs = 3\n", ["unknown table", "trian"]),
+            ("[global.solomn]\nepochs = 3\n", ["[global.solomn]", "unknown group 'solomn'"]),
+            ("[global.nope]\nepochs = 3\n", ["[global.nope]", "unknown group 'nope'"]),
+            ("[global]\nepochs = 3\n", ["[global]", "epochs"]),
+            ("train = 3\n", ["train = 3", "[train]"]),
+            ("[train]\nregions = ['c101']\n", ["[train]", "regions", "[job] regions"]),
+            ("[finetune]\nregions = ['c101']\n", ["[finetune]", "regions"])):
+        path.write_text(text)
+        with pytest.raises(ConfigError) as err:
+            load_profile(path)
+        msg = str(err.value)
+        assert str(path) in msg and all(w in msg for w in words), msg
+    path.write_text("[job]\ngroups = ['custom']\n[global.custom]\nepochs = 3\n")
+    assert load_profile(path).global_train["custom"].epochs == 3
+
+
+def test_batch_size_walks_from_a_profile_to_the_worker(tiny_catalog, tmp_path):
+    """docs/architecture.md's first walk, through the functions it names, without Ray: a
+    profile file's [train] batch_size (with `optw job run --regions`) reaches the Ray Train
+    worker's TrainConfig unchanged: load_profile (in profile_from_args) → config_for →
+    WorkerSpec.build → the worker function make_trainer binds (train_worker and the typed
+    pack), the very object the plan resolved."""
+    import argparse
+    import functools
+
+    from optw.distributed.cli import profile_from_args
+    from optw.distributed.plan import Member, select_regions
+    from optw.distributed.ray_train import WorkerPack, WorkerSpec, make_trainer, train_worker
+
+    path = tmp_path / "walk.toml"
+    path.write_text("[job]\nname = 'walk'\n[train]\nbatch_size = 7\ntourists_per_epoch = 3\n"
+                    "epochs = 2\n")
+    args = argparse.Namespace(profile=str(path), groups=None, regions="r199,pr99",
+                              from_groups=None, mode=None, name=None)
+    profile = profile_from_args(args, tiny_catalog)
+    regions = select_regions(tiny_catalog, profile.job.groups, profile.job.regions)
+    (stage,) = plan(profile.job.mode, tiny_catalog, regions)
+    members = [Member(u, profile.config_for(u)) for u in stage]
+    assert [(m.config.batch_size, m.config.regions) for m in members] == [
+        (7, ["r199"]), (7, ["pr99"])]
+    spec = WorkerSpec.build(members[0].config, "r199", "scratch",
+                            catalog=str(tiny_catalog.path), tracking_uri="sqlite:///unused.db",
+                            run_id=None)
+    trainer = make_trainer(WorkerPack((spec,)), str(tmp_path / "ray_train"), "walk",
+                           profile.resources, use_gpu=False)
+    bound = trainer.train_loop_per_worker
+    assert isinstance(bound, functools.partial) and bound.func is train_worker
+    (worker_spec,) = bound.args[0].specs
+    assert worker_spec.config is members[0].config
+    assert (worker_spec.config.batch_size, worker_spec.config.tourists_per_epoch) == (7, 3)
+
+
+def test_an_epoch_that_cannot_fit_is_refused_before_anything_starts(tiny_catalog, tmp_path):
+    """A job whose settings cannot fit in memory (batch_size × tourists_per_epoch routes of a
+    model's largest region: here about 1.7 TB) is refused before Ray, an MLflow store or any
+    output exists, naming the profile's table of that model ([train], or [finetune] for the
+    fine-tuned ones) and both settings."""
+    import dataclasses
+
+    from optw.distributed.job import run_job
+
+    big = {"batch_size": 1024, "tourists_per_epoch": 1024}
+    scratch = tiny_profile("fits", **big)
+    finetune = dataclasses.replace(tiny_profile("fits-ft", mode="global-ft"),
+                                   finetune_table=big)
+    for profile, table in ((scratch, "test-fits [train]"), (finetune, "test-fits-ft [finetune]")):
+        with pytest.raises(ConfigError, match=rf"{re.escape(table)}: batch_size = 1024 × "
+                           "tourists_per_epoch = 1024"):
+            run_job(profile, catalog_dir=tiny_catalog.path,
+                    tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                    storage=tmp_path / "ray_train", out_dir=tmp_path / "out", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_tune_space_is_checked_before_any_trial(tiny_catalog, tmp_path):
     """A search space that can draw an invalid config (a bad choice, a range end, an unknown
     key) fails in run_sweep before Ray or MLflow are touched, naming the key and value."""
@@ -207,17 +306,31 @@ def test_tune_space_is_checked_before_any_trial(tiny_catalog, tmp_path):
     base = tiny_profile("space").train.replace(regions=["r199"], val_every=2)
     assert apply_trial(base, {"lr": 1e-3, "model.clip": 5.0}).model["clip"] == 5.0
     for space, word in (({"batch_size": ("choice", [16, 0])}, "batch_size = 0"),
-                        ({"lr": ("loguniform", -1.0, 1e-3)}, "lr = -1.0"),
+                        ({"lr": ("uniform", -1.0, 1e-3)}, "lr = -1.0"),
                         ({"model.n_layers": ("choice", [1, 0])}, "model.n_layers = 0"),
                         ({"model.nope": ("choice", [1])}, "nope"),
                         ({"epochz": ("choice", [1])}, "epochz"),
-                        ({"beta": ("choice", [])}, "non-empty")):
+                        ({"beta": ("choice", [])}, "non-empty"),
+                        ({"lr": ("loguniform", 1e-3, 1e-5)}, "low < high"),
+                        ({"lr": ("loguniform", 0.0, 1e-3)}, "low > 0"),
+                        ({"beta": ("uniform", 0.0, float("nan"))}, "finite"),
+                        ({"lr": ("uniform", 1e-3)}, r"expected \(kind"),
+                        ({"lr": ("normal", 1e-4, 1e-3)}, "kind"),
+                        # an epoch that cannot fit in memory (1M routes of r199's nodes)
+                        ({"batch_size": ("choice", [1 << 20])}, "batch_size = 1048576")):
         with pytest.raises(ConfigError, match=word):
-            check_space(base, space)
+            check_space(base, space, n_nodes=12)  # r199's
         with pytest.raises(ConfigError, match=word):
             run_sweep(tiny_profile("space", val_every=2), ["r199"], num_samples=1, space=space,
                       catalog_dir=tiny_catalog.path, tracking_uri="http://127.0.0.1:9",
                       storage=tmp_path / "tune", progress=False)
+    from optw.errors import UserError
+
+    with pytest.raises(UserError, match=r"--samples: 100000000 trials; give an integer in "
+                       r"1\.\.10,000"):
+        run_sweep(tiny_profile("space", val_every=2), ["r199"], num_samples=10**8,
+                  catalog_dir=tiny_catalog.path, tracking_uri="http://127.0.0.1:9",
+                  storage=tmp_path / "tune", progress=False)
     assert not ray.is_initialized() and not (tmp_path / "tune").exists()
 
 
@@ -397,11 +510,15 @@ def test_a_worker_no_node_can_hold_is_refused_before_training(ray_cluster, tiny_
     """A profile whose region worker asks for more CPUs than any node has made Ray wait for
     ever ("No available node types can fulfill resource request"): it is refused before
     anything is created, naming resources.cpus_per_region and the largest node."""
+    import dataclasses
+
     from optw.distributed.preflight import check_worker_fits
 
     profile = tiny_profile("too-big")
-    profile.resources.cpus_per_region = 64
-    with pytest.raises(ValueError, match=r"cpus_per_region = 64: .* largest .* has 2 CPUs"):
+    profile = dataclasses.replace(profile, resources=dataclasses.replace(
+        profile.resources, cpus_per_region=64))
+    with pytest.raises(ConfigError, match=r"test-too-big \[resources\]: resources\."
+                       r"cpus_per_region = 64: .* largest .* has 2 CPUs"):
         _run(profile, tiny_catalog, store, tmp_path)
     assert not (tmp_path / "out").exists() and not (tmp_path / "ray_train").exists()
     nodes = [{"Resources": {"CPU": 2.0}}, {"Resources": {"CPU": 8.0, "GPU": 1.0}}]
@@ -412,6 +529,23 @@ def test_a_worker_no_node_can_hold_is_refused_before_training(ray_cluster, tiny_
     with pytest.raises(ValueError, match="4 CPUs and a GPU share"):  # CPUs here, GPU there
         check_worker_fits(4, 0.25, [{"Resources": {"CPU": 8.0}},
                                     {"Resources": {"CPU": 2.0, "GPU": 1.0}}], 0)
+
+
+def test_a_worker_failing_on_a_setting_fails_once_in_one_line(ray_cluster, tiny_catalog, store,
+                                                               tmp_path):
+    """A worker that stops on a setting (an OptwError in the worker: a diverged run, a value
+    out of range, memory) is not restarted, though [resources] max_failures = 2 (a restart
+    would fail the same way): the job fails once, its error one line naming the pack and the
+    setting, no traceback; the worker ran once."""
+    from optw.distributed.job import PacksFailedError
+
+    marker = tmp_path / "starts.txt"
+    with pytest.raises(PacksFailedError) as err:
+        _run(tiny_profile("setting", regions=["r199"]), tiny_catalog, store, tmp_path,
+             force=True, callbacks={"r199": [FailOnSetting(str(marker))]})
+    assert str(err.value) == ("1 pack(s) failed:\n  scratch r199: lr = 1e+308: the run "
+                              "diverged at epoch 1 (a test's)")
+    assert len(marker.read_text().splitlines()) == 1
 
 
 @pytest.mark.parametrize("pack,pack_mode", [

@@ -82,6 +82,33 @@ def test_regions_say_where_their_clock_starts(tiny_catalog, catalog):
     assert planner.region("t101")["clock_note"] is None
 
 
+def test_a_model_of_other_regions_is_named_once_per_model_and_region(tiny_catalog, tmp_path,
+                                                                    caplog, capsys):
+    """The planner warns, in one line naming both, when the model it uses for a region was
+    trained on other regions (a file that says which: optw.model.load_model), once per model
+    and region; a model of the region, or one whose file does not say, is not named.
+    `optw plan --checkpoint` shows that line on its terminal."""
+    import torch
+
+    from optw.model import ModelConfig, PointerNet, save_model
+    from optw.serve import CheckpointModels
+
+    torch.manual_seed(5)
+    path = save_model(PointerNet(ModelConfig()), tmp_path / "r199.pt", train={"regions": ["r199"]})
+    planner = Planner(tiny_catalog, CheckpointModels(path))
+    request = {"region": "pr99", "method": "greedy"}
+    with caplog.at_level("WARNING", logger="optw.serve.planner"):
+        for body in (request, request, {**request, "region": "r199"}):
+            planner.plan(body)
+    warned = [r.getMessage() for r in caplog.records if r.name == "optw.serve.planner"]
+    assert len(warned) == 1, warned
+    assert "trained on r199, not on pr99 (cordeau)" in warned[0] and str(path) in warned[0]
+    assert main(_plan(tiny_catalog, path, "--region", "t199")) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: the model was trained on r199, not on t199 (gavalas)")
+    assert err.count("\n") == 1, err
+
+
 def test_request_edges_are_refused_briefly(tiny_catalog):
     """Arabic-Indic digits are not a clock time (they were read as 09:00); beams = 10**5000
     (valid JSON) is "out of range", not malformed JSON; a 200 KB unknown key or preference is

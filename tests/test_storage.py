@@ -148,8 +148,9 @@ def test_catalog_by_uri_is_mirrored_and_kept_current(s3, tiny_catalog, tmp_path)
 def test_trainer_gets_remote_storage_and_worker_resources(s3):
     """make_trainer hands Ray Train an S3 location as (path, pyarrow filesystem), adds custom
     resources to the worker's request, and runs the one worker function on the typed pack
-    (no config dict): a catalog given by URI travels as the URI (the worker mirrors it on its
-    own node on entry); a local folder stays a path."""
+    (no config dict) and where to leave an error meant for the user (beside the run, in the
+    same storage); a catalog given by URI travels as the URI (the worker mirrors it on its own
+    node on entry); a local folder stays a path."""
     import functools
 
     import pyarrow.fs
@@ -169,7 +170,8 @@ def test_trainer_gets_remote_storage_and_worker_resources(s3):
     assert trainer.scaling_config.resources_per_worker == {"CPU": 1, "optw_remote": 1.0}
     worker = trainer.train_loop_per_worker
     assert isinstance(worker, functools.partial) and worker.func is train_worker
-    assert worker.args == (WorkerPack((spec,), batched=False),)
+    assert worker.args == (WorkerPack((spec,), batched=False),
+                           st.join(s3, "ray_train", ".n.optw-error"))
     assert not trainer.train_loop_config
     uri = st.join(s3, "catalog")
     remote = make_trainer(spec.replace(catalog=uri), "/tmp/x", "n", res, use_gpu=False)

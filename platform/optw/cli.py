@@ -11,6 +11,8 @@ import importlib
 import os
 import sys
 
+from optw.errors import OptwError
+
 #: Modules that add subcommands, in help order.
 COMMAND_MODULES = (
     "optw.catalog.cli",
@@ -38,12 +40,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: Errors meant for the user (bad input, missing files, unreachable services): one line.
-USER_ERRORS = (ValueError, LookupError, FileNotFoundError, FileExistsError, NotADirectoryError,
-               PermissionError, RuntimeError, TimeoutError, ConnectionError)
+def _one_line(text: str) -> str:
+    """A message as the error line shows it: whitespace runs joined, unless it is a list of
+    several lines (e.g. one per failed pack)."""
+    return " ".join(text.split()) if text.count("\n") < 2 else text.strip()
+
+
+def _where(exc: BaseException) -> str:
+    """``file:line in function`` of the traceback's last frame (where ``exc`` was raised)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return "an unknown place"
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    return f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}"
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. An :class:`~optw.errors.OptwError` (bad input, a missing file, an
+    unreachable service) is one line naming it, exit 2; any other exception is a bug: one line
+    saying so, with its type, message and where it was raised, exit 1 (``--debug``: the full
+    traceback of either)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     name = " ".join(filter(None, (args.command, getattr(args, f"{args.command}_command", None))))
@@ -59,13 +77,19 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
-    except USER_ERRORS as exc:
+    except OptwError as exc:
         if args.debug:
             raise
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        text = " ".join(str(msg).split()) if str(msg).count("\n") < 2 else str(msg).strip()
-        print(f"optw {name}: error: {text}", file=sys.stderr)
+        print(f"optw {name}: error: {_one_line(str(msg))}", file=sys.stderr)
         return 2
+    except Exception as exc:  # noqa: BLE001 - anything else is a bug: said so, in one line
+        if args.debug:
+            raise
+        print(f"optw {name}: internal error (a bug, please report it): {type(exc).__name__}: "
+              f"{' '.join(str(exc).split())[:500]} (at {_where(exc)}; `optw --debug "
+              f"{name} ...` shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
+from optw.errors import OptwError
+
 #: The project folder (``platform/optw/paths.py`` -> three levels up).
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 #: ``shared/`` beside the project: benchmark files and reference scores (read-only).
@@ -121,14 +123,32 @@ def mlflow_db() -> Path:
     return PROJECT_ROOT / "mlflow.db"
 
 
+class PathError(OptwError, OSError):
+    """A file or folder that cannot be read or written: one line naming it and why."""
+
+
+def path_error(exc: OSError, path: str | Path, doing: str = "write") -> PathError:
+    """``exc`` as a :class:`PathError` naming the file it is about: its own ``filename``, or
+    ``path`` when it names none (or only a temporary file beside ``path``)."""
+    named = exc.filename if exc.filename and not Path(str(exc.filename)).name.startswith(
+        f".{Path(path).name}.tmp-") else path
+    return PathError(f"cannot {doing} {named}: {exc.strerror or exc}")
+
+
 def replace_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
     """``write(tmp)`` a temporary file beside ``path``, then rename it over ``path``: a reader
-    never sees a half-written file (the temporary file is removed if writing fails)."""
+    never sees a half-written file (the temporary file is removed if writing fails). An
+    ``OSError`` (no such folder, no permission, a full disk) is a :class:`PathError` naming
+    the file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
         os.replace(tmp, path)
+    except OptwError:
+        raise
+    except OSError as exc:
+        raise path_error(exc, path) from None
     finally:
         tmp.unlink(missing_ok=True)
     return path
@@ -140,5 +160,9 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 
 
 def file_sha256(path: str | Path) -> str:
-    """Hex SHA-256 of a file's bytes (catalog manifests, custom regions' sources)."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """Hex SHA-256 of a file's bytes (catalog manifests, custom regions' sources); a
+    :class:`PathError` naming the file when it cannot be read."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as exc:
+        raise path_error(exc, path, "read") from None

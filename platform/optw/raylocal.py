@@ -1,4 +1,5 @@
-"""Ray's token for the local clusters the project starts, and where Ray keeps its files.
+"""Ray's token for the local clusters the project starts, their environment, and what their
+drivers and worker processes do when they start or are told to stop.
 
 Ray (>= 2.59) protects a cluster with a token when ``RAY_AUTH_MODE=token``: ``ray start --head``
 then refuses to start unless a token exists (``RAY_AUTH_TOKEN``, the file named by
@@ -9,19 +10,24 @@ only), reuses one that exists and never prints it. ``python -m optw.raylocal`` d
 from the shell (``jobs/embedded.sh`` runs it before ``ray start``).
 
 :data:`RAY_ENV` holds the environment defaults of the project's local clusters (jobs and `optw
-serve`), :func:`setup_worker` their ``worker_process_setup_hook`` (both live here
-because this module is light). Every entry point that may start a local cluster calls
-:func:`ensure_token` first: the embedded job, ``optw job
-run`` and ``optw tune`` without an address, ``optw baseline ils``, ``optw serve``, and the test
-fixtures.
+serve`), :func:`setup_worker` their ``worker_process_setup_hook`` and
+:func:`interrupt_on_signals` what a driver does on SIGTERM (all here because this module is
+light: every Ray worker process imports it). Every entry point that may start a local cluster
+calls :func:`ensure_token` first: the embedded job, ``optw job run`` and ``optw tune`` without
+an address, ``optw baseline ils``, ``optw serve``, and the test fixtures.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
+
+from optw.paths import path_error
 
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
 TOKEN_ENV = "RAY_AUTH_TOKEN"
@@ -37,7 +43,7 @@ RAY_ENV: dict[str, str] = {
     "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600",
     # Ray Train's controller takes one report off a worker's queue (of one) per poll, every 2 s
     # by default: a worker that reports (metrics, a checkpoint) more often waits for each poll,
-    # and a finished run waits for one; tiny runs spent most of their training time so (a poll
+    # and a finished run waits for one; tiny runs would spend most of their time so (a poll
     # is one small actor call; a hung one is still only failed after 10 minutes)
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
     # Ray Train's preemption watcher (one more actor process per run) only matters on clusters
@@ -45,12 +51,12 @@ RAY_ENV: dict[str, str] = {
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     # no usage statistics are sent, and Ray says nothing about them
     "RAY_USAGE_STATS_ENABLED": "0",
-    # Ray Serve's controller kills an HTTP proxy that is not ready in 5 s (the planner failed to
-    # start on a busy 2-core machine)
+    # Ray Serve's controller kills an HTTP proxy that is not ready in 5 s (too short on a busy
+    # 2-core machine)
     "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
     # Ray starts its workers at nice 15: beside any other busy process on the machine the
-    # training, evaluation and planner workers got a few % of a core (the planner's replica 4 %
-    # beside two busy processes); at 0 they share the CPU fairly
+    # training, evaluation and planner workers get a few % of a core; at 0 they share the CPU
+    # fairly
     "RAY_worker_niceness": "0",
 }
 
@@ -113,25 +119,31 @@ def ensure_token(say: Callable[[str], None] | None = _stderr) -> str | None:
     ``~/.ray/auth_token``) is reused, never replaced. Otherwise a new one is written to the file
     Ray reads (``RAY_AUTH_TOKEN_PATH`` when set, else ``~/.ray/auth_token``), created atomically
     with mode 0600, and ``say`` is told once where it is and how to print it (the token itself is
-    never shown). Raises ``OSError`` naming the file when it cannot be written.
+    never shown). Raises :class:`~optw.paths.PathError` naming the file when it cannot be
+    written.
     """
     if os.environ.get(AUTH_MODE_ENV, "").strip().lower() == "disabled":
         return None
-    found = token_source()
-    if found is not None:
-        return found
+    return token_source() or _new_token(say)
+
+
+def _new_token(say: Callable[[str], None] | None) -> str:
+    """Write a new token where Ray reads it (see :func:`ensure_token`); returns the file."""
     named = os.environ.get(TOKEN_PATH_ENV, "").strip()
     path = Path(named).expanduser() if named else default_token_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(_generate())
         if _has_token(path):  # another process made one meanwhile: keep theirs
             tmp.unlink()
             return str(path)
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise path_error(exc, path) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -139,11 +151,6 @@ def ensure_token(say: Callable[[str], None] | None = _stderr) -> str | None:
         say(f"created the token of local Ray clusters in {path} (`{PRINT_COMMAND}` prints it; "
             f"the Ray dashboard asks for it once per browser)")
     return str(path)
-
-
-def temp_dir() -> Path:
-    """Ray's folder of session files and logs: ``$RAY_TMPDIR/ray``, by default ``/tmp/ray``."""
-    return Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray"
 
 
 def pin_address() -> None:
@@ -155,9 +162,9 @@ def pin_address() -> None:
 
     It lives here because this module imports nothing heavy: every worker process (Ray Train's
     controller and workers, ILS and evaluation tasks, Ray's own detached actors) runs it at
-    start. Through ``optw.distributed`` it imported torch, 2-4 s of CPU per process: on a busy
-    2-core machine Ray Train's autoscaling coordinator then missed its 5 s deadline ("Failed to
-    send resource request" tracebacks) and every job stage started tens of seconds later."""
+    start, and importing torch there (through ``optw.distributed``) costs 2-4 s of CPU per
+    process, enough on a busy 2-core machine for Ray Train's autoscaling coordinator to miss
+    its 5 s deadline."""
     try:
         import ray
 
@@ -175,6 +182,22 @@ def setup_worker() -> None:
 
     pin_address()
     quiet_ray_internals()
+
+
+def interrupt_on_signals(signals: Iterable[int] = (signal.SIGTERM,)) -> None:
+    """In a driver, once Ray is initialised: each of ``signals`` ends the process as Ctrl-C
+    does (a ``KeyboardInterrupt``: the command's clean-up runs, ``optw`` exits 130). It
+    replaces the handler Ray's C++ core installs for SIGTERM, which prints a stack dump
+    (``logging.cc: @ 0x... (unknown)`` lines) before the process dies. Only the main thread
+    can set handlers: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    for sig in signals:
+        signal.signal(sig, interrupt)
 
 
 def main() -> int:

@@ -5,7 +5,7 @@ torch's default (one thread per core) is 10-13x slower than one thread when the 
 with other work (measured on a 2-core machine beside two CPU-bound processes). The entry points
 that run torch (``optw solve``, ``optw train``, the MLflow pyfunc's ``solve``) call
 :func:`set_torch_threads` when no thread count is given. Nothing here imports torch before it is
-needed, nor anything else of ``optw``.
+needed, nor anything of ``optw`` but its error types.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import math
 import os
 import sys
 import time
+
+from optw.errors import UserError
 
 #: Largest accepted explicit thread count (``--threads``).
 MAX_THREADS = 256
@@ -53,10 +55,10 @@ def default_threads() -> int:
 
 
 def check_threads(value: object, name: str = "threads") -> int:
-    """An explicit thread count: an int in 1..:data:`MAX_THREADS`; ``ValueError`` starting with
-    ``name`` otherwise."""
+    """An explicit thread count: an int in 1..:data:`MAX_THREADS`; a
+    :class:`~optw.errors.UserError` starting with ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
-        raise ValueError(f"{name}: expected a number of threads in 1..{MAX_THREADS}, got "
+        raise UserError(f"{name}: expected a number of threads in 1..{MAX_THREADS}, got "
                          f"{value!r}")
     return value
 

@@ -4,11 +4,18 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optw.distributed.profile import MODES
+from optw.errors import UserError
+
+if TYPE_CHECKING:
+    from optw.catalog import Catalog
+    from optw.distributed.profile import JobProfile
+
+#: ``optw job run``'s options that change a profile's ``[job]`` keys.
+JOB_OPTIONS = {"groups": "--groups", "regions": "--regions", "from_groups": "--from-groups",
+               "mode": "--mode", "name": "--name"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,9 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "trained models for every region on a 2-core laptop in 25-40 minutes; "
                         "smoke: the pipeline in minutes; paper: the paper's budgets)")
     r.add_argument("--groups", default=None,
-                   help="comma-separated groups (solomon,cordeau,gavalas; custom or any custom "
-                   "group of the catalog, see `optw catalog add`); default: profile")
-    r.add_argument("--regions", default=None, help="comma-separated region ids (overrides groups)")
+                   help="comma-separated groups whose every region is trained (solomon,"
+                   "cordeau,gavalas; custom or any custom group of the catalog, see `optw "
+                   "catalog add`); default: the profile's. Not with --regions")
+    r.add_argument("--regions", default=None,
+                   help="comma-separated region ids to train, of any group; default: the "
+                   "profile's. Not with --groups (--regions names the regions, --groups "
+                   "trains every region of theirs)")
     r.add_argument("--mode", choices=MODES, default=None,
                    help="default: the profile's. transfer-to: fine-tune a global model of "
                    "--from-groups onto each of the job's regions (e.g. a custom region)")
@@ -57,9 +68,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "comparing trials by the mean gap to ILS on the validation tourists.")
     t.add_argument("--profile", default="smoke", help="base profile (its [train] table)")
     t.add_argument("--regions", required=True, help="comma-separated region ids")
-    t.add_argument("--samples", type=int, default=8, help="number of trials")
-    t.add_argument("--epochs", type=int, default=None, help="max epochs per trial")
-    t.add_argument("--val-every", type=int, default=None, help="epochs between validations")
+    t.add_argument("--samples", type=int, default=None, help="number of trials, 1..10,000 "
+                   "(default 8)")
+    t.add_argument("--epochs", type=int, default=None,
+                   help="max epochs per trial (default: the profile's)")
+    t.add_argument("--val-every", type=int, default=None,
+                   help="epochs between validations, 1..--epochs (default: the profile's, "
+                   "else a quarter of the epochs)")
     t.add_argument("--write-profile", default=None, help="write the best config as a profile")
     t.add_argument("--name", default=None,
                    help="sweep (= MLflow experiment) name (default: <job>-tune-<time>)")
@@ -81,14 +96,14 @@ def comma_list(text: str | None, option: str) -> list[str] | None:
         return None
     items = [x.strip() for x in text.split(",")]
     if not any(items):
-        raise ValueError(f"{option}: empty list {text!r}; give comma-separated names or leave "
-                         "the option out")
+        raise UserError(f"{option}: empty list {text!r}; give comma-separated names or leave "
+                        "the option out")
     if "" in items:
-        raise ValueError(f"{option}: {text!r} has an empty entry (entry {items.index('') + 1}); "
-                         "give comma-separated names")
+        raise UserError(f"{option}: {text!r} has an empty entry (entry {items.index('') + 1}); "
+                        "give comma-separated names")
     seen = [x for i, x in enumerate(items) if x in items[:i]]
     if seen:
-        raise ValueError(f"{option}: {text!r} names {seen[0]!r} twice; give each name once")
+        raise UserError(f"{option}: {text!r} names {seen[0]!r} twice; give each name once")
     return items
 
 
@@ -102,34 +117,32 @@ def resource_amounts(text: str | None) -> dict[str, float]:
         except ValueError:
             value = float("nan")
         if not sep or not name.strip() or not (value > 0 and value != float("inf")):
-            raise ValueError(f"--worker-resources: {item!r}; expected NAME=AMOUNT with an "
-                             "amount > 0, e.g. trainer=1")
+            raise UserError(f"--worker-resources: {item!r}; expected NAME=AMOUNT with an "
+                            "amount > 0, e.g. trainer=1")
         out[name.strip()] = value
     return out
 
 
-def profile_from_args(args: argparse.Namespace):
-    """The profile named by ``--profile`` with the command line's job overrides."""
-    from optw.distributed.profile import CATALOG_HINT, JobProfile, load_profile
+def profile_from_args(args: argparse.Namespace, catalog: Catalog) -> JobProfile:
+    """The profile named by ``--profile`` (its groups checked against ``catalog``, the
+    job's) with the command line's ``[job]`` options (:meth:`JobProfile.with_job`):
+    ``--groups`` trains every region of those groups, ``--regions`` the regions it names;
+    both at once are refused."""
+    from optw.distributed.profile import load_profile
 
-    # the groups a profile may name include the custom groups of the job's catalog
-    token = CATALOG_HINT.set(getattr(args, "catalog", None))
-    try:
-        profile = load_profile(args.profile)
-        data = profile.to_dict()
-        data.pop("profile")
-        job = data["job"]
-        overrides: dict[str, Any] = {
-            "groups": comma_list(args.groups, "--groups"),
-            "regions": comma_list(args.regions, "--regions"),
-            "from_groups": comma_list(getattr(args, "from_groups", None), "--from-groups"),
-            "mode": args.mode, "name": args.name}
-        job.update({k: v for k, v in overrides.items() if v is not None})
-        if job["mode"] != "transfer-to" and overrides["from_groups"] is None:
-            job["from_groups"] = []  # a transfer-to profile run in another mode
-        return JobProfile.from_dict(data, source=profile.profile)
-    finally:
-        CATALOG_HINT.reset(token)
+    groups, regions = comma_list(args.groups, "--groups"), comma_list(args.regions, "--regions")
+    if groups is not None and regions is not None:
+        raise UserError("--regions and --groups: give one of them (--regions names the regions "
+                        "to train, --groups trains every region of those groups)")
+    profile = load_profile(args.profile, catalog)
+    changes: dict[str, Any] = {
+        "groups": groups, "regions": [] if groups is not None else regions,
+        "from_groups": comma_list(getattr(args, "from_groups", None), "--from-groups"),
+        "mode": args.mode, "name": args.name}
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if changes.get("mode", profile.job.mode) != "transfer-to" and "from_groups" not in changes:
+        changes["from_groups"] = []  # a transfer-to profile run in another mode
+    return profile.with_job(changes, catalog, JOB_OPTIONS)
 
 
 def format_summary(summary) -> str:
@@ -170,12 +183,14 @@ def format_summary(summary) -> str:
 
 
 def _run_job(args: argparse.Namespace) -> int:
-    from optw.distributed.job import run_job
+    from optw.distributed.job import open_job_catalog, run_job
+    from optw.distributed.rayenv import own_connection
     from optw.raylogs import quiet_ray_output
 
-    profile = profile_from_args(args)
-    with quiet_ray_output():  # Ray's internals stay in its log folder
-        summary = run_job(profile, catalog_dir=args.catalog, tracking_uri=args.tracking_uri,
+    location, catalog = open_job_catalog(args.catalog)
+    profile = profile_from_args(args, catalog)
+    with quiet_ray_output(), own_connection():  # Ray's internals stay in its log folder
+        summary = run_job(profile, catalog_dir=location, tracking_uri=args.tracking_uri,
                           storage=args.storage, out_dir=args.out, force=args.force,
                           progress=not args.quiet, ray_address=args.address,
                           worker_resources=resource_amounts(args.worker_resources))
@@ -184,31 +199,41 @@ def _run_job(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from optw.distributed.profile import load_profile
-    from optw.distributed.tune import profile_name, run_sweep, write_profile
+    import dataclasses
 
-    if args.samples < 1:
-        raise ValueError(f"--samples: {args.samples} trials; give an integer >= 1")
-    base = load_profile(args.profile)
+    from optw.distributed.job import open_job_catalog
+    from optw.distributed.profile import load_profile
+    from optw.distributed.rayenv import own_connection
+    from optw.distributed.tune import new_profile_path, profile_name, run_sweep, write_profile
+    from optw.errors import ConfigError
+    from optw.raylogs import quiet_ray_output
+
+    regions = comma_list(args.regions, "--regions")
+    if args.val_every is not None and args.val_every < 1:
+        raise UserError(f"--val-every: {args.val_every}; give a number of epochs >= 1 (a "
+                        "sweep compares its trials at validations)")
+    location, catalog = open_job_catalog(args.catalog)
+    base = load_profile(args.profile, catalog)
     # the sweep's budget (--epochs, --val-every) only ranks the trials; a written profile
     # keeps the base profile's
     changes = {k: v for k, v in {"epochs": args.epochs, "val_every": args.val_every}.items()
                if v is not None}
-    train = base.train.replace(**changes)
-    if not train.val_every:
-        train = train.replace(val_every=max(1, train.epochs // 4))
-    sweep = dataclasses.replace(base, train=train)
-    regions = comma_list(args.regions, "--regions")
-    if args.write_profile and Path(args.write_profile).exists():
-        raise FileExistsError(f"--write-profile: {args.write_profile} exists; choose a new "
-                              "file so it is not overwritten")
-    res = run_sweep(sweep, regions, num_samples=args.samples, catalog_dir=args.catalog,
-                    tracking_uri=args.tracking_uri, storage=args.storage, name=args.name,
-                    ray_address=args.address)
+    try:
+        sweep = dataclasses.replace(base, train=base.train.replace(**changes))
+    except ConfigError as exc:
+        raise ConfigError(f"--{(exc.key or 'epochs').replace('_', '-')}: {exc}",
+                          exc.key) from None
+    if args.write_profile:
+        new_profile_path(args.write_profile)  # refused now, not after the sweep
+    with quiet_ray_output(), own_connection():  # Ray's and Tune's lines stay in its logs
+        samples = {} if args.samples is None else {"num_samples": args.samples}
+        res = run_sweep(sweep, regions, catalog_dir=location, tracking_uri=args.tracking_uri,
+                        storage=args.storage, name=args.name, ray_address=args.address,
+                        **samples)
     print(res.trials.sort_values("val_gap_ils").to_string(index=False))
     print(f"\nbest gap to ILS {res.best_gap:.2f}% with {res.best_trial}")
     if args.write_profile:
-        out = write_profile(base, res.best_trial, args.write_profile)
+        out = write_profile(base, res.best_trial, args.write_profile, catalog=catalog)
         print(f"profile written to {out} ([job] name = {profile_name(out)!r}; [train] is "
               f"{base.profile}'s with the best trial's values, its epochs = {base.train.epochs})")
     return 0

@@ -11,8 +11,11 @@ default, under ``runs/``), a folder every node mounts, or a URI such as ``s3://b
 reads it (:mod:`optw.distributed.mirror`).
 
 The plan is resolved once, before any training: each model's TrainConfig
-(:meth:`~optw.distributed.profile.JobProfile.config_for`) and each pack's way of training
-(:func:`optw.distributed.plan.packs`) travel to the worker as frozen specs.
+(:meth:`~optw.distributed.profile.JobProfile.config_for`, refused at once when an epoch of it
+cannot fit in this machine's memory) and each pack's way of training
+(:func:`optw.distributed.plan.packs`) travel to the worker as frozen specs. A pack that fails
+on a setting (an error naming it, raised in its worker) fails once, in one line: it is never
+restarted; Ray Train restarts a worker that died (``[resources] max_failures``).
 """
 
 from __future__ import annotations
@@ -25,12 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from optw import paths
-from optw.catalog import CATALOG_VERSION, open_catalog
+from optw.catalog import CATALOG_VERSION, Catalog, open_catalog
 from optw.distributed import storage as st
 from optw.distributed.mirror import local_catalog, push_baselines
 from optw.distributed.plan import Member, PackSpec, Unit, packs, plan, select_regions
 from optw.distributed.preflight import Setting, check_cluster, check_worker_fits, worker_slots
 from optw.distributed.profile import JobProfile
+from optw.errors import OptwError
+
+
+class PacksFailedError(OptwError, RuntimeError):
+    """Packs of a stage failed: one line each, naming the pack and what failed."""
 
 
 @dataclass
@@ -208,18 +216,39 @@ def _capacity(profile: JobProfile, use_gpu: bool, worker_resources: dict[str, fl
     return worker_slots(need)
 
 
-def _skip_done(stages: list[list[Unit]], config_hash: str,
-               uri: str) -> tuple[list[list[Unit]], list[str]]:
-    """Drop registering units whose champion came from the same config and catalog, and the
-    global models no remaining unit starts from (idempotent re-runs)."""
+def _skip_done(stages: list[list[Member]], config_hash: str,
+               uri: str) -> tuple[list[list[Member]], list[str]]:
+    """Drop registering models whose champion came from the same config and catalog, and the
+    global models no remaining one starts from (idempotent re-runs)."""
     from optw.tracking import find_champion_with
 
-    skipped = [u.key for s in stages for u in s
-               if u.register and find_champion_with(u.key, config_hash, CATALOG_VERSION, uri=uri)]
-    left = [[u for u in s if u.key not in skipped] for s in stages]
-    needed = {u.init_from for s in left for u in s if u.init_from}
-    left = [[u for u in s if u.register or u.key in needed] for s in left]
+    skipped = [m.unit.key for s in stages for m in s if m.unit.register
+               and find_champion_with(m.unit.key, config_hash, CATALOG_VERSION, uri=uri)]
+    left = [[m for m in s if m.unit.key not in skipped] for s in stages]
+    needed = {m.unit.init_from for s in left for m in s if m.unit.init_from}
+    left = [[m for m in s if m.unit.register or m.unit.key in needed] for s in left]
     return left, skipped
+
+
+def check_memory(stages: list[list[Member]], profile: JobProfile, catalog: Catalog) -> None:
+    """Refuse a planned model an epoch of which cannot fit in this machine's memory
+    (:func:`optw.train.config.check_fits`, on its largest training region), before anything
+    starts; the error names the profile's table and ``batch_size`` / ``tourists_per_epoch``."""
+    from optw.train.config import check_fits
+
+    nodes = catalog.regions_table["nodes"]
+    for stage in stages:
+        for m in stage:
+            check_fits(m.config, int(nodes.loc[m.config.regions].max()),
+                       profile.table_of(m.unit))
+
+
+def open_job_catalog(location: str | Path | None) -> tuple[str, Catalog]:
+    """The catalog a job or a sweep reads: its location (``location``, a folder or a URI;
+    default ``$OPTW_CATALOG`` or ``region_catalog/``) and the catalog opened on this node (a
+    URI: this node's mirror)."""
+    where = st.normalize(location or paths.catalog_location())
+    return where, open_catalog(local_catalog(where))
 
 
 #: The settings that choose each location, as errors name them.
@@ -259,10 +288,13 @@ def run_job(
     t0 = time.perf_counter()
     # -- everything that can be wrong fails here, before any training (and before anything is
     # created: a bad --address is refused in seconds)
-    catalog_loc = st.normalize(catalog_dir or paths.catalog_location())
-    catalog = open_catalog(local_catalog(catalog_loc))  # a URI: mirrored on this node
+    catalog_loc, catalog = open_job_catalog(catalog_dir)
     selected = select_regions(catalog, profile.job.groups, profile.job.regions)
-    stages = plan(profile.job.mode, catalog, selected, profile.job.from_groups)
+    # -- the plan, resolved once: each model's TrainConfig (typed, checked), and whether an
+    # epoch of it fits in memory
+    stages = [[Member(u, profile.config_for(u)) for u in s]
+              for s in plan(profile.job.mode, catalog, selected, profile.job.from_groups)]
+    check_memory(stages, profile, catalog)
     uri = check_tracking_uri(tracking_uri)
     name = profile.job.name
     out = st.normalize(out_dir) if out_dir else paths.job_output(name)
@@ -275,7 +307,8 @@ def run_job(
         connect(ray_address)  # a bad --address: refused in seconds, nothing created yet
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     check_worker_fits(profile.resources.cpus_per_region,
-                      profile.resources.gpu_fraction if use_gpu else None)
+                      profile.resources.gpu_fraction if use_gpu else None,
+                      where=f"{profile.profile} [resources]")
     st.prepare_folders(folders)
     # -- on a cluster of several nodes every node must reach all of it (else: refused here)
     nodes = check_cluster(
@@ -296,7 +329,7 @@ def run_job(
          f"({where}{'GPU' if use_gpu else 'CPU'}); tracking {uri}; storage {st.shown(storage)}")
 
     # -- ILS baseline for the tourists evaluated (incremental: stored results are reused)
-    eval_regions = sorted({r for s in stages for u in s for r in u.eval_regions})
+    eval_regions = sorted({r for s in stages for m in s for r in m.unit.eval_regions})
     if eval_regions:
         t_ils = time.perf_counter()
         # each task mirrors a catalog URI on its own node (one that joined after the check too)
@@ -317,8 +350,6 @@ def run_job(
                  f"and catalog: skipped ({', '.join(skipped[:8])}{more})")
     if not any(stages):
         return _nothing_to_do(name, uri, out, selected, skipped, time.perf_counter() - t0)
-    # -- the plan, resolved once: each model's TrainConfig (typed, checked)
-    members = [[Member(u, profile.config_for(u)) for u in s] for s in stages]
     job = start_job_run(name, profile.to_dict(), tags={
         "mode": profile.job.mode, "profile": profile.profile, "config_hash": config_hash,
         "catalog_version": CATALOG_VERSION, "regions": len(selected)}, uri=uri)
@@ -329,7 +360,7 @@ def run_job(
     results: dict[str, dict[str, Any]] = {}
     trained: list[str] = []
     try:
-        for stage in members:
+        for stage in stages:
             results.update(_run_stage(remote, stage, ctx, results, capacity, progress))
             trained += [m.unit.key for m in stage]
         rows = [row for r in results.values() for row in r["rows"]]
@@ -416,15 +447,31 @@ def _run_stage(remote, members: list[Member], ctx: JobContext, done: dict[str, d
             try:
                 results.update(ray.get(ref))
             except Exception as exc:  # noqa: BLE001 - reported with the pack's names
-                errors.append(f"{pack.units[0].stage} {'+'.join(pack.keys)}: {exc}")
+                errors.append(f"{pack.units[0].stage} {'+'.join(pack.keys)}: {failure(exc)}")
             if bar is not None:
                 bar.update(len(pack))
                 bar.set_postfix_str(pack.keys[-1])
     if bar is not None:
         bar.close()
     if errors:
-        raise RuntimeError(f"{len(errors)} pack(s) failed:\n  " + "\n  ".join(errors))
+        raise PacksFailedError(f"{len(errors)} pack(s) failed:\n  " + "\n  ".join(errors))
     return results
+
+
+def failure(exc: BaseException) -> str:
+    """One line of a pack's failure: an error meant for the user (a setting, raised in its
+    worker) as it is, since it names the setting; any other as its type and first line (Ray's
+    traceback stays in its log folder)."""
+    from ray.exceptions import RayTaskError
+
+    while isinstance(exc, RayTaskError) and isinstance(exc.cause, BaseException):
+        exc = exc.cause
+    workers = getattr(exc, "worker_failures", None)  # Ray Train: the failed workers' errors
+    if isinstance(workers, dict) and workers:
+        exc = next(iter(workers.values()))
+    if isinstance(exc, OptwError):
+        return " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {st.first_line(exc)}"
 
 
 def _tables(df, catalog, ils) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from optw import paths
 from optw.distributed.storage import (
+    LocationNotFound,
     exists,
     filesystem,
     first_line,
@@ -39,7 +40,6 @@ from optw.distributed.storage import (
 #: Files the cluster's early check leaves for a moment (never mirrored).
 PROBE_PREFIX = ".optw-probe-"
 MIRROR_STATE = ".optw-mirror.json"
-
 
 
 def default_mirror(uri: str) -> Path:
@@ -71,12 +71,12 @@ def mirror_dir(uri: str, dest: str | Path) -> Path:
         infos = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True,
                                                          allow_not_found=True))
     except OSError as exc:
-        raise FileNotFoundError(f"{shown(uri)}: cannot list it ({first_line(exc)})") from None
+        raise LocationNotFound(f"{shown(uri)}: cannot list it ({first_line(exc)})") from None
     files = {posixpath.relpath(i.path, root): [i.size, i.mtime_ns] for i in infos
              if i.type == pyarrow.fs.FileType.File
              and not posixpath.basename(i.path).startswith(PROBE_PREFIX)}
     if not files:
-        raise FileNotFoundError(
+        raise LocationNotFound(
             f"{shown(uri)}: no files there; publish a built catalog with `python -m "
             f"optw.distributed.mirror upload-catalog region_catalog '{shown(uri)}'`")
     with _locked(dest.with_name(f".{dest.name}.lock")):
@@ -107,8 +107,8 @@ def upload_catalog(src: str | Path, dst: str) -> bool:
     src = Path(src)
     manifest = src / "manifest.json"
     if not manifest.is_file():
-        raise FileNotFoundError(f"{src} holds no built catalog (no manifest.json); build it "
-                                f"with `optw catalog build --out {src}`")
+        raise LocationNotFound(f"{src} holds no built catalog (no manifest.json); build it "
+                               f"with `optw catalog build --out {src}`")
     target = join(dst, "manifest.json")
     if exists(target) and read_bytes(target) == manifest.read_bytes():
         return False

@@ -23,7 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from optw.catalog import CUSTOM_GROUP, GROUPS, PAPER_SUBSET, Catalog
-from optw.train.config import PACK_ROLLOUTS, TrainConfig
+from optw.errors import UserError
+from optw.train.config import TrainConfig
+from optw.train.rollouts import PACK_ROLLOUTS
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class Unit:
         return self.init_from is not None
 
 
-class UnknownGroupError(ValueError):
+class UnknownGroupError(UserError):
     """A job's group that its catalog does not have (or that has no regions)."""
 
 
@@ -85,8 +87,8 @@ def source_regions(catalog: Catalog, from_groups: list[str], targets: list[str])
                                 f"{catalog.path} (its groups: {sorted(present)})")
     out = [r for r in catalog.list_regions(groups) if r not in set(targets)]
     if not out:
-        raise ValueError(f"transfer-to: the source groups {groups} have no regions left "
-                         f"besides the targets {targets}")
+        raise UserError(f"transfer-to: the source groups {groups} have no regions left "
+                        f"besides the targets {targets}")
     return out
 
 
@@ -123,8 +125,8 @@ def plan(mode: str, catalog: Catalog, selected: list[str],
             second += [Unit("finetune", r, [r], [r], "ft_tl", register=True,
                             init_from=f"transfer-{g}") for r in left_out]
         if not first:
-            raise ValueError("transfer mode evaluates the paper's subset of 28, but none of the "
-                             f"selected regions is in it: {selected[:5]}...")
+            raise UserError("transfer mode evaluates the paper's subset of 28, but none of the "
+                            f"selected regions is in it: {selected[:5]}...")
         return [first, second]
     if mode == "transfer-to":
         key = source_key(from_groups or [])

@@ -28,6 +28,7 @@ from optw.distributed.storage import (
     shown,
     write_bytes,
 )
+from optw.errors import ConfigError
 
 #: Filesystem types that are shared between machines (``/proc/mounts``): a folder on one of them
 #: is accepted on a cluster whose worker nodes are not up yet.
@@ -43,7 +44,6 @@ PROBE_TIMEOUT_S = 180.0
 class ClusterStorageError(StorageError):
     """A location or store that some node of the Ray cluster cannot reach (raised before any
     training starts)."""
-
 
 
 @dataclass(frozen=True)
@@ -115,22 +115,24 @@ def _holds(node: dict[str, Any], need: dict[str, float]) -> int:
 
 def check_worker_fits(cpus: float, gpu: float | None = None,
                       nodes: list[dict[str, Any]] | None = None, can_add: int | None = None,
-                      ) -> None:
+                      where: str = "") -> None:
     """Refuse a region worker (``resources.cpus_per_region`` CPUs and, with GPUs, ``gpu`` of
     one, on one node) that no node of the cluster can hold: Ray would wait for one for ever.
     A cluster whose launcher may add nodes is left to wait for them. ``nodes``, ``can_add``:
-    the connected cluster's (:func:`alive_nodes`, :func:`autoscaling_workers`) unless given."""
+    the connected cluster's (:func:`alive_nodes`, :func:`autoscaling_workers`) unless given;
+    ``where`` (the profile and its table) starts the error."""
     nodes = alive_nodes() if nodes is None else nodes
     can_add = autoscaling_workers() if can_add is None else can_add
     need = {"CPU": cpus, **({"GPU": gpu} if gpu is not None else {})}
     if can_add or any(_holds(n, need) for n in nodes):
         return
     most = max((n.get("Resources", {}).get("CPU", 0.0) for n in nodes), default=0.0)
-    where = "node of this cluster" if len(nodes) > 1 else "this Ray instance"
-    raise ValueError(f"resources.cpus_per_region = {cpus:g}: each region worker asks one node "
-                     f"for {cpus:g} CPUs{' and a GPU share' if gpu is not None else ''}, but "
-                     f"the largest {where} has {most:g} CPUs; lower cpus_per_region (a worker "
-                     "would wait for ever)")
+    largest = "node of this cluster" if len(nodes) > 1 else "this Ray instance"
+    raise ConfigError(f"{where + ': ' if where else ''}resources.cpus_per_region = {cpus:g}: "
+                      f"each region worker asks one node for {cpus:g} CPUs"
+                      f"{' and a GPU share' if gpu is not None else ''}, but the largest "
+                      f"{largest} has {most:g} CPUs; lower cpus_per_region (a worker would "
+                      "wait for ever)", "resources.cpus_per_region")
 
 
 def _hint(setting: Setting) -> str:

@@ -8,6 +8,12 @@ models local on its own node on entry, and runs :func:`optw.train.train` (or
 checkpoints to Ray Train, so a restarted worker resumes from its last checkpoint) and the
 MLflow callback (metrics to the stage's child run), plus the spec's own. Ray metrics for the
 dashboard are exported through ``ray.util.metrics`` (see ``dashboards/``).
+
+A worker that stops on an error meant for the user (an :class:`~optw.errors.OptwError`: a
+setting out of range, a diverged run, an epoch that does not fit in memory) does not fail the
+Ray Train run, which Ray Train would restart for the same end: it leaves the message in a file
+beside the run's storage and ends, and the driver raises it as a :class:`WorkerError`
+(:func:`fit_checked`). Ray Train restarts only a worker that died.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any
 from optw.distributed import storage as st
 from optw.distributed.mirror import local_catalog
 from optw.distributed.profile import ResourcesSection
+from optw.errors import OptwError
 from optw.evaluate.protocol import gap_to_ils, ils_validation_means
 from optw.model import write_checkpoint
 from optw.raylogs import quiet_train_worker, train_log_level
@@ -37,6 +44,13 @@ CHECKPOINT_FILE = "last.pt"
 PACK_FILE = "pack.json"
 #: epochs between metric reports to Ray Train / MLflow log points in a worker
 REPORT_EVERY, LOG_EVERY = 50, 10
+
+
+class WorkerError(OptwError):
+    """A Ray Train worker stopped on an error meant for the user (its message names the
+    setting); raised in the driver by :func:`fit_checked`."""
+
+
 class RayReport(Callback):
     """Reports metrics every ``every`` epochs and a checkpoint every ``checkpoint_every``
     epochs and at the end through ``ray.train.report``; exports Ray metrics (gauges).
@@ -187,10 +201,9 @@ def restart_notice(name: str, max_failures: int):
             self.failures += 1
             error = next(iter(worker_exceptions.values()), None)
             what = (str(error).strip().splitlines() or [""])[0][:300]
-            if max_failures < 0 or self.failures <= max_failures:
-                limit = "unlimited" if max_failures < 0 else max_failures
+            if self.failures <= max_failures:
                 then = (f"Ray Train restarts it from its last checkpoint (restart "
-                        f"{self.failures} of {limit})")
+                        f"{self.failures} of {max_failures})")
             else:
                 then = "no restarts left: the run fails"
             print(f"warning: a worker of {name} failed ({type(error).__name__}: {what}); "
@@ -243,23 +256,30 @@ class WorkerPack:
     batched: bool = False
 
 
-def train_worker(pack: WorkerPack) -> None:
+def train_worker(pack: WorkerPack, error_file: str | None = None) -> None:
     """The Ray Train worker function: makes the catalog and start models local on this node
     (a URI: this node's mirror, a download), then trains the pack's models in this one process
     (one TorchTrainer worker), side by side in one batched step (``pack.batched``;
     :func:`optw.train.pack.train_pack`) or one after another, each with its own config, RNG
     streams, checkpoints and MLflow run; a restarted worker skips finished members and resumes
-    the running ones."""
-    with contextlib.ExitStack() as stack:
-        catalogs: dict[str, str] = {}
-        specs = []
-        for spec in pack.specs:
-            if spec.catalog not in catalogs:
-                catalogs[spec.catalog] = local_catalog(spec.catalog)
-            init = (str(stack.enter_context(st.local_file(spec.init))) if spec.init
-                    else None)
-            specs.append(spec.replace(catalog=catalogs[spec.catalog], init=init))
-        _train_local(tuple(specs), pack.batched)
+    the running ones. An :class:`~optw.errors.OptwError` ends it normally with its message in
+    ``error_file`` (a location; :func:`fit_checked` raises it in the driver), so that Ray Train
+    does not restart it; without ``error_file`` it is raised."""
+    try:
+        with contextlib.ExitStack() as stack:
+            catalogs: dict[str, str] = {}
+            specs = []
+            for spec in pack.specs:
+                if spec.catalog not in catalogs:
+                    catalogs[spec.catalog] = local_catalog(spec.catalog)
+                init = (str(stack.enter_context(st.local_file(spec.init))) if spec.init
+                        else None)
+                specs.append(spec.replace(catalog=catalogs[spec.catalog], init=init))
+            _train_local(tuple(specs), pack.batched)
+    except OptwError as exc:
+        if error_file is None:
+            raise
+        st.write_bytes(error_file, str(exc).encode())
 
 
 def _train_local(specs: tuple[WorkerSpec, ...], batched: bool) -> None:
@@ -307,11 +327,18 @@ def _train_local(specs: tuple[WorkerSpec, ...], batched: bool) -> None:
               resume=resume.get(spec.key))
 
 
+def error_location(storage: str, name: str) -> str:
+    """Where the worker of run ``name`` leaves an error meant for the user (beside the run's
+    folder in ``storage``)."""
+    return st.join(storage, f".{name}.optw-error")
+
+
 def make_trainer(pack: WorkerPack | WorkerSpec, storage: str, name: str,
                  resources: ResourcesSection, use_gpu: bool, max_failures: int | None = None,
                  callbacks: list | None = None,
                  worker_resources: Mapping[str, float] | None = None):
-    """A TorchTrainer with one worker running :func:`train_worker` on a pack (or one spec).
+    """A TorchTrainer with one worker running :func:`train_worker` on a pack (or one spec);
+    run it with :func:`fit_checked`.
 
     ``storage`` is a folder (shared on a cluster) or a URI such as ``s3://bucket/prefix``
     (see :mod:`optw.distributed.storage`). ``worker_resources`` adds custom Ray resources to
@@ -327,7 +354,8 @@ def make_trainer(pack: WorkerPack | WorkerSpec, storage: str, name: str,
     failures = resources.max_failures if max_failures is None else max_failures
     storage_path, storage_fs = st.ray_storage(storage)
     return TorchTrainer(
-        functools.partial(train_worker, pack),  # the typed pack, no config dict
+        # the typed pack, no config dict
+        functools.partial(train_worker, pack, error_location(storage, name)),
         scaling_config=ScalingConfig(num_workers=1, use_gpu=use_gpu,
                                      resources_per_worker=per_worker),
         run_config=RunConfig(name=name, storage_path=storage_path,
@@ -337,6 +365,19 @@ def make_trainer(pack: WorkerPack | WorkerSpec, storage: str, name: str,
                                                           controller_failure_limit=2),
                              logging_config=LoggingConfig(log_level=train_log_level())),
     )
+
+
+def fit_checked(trainer: Any, storage: str, name: str) -> Any:
+    """``trainer.fit()`` of run ``name`` (made by :func:`make_trainer` with this ``storage``):
+    its result, or the :class:`WorkerError` its worker stopped on."""
+    location = error_location(storage, name)
+    st.delete(location)  # an earlier run's
+    result = trainer.fit()
+    if st.exists(location):
+        message = st.read_bytes(location).decode(errors="replace")
+        st.delete(location)
+        raise WorkerError(message)
+    return result
 
 
 @dataclass
@@ -360,8 +401,8 @@ def fit_pack(pack: WorkerPack, storage: str, name: str, resources: ResourcesSect
     import time
 
     t0 = time.time()
-    result = make_trainer(pack, storage, name, resources, use_gpu,
-                          worker_resources=worker_resources).fit()
+    result = fit_checked(make_trainer(pack, storage, name, resources, use_gpu,
+                                      worker_resources=worker_resources), storage, name)
     t1 = time.time()
     if result.checkpoint is None:
         raise RuntimeError(f"{name}: training finished without a checkpoint")

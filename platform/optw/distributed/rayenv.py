@@ -8,16 +8,20 @@ environment wins.
 
 :func:`connect` joins the cluster at an address or starts a local one, and refuses in
 seconds, with one line naming ``--address``, what would otherwise hang: an address where no
-Ray answers, or several Ray instances on this machine to choose from.
+Ray answers, or several Ray instances on this machine to choose from. Once connected, SIGTERM
+ends the driver as Ctrl-C does (:func:`optw.raylocal.interrupt_on_signals`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
 import urllib.parse
+from collections.abc import Iterator
 
+from optw.errors import OptwError
 from optw.raylocal import RAY_ENV, configure_ray_env
 
 #: What the embedded head (``ray start`` in jobs/embedded.sh) adds: Ray >= 2.59 protects a
@@ -29,12 +33,12 @@ HEAD_ENV: dict[str, str] = {"RAY_AUTH_MODE": "token"}
 #: (:func:`optw.raylocal.setup_worker`, in a module that imports nothing heavy: every worker
 #: process runs it when it starts).
 RUNTIME_ENV: dict[str, str] = {"worker_process_setup_hook": "optw.raylocal.setup_worker"}
-__all__ = ["RAY_ENV", "RUNTIME_ENV", "configure_ray_env", "connect"]
+__all__ = ["RAY_ENV", "RUNTIME_ENV", "configure_ray_env", "connect", "own_connection"]
 #: Seconds an address gets to answer before the job is refused.
 CONNECT_TIMEOUT_S = 5.0
 
 
-class RayAddressError(ConnectionError):
+class RayAddressError(OptwError, ConnectionError):
     """A Ray address (or the lack of one) that cannot be used; one line naming ``--address``."""
 
 
@@ -113,17 +117,38 @@ def _local_choice() -> str | None:
 
 def connect(address: str | None = None) -> None:
     """``ray.init`` on the checked address (:func:`check_address`); a local cluster gets
-    :data:`RAY_ENV` and its token first. Ray's own log lines stay at WARNING."""
+    :data:`RAY_ENV` and its token first. Ray's own log lines stay at WARNING, and SIGTERM
+    interrupts the driver (no stack dump of Ray's)."""
     import ray
 
-    from optw.raylocal import ensure_token
+    from optw.raylocal import ensure_token, interrupt_on_signals
+    from optw.raylogs import quiet_ray_loggers
 
     address = check_address(address)
     configure_ray_env()
     if address in (None, "local"):
         ensure_token()  # a local cluster started with RAY_AUTH_MODE=token needs one
+    quiet_ray_loggers()  # e.g. the notice that token authentication is on, printed by init
     ray.init(address=address, configure_logging=True, logging_level="WARNING",
              log_to_driver=True, runtime_env=RUNTIME_ENV)
+    quiet_ray_loggers()  # the handlers init made drop Ray's noise too
+    interrupt_on_signals()
+
+
+@contextlib.contextmanager
+def own_connection() -> Iterator[None]:
+    """For a command's block: a Ray connection the block makes is shut down when it ends, so
+    that Ray's last lines (a stopped Tune trial's placement-group clean-up, the shutdown's)
+    arrive while the block's output filter (:func:`optw.raylogs.quiet_ray_output`) is on. A
+    connection made before the block is left as it is."""
+    import ray
+
+    before = ray.is_initialized()
+    try:
+        yield
+    finally:
+        if not before and ray.is_initialized():
+            ray.shutdown()
 
 
 def warm_train_coordinator() -> None:

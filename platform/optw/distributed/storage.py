@@ -29,13 +29,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from optw import paths
+from optw.errors import OptwError
 
 if TYPE_CHECKING:
     import pyarrow.fs
 
 
-class StorageError(RuntimeError):
+class StorageError(OptwError, RuntimeError):
     """A location that cannot be used (one line naming the setting that chose it)."""
+
+
+class NotAFolderError(StorageError, NotADirectoryError):
+    """A location that must be a folder is a file."""
+
+
+class LocationNotFound(StorageError, FileNotFoundError):
+    """Nothing at a location that must hold something (a catalog URI, a built catalog)."""
 
 
 # ----------------------------------------------------------------------------- locations
@@ -151,8 +160,8 @@ def check_folders(folders: list[tuple[str, str | Path]]) -> list[tuple[str, str]
         location = normalize(location)
         try:
             if is_file(location):
-                raise NotADirectoryError(f"{setting}: {shown(location)} is a file, not a folder")
-        except NotADirectoryError:
+                raise NotAFolderError(f"{setting}: {shown(location)} is a file, not a folder")
+        except NotAFolderError:
             raise
         except Exception as exc:  # noqa: BLE001 - pyarrow's errors span lines
             raise StorageError(f"{setting}: cannot reach {shown(location)} "

@@ -1,6 +1,6 @@
 """Ray Tune sweeps of the training hyper-parameters, compared by gap to ILS.
 
-Each trial is a function that runs one TorchTrainer (Ray Train V2 no longer nests a Trainer in a
+Each trial is a function that runs one TorchTrainer (Ray Train V2 does not nest a Trainer in a
 Tuner); Train's reports reach Tune through ``TuneReportCallback``. Trials are compared by
 ``val_gap_ils``: the mean over the chosen regions of the gap of the greedy validation score to
 the ILS score of the same validation tourists (raw scores differ by region). ASHA stops the
@@ -19,19 +19,26 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optw import paths
-from optw.catalog import open_catalog
 from optw.distributed import storage as st
 from optw.distributed.mirror import local_catalog
 from optw.distributed.preflight import Setting, check_cluster, check_worker_fits
 from optw.distributed.profile import JobProfile, ResourcesSection, load_profile
-from optw.distributed.ray_train import WorkerSpec, make_trainer
-from optw.errors import ConfigError
+from optw.distributed.ray_train import WorkerError, WorkerSpec, fit_checked, make_trainer
+from optw.errors import ConfigError, OptwError, UserError
+from optw.paths import path_error
 from optw.train.config import TrainConfig
 
+if TYPE_CHECKING:
+    from optw.catalog import Catalog
+
 METRIC = "val_gap_ils"
+#: Trials of a sweep (``--samples``): the default and the most.
+DEFAULT_SAMPLES, MAX_SAMPLES = 8, 10_000
+#: The search space's kinds: how many values each takes.
+KINDS = {"loguniform": 2, "uniform": 2, "choice": 1}
 #: The setting that chooses the sweep's storage, as errors name it.
 STORAGE_SETTING = "--storage or --out (or OPTW_STORAGE)"
 CATALOG_SETTING = "--catalog (or OPTW_CATALOG)"
@@ -46,16 +53,20 @@ DEFAULT_SPACE = {
 }
 
 
+class SweepError(OptwError, RuntimeError):
+    """A sweep none of whose trials reported a gap to ILS (their errors named)."""
+
+
+class OutputExistsError(OptwError, FileExistsError):
+    """An output of a sweep that exists and is not overwritten."""
+
+
 def search_space(spec: dict[str, tuple]) -> dict[str, Any]:
+    """Tune's search space of a checked spec (:func:`check_space`)."""
     from ray import tune
 
     makers = {"loguniform": tune.loguniform, "uniform": tune.uniform, "choice": tune.choice}
-    out = {}
-    for key, (kind, *args) in spec.items():
-        if kind not in makers:
-            raise ValueError(f"search space {key}: unknown kind {kind!r}; use {sorted(makers)}")
-        out[key] = makers[kind](*args)
-    return out
+    return {key: makers[kind](*args) for key, (kind, *args) in spec.items()}
 
 
 def apply_trial(config: TrainConfig, trial: dict[str, Any]) -> TrainConfig:
@@ -70,29 +81,54 @@ def apply_trial(config: TrainConfig, trial: dict[str, Any]) -> TrainConfig:
     return TrainConfig.from_dict({**config.to_dict(), **changes}, source="tune trial")
 
 
-def check_space(config: TrainConfig, spec: dict[str, tuple]) -> None:
-    """Fail before any trial starts when a value the sweep may draw (every choice, both ends
-    of a range) makes an invalid config."""
-    for key, (kind, *args) in spec.items():
-        values = args[0] if kind == "choice" else args[:2]
-        if kind == "choice" and (not isinstance(values, list) or not values):
-            raise ConfigError(f"search space {key}: choice needs a non-empty list of values")
-        for value in values:
+def check_space(config: TrainConfig, spec: dict[str, tuple], n_nodes: int | None = None,
+                ) -> None:
+    """Fail before any trial starts when the spec is malformed (a kind of :data:`KINDS` with
+    its values: a non-empty list to choose from, or the two finite ends ``low < high`` of a
+    range, ``low > 0`` for ``loguniform``) or a value the sweep may draw (every choice, both
+    ends of a range) makes an invalid config, or (with ``n_nodes``, the largest region's)
+    one whose epoch does not fit in this machine's memory."""
+    from optw.checks import number
+    from optw.train.config import check_fits
+
+    for key, entry in spec.items():
+        kind, *args = entry if isinstance(entry, (tuple, list)) and entry else (None,)
+        if kind not in KINDS or len(args) != KINDS[kind]:
+            raise ConfigError(f"search space {key} = {entry!r}: expected (kind, values...) with "
+                              f"a kind of {sorted(KINDS)}: ('choice', [values]), "
+                              "('uniform', low, high) or ('loguniform', low, high)", key)
+        if kind == "choice" and (not isinstance(args[0], list) or not args[0]):
+            raise ConfigError(f"search space {key}: choice needs a non-empty list of values",
+                              key)
+        if kind != "choice" and not (all(number(v) for v in args) and args[0] < args[1]
+                                     and (kind == "uniform" or args[0] > 0)):
+            raise ConfigError(f"search space {key} = {entry!r}: expected two finite ends "
+                              f"low < high{' and low > 0' if kind == 'loguniform' else ''}",
+                              key)
+        for value in args[0] if kind == "choice" else args:
+            where = f"search space {key} = {value!r}"
             try:
-                apply_trial(config, {key: value})
+                trial = apply_trial(config, {key: value})
             except ConfigError as exc:
-                raise ConfigError(f"search space {key} = {value!r}: {exc}") from None
+                raise ConfigError(f"{where}: {exc}", key) from None
+            if n_nodes is not None:
+                check_fits(trial, n_nodes, where)
 
 
 def trial_fn(spec: WorkerSpec, trial: dict[str, Any], storage: str, name: str,
              resources: ResourcesSection, use_gpu: bool) -> None:
     """One Tune trial: a TorchTrainer on the spec's regions, reports relayed to Tune."""
+    from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    trainer = make_trainer(spec.replace(config=apply_trial(spec.config, trial)), storage,
-                           f"{name}-{int(time.time() * 1000) % 10**9}", resources, use_gpu,
-                           max_failures=0, callbacks=[TuneReportCallback()])
-    trainer.fit()
+    run = f"{name}-{int(time.time() * 1000) % 10**9}"
+    trainer = make_trainer(spec.replace(config=apply_trial(spec.config, trial)), storage, run,
+                           resources, use_gpu, max_failures=0,
+                           callbacks=[TuneReportCallback()])
+    try:
+        fit_checked(trainer, storage, run)
+    except WorkerError as exc:  # the trial's error, as its result (Tune prints no traceback)
+        tune.report({"optw_error": str(exc)})
 
 
 @dataclass
@@ -105,7 +141,7 @@ class SweepResult:
     best_trial: dict[str, Any] = field(default_factory=dict)
 
 
-def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
+def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = DEFAULT_SAMPLES,
               space: dict[str, tuple] | None = None, grace_epochs: int | None = None,
               catalog_dir: str | Path | None = None, tracking_uri: str | None = None,
               storage: str | Path | None = None, seed: int = 0,
@@ -116,7 +152,9 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
     ``name`` (default ``<job>-tune-<time>``) names the sweep's MLflow experiment and its
     folder under ``storage`` (a folder or a URI; default :func:`optw.paths.tune_storage`); an
     existing sweep is never overwritten. ``catalog_dir`` may be a URI (each worker mirrors
-    it). Everything the options can get wrong fails before Ray starts."""
+    it). Everything the options can get wrong fails before Ray starts. A base profile without
+    periodic validation (``val_every = 0``) validates every quarter of its epochs (Tune's
+    scheduler compares trials at validations)."""
     import pandas as pd
     import ray
     from ray import tune
@@ -124,27 +162,31 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
     from ray.tune.search import BasicVariantGenerator
 
     from optw.baselines import run_ils_baseline
+    from optw.distributed.job import open_job_catalog
     from optw.distributed.rayenv import check_address, connect
     from optw.tracking import check_tracking_uri, log_params, log_tables, set_tags, start_job_run
     from optw.tracking.runs import end_run, start_child_run
+    from optw.train.config import check_fits
 
-    if type(num_samples) is not int or num_samples < 1:
-        raise ValueError(f"--samples: {num_samples!r} trials; give an integer >= 1")
+    if type(num_samples) is not int or not 1 <= num_samples <= MAX_SAMPLES:
+        raise UserError(f"--samples: {num_samples!r} trials; give an integer in "
+                        f"1..{MAX_SAMPLES:,}")
     if not regions:
-        raise ValueError("--regions: no region to tune on")
+        raise UserError("--regions: no region to tune on")
     name = name or f"{profile.job.name}-tune-{time.strftime('%Y%m%d-%H%M%S')}"
-    if not name or any(c in name for c in "/\\ "):
-        raise ValueError(f"--name: {name!r} must be a non-empty word")
+    if not name or any(c in name for c in "/\\ ") or not name.isprintable():
+        raise UserError(f"--name: {name!r} must be a non-empty word")
     storage = st.normalize(storage or paths.tune_storage())
-    catalog_loc = st.normalize(catalog_dir or paths.catalog_location())
-    catalog = open_catalog(local_catalog(catalog_loc))
+    catalog_loc, catalog = open_job_catalog(catalog_dir)
     for rid in regions:
         catalog.region(rid)
     space = space or DEFAULT_SPACE
     train = profile.train.replace(regions=list(regions))
     if not train.val_every:
-        raise ValueError("tuning needs periodic validation: set [train] val_every > 0")
-    check_space(train, space)
+        train = train.replace(val_every=max(1, train.epochs // 4))
+    n_nodes = int(catalog.regions_table["nodes"].loc[list(regions)].max())
+    check_fits(train, n_nodes, f"{profile.profile} [train]")
+    check_space(train, space, n_nodes)
     check_schedule(train.epochs, grace_epochs or train.val_every)
     search = search_space(space)
     uri = check_tracking_uri(tracking_uri)
@@ -152,14 +194,15 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
     if not ray.is_initialized():
         check_address(ray_address)  # a bad --address: refused in seconds
     if st.exists(st.join(storage, name)):
-        raise FileExistsError(f"--name: a sweep {name!r} already exists in "
-                              f"{st.shown(storage)}; choose another --name (or --storage) so it "
-                              "is not overwritten")
+        raise OutputExistsError(f"--name: a sweep {name!r} already exists in "
+                                f"{st.shown(storage)}; choose another --name (or --storage) so "
+                                "it is not overwritten")
     if not ray.is_initialized():
         connect(ray_address)
     check_worker_fits(profile.resources.cpus_per_region,
                       profile.resources.gpu_fraction
-                      if ray.cluster_resources().get("GPU", 0) > 0 else None)
+                      if ray.cluster_resources().get("GPU", 0) > 0 else None,
+                      where=f"{profile.profile} [resources]")
     st.prepare_folders([(STORAGE_SETTING, storage)])
     # on a cluster of several nodes: the job's early check (every node reaches the storage and
     # gets the catalog's mirror, which ILS tasks and trials refresh on entry; the tracking
@@ -192,6 +235,9 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
                               grace_period=grace_epochs or train.val_every, reduction_factor=2)
     # Reports between validations carry no val_gap_ils; the scheduler skips those.
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    # Tune's tables and notes stay off the terminal: verbose=0 silences them in Tune's older
+    # output engine only (the newer prints the experiment's table whatever the verbosity)
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     # the trial function only waits on its TorchTrainer, whose worker holds the real resources
     trial_cpu = 0.01
     storage_path, storage_fs = st.ray_storage(storage)
@@ -204,8 +250,10 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
                                     num_samples=num_samples,
                                     search_alg=BasicVariantGenerator(
                                         random_state=seed, max_concurrent=capacity)),
+        # Tune's own tables stay off the terminal: a line per finished trial instead
         run_config=tune.RunConfig(name=name, storage_path=storage_path,
-                                  storage_filesystem=storage_fs, verbose=1 if progress else 0),
+                                  storage_filesystem=storage_fs, verbose=0,
+                                  callbacks=[trial_lines(num_samples)] if progress else []),
     )
     grid = tuner.fit()
     rows = []
@@ -213,11 +261,12 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
         m = res.metrics or {}
         rows.append({**{f"trial.{k}": v for k, v in (res.config or {}).get("trial", {}).items()},
                      METRIC: m.get(METRIC), "epoch": m.get("epoch"),
-                     "val_score": m.get("val_score"), "error": str(res.error or "")})
+                     "val_score": m.get("val_score"),
+                     "error": m.get("optw_error") or _first_line(res.error)})
     trials = pd.DataFrame(rows)
     try:
         best, best_trial = pick_best(trials)
-    except RuntimeError:
+    except SweepError:
         job.finish("FAILED")
         raise
     best_train = apply_trial(train, best_trial).to_dict()
@@ -229,12 +278,49 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = 8,
     return SweepResult(best_train, float(best[METRIC]), trials, job.run_id, best_trial)
 
 
+def _first_line(error: Any) -> str:
+    """The first line of a trial's error (Tune's carries the whole traceback), or ""."""
+    text = str(error or "").strip()
+    return text.splitlines()[0] if text else ""
+
+
+def trial_lines(total: int):
+    """A Tune callback printing one line per finished trial (Tune's own tables stay off the
+    terminal): its number, its gap to ILS or its error, and the values it drew."""
+    from ray import tune
+
+    class TrialLines(tune.Callback):
+        def __init__(self) -> None:
+            self.done = 0
+
+        def _line(self, trial: Any, what: str) -> None:
+            self.done += 1
+            drawn = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                              for k, v in (trial.config or {}).get("trial", {}).items())
+            print(f"trial {self.done}/{total}: {what} ({drawn})", flush=True)
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info) -> None:
+            result = trial.last_result or {}
+            if result.get("optw_error"):
+                self._line(trial, f"failed: {result['optw_error']}")
+            elif result.get(METRIC) is not None:
+                self._line(trial, f"gap to ILS {result[METRIC]:.2f}% at epoch "
+                                  f"{result.get('epoch', '?')}")
+            else:
+                self._line(trial, "ended without a validation")
+
+        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info) -> None:
+            self._line(trial, "failed (its error is in the sweep's folder and Ray's logs)")
+
+    return TrialLines()
+
+
 def check_schedule(epochs: int, grace: int) -> None:
     """ASHA stops a trial no earlier than ``grace`` epochs (the first validation) and no later
     than ``epochs``: a grace period past the budget is refused naming the options."""
     if grace > epochs:
-        raise ValueError(f"--val-every {grace} is more than --epochs {epochs}: a trial would "
-                         "end before its first validation; give --val-every <= --epochs")
+        raise UserError(f"--val-every {grace} is more than --epochs {epochs}: a trial would "
+                        "end before its first validation; give --val-every <= --epochs")
 
 
 def profile_name(path: str | Path) -> str:
@@ -248,35 +334,56 @@ def profile_name(path: str | Path) -> str:
 def pick_best(trials: Any) -> tuple[Any, dict[str, Any]]:
     """The best trial of a sweep's trials table (one row per trial: its ``trial.<key>`` values,
     its last ``METRIC``): the row with the smallest gap to ILS among those that reported one,
-    and the values it drew (plain Python numbers). RuntimeError when none reported."""
+    and the values it drew (plain Python numbers). :class:`SweepError` naming the trials'
+    errors when none reported."""
     ok = trials.dropna(subset=[METRIC])
     if ok.empty:
-        raise RuntimeError(f"no trial reported {METRIC}; see the trial errors:\n{trials}")
+        errors = sorted({str(e) for e in trials.get("error", []) if e})
+        raise SweepError(f"no trial of {len(trials)} reported {METRIC}; "
+                         + (f"their errors: {'; '.join(errors[:3])}" if errors
+                            else "none reported an error"))
     best = ok.sort_values(METRIC).iloc[0]
     drawn = {k[len("trial."):]: v.item() if hasattr(v, "item") else v  # numpy -> Python
              for k, v in best.items() if k.startswith("trial.")}
     return best, drawn
 
 
+def new_profile_path(path: str | Path) -> Path:
+    """``path`` for :func:`write_profile` (``--write-profile``, checked before a sweep starts):
+    an :class:`OutputExistsError` when something is there, which is never overwritten."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        raise OutputExistsError(f"--write-profile: {path} exists; choose a new file so it is "
+                                "not overwritten")
+    return path
+
+
 def write_profile(base: JobProfile, best_trial: dict[str, Any], path: str | Path,
-                  name: str | None = None) -> Path:
+                  name: str | None = None, catalog: Catalog | None = None) -> Path:
     """Write ``base`` (the profile the sweep started from, before ``--epochs`` /
     ``--val-every``) with the best trial's drawn values applied to its ``[train]`` table, as
     TOML: the training budget (epochs, validation interval) stays the base profile's (a sweep's
     short budget only ranks the trials) and ``[job] name`` becomes ``name`` (default: the
     file's stem, :func:`profile_name`) so the tuned models are not registered as the base
-    job's. Refuses an existing file."""
-    path = Path(path)
+    job's. Refuses an existing file. ``catalog``: the one whose custom groups ``base`` may
+    name (the written profile is loaded back, checked)."""
+    path = new_profile_path(path)
     data = base.to_dict()
     data.pop("profile")
     data["job"]["name"] = name or profile_name(path)
     data["train"] = apply_trial(base.train, best_trial).to_dict()
     data["train"].pop("regions", None)
     text = _toml(data)
-    with open(path, "x") as f:  # never overwrites (the CLI checks first, too)
-        f.write(text)
     try:
-        load_profile(path)  # what we wrote must load back as a valid profile
+        with open(path, "x") as f:  # never overwrites
+            f.write(text)
+    except FileExistsError:
+        raise OutputExistsError(f"--write-profile: {path} exists; choose a new file so it is "
+                                "not overwritten") from None
+    except OSError as exc:
+        raise path_error(exc, path) from None
+    try:
+        load_profile(path, catalog)  # what we wrote must load back as a valid profile
     except BaseException:
         path.unlink(missing_ok=True)
         raise

@@ -18,7 +18,6 @@ import concurrent.futures
 import logging
 import os
 import signal
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -31,7 +30,8 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException
 
-from optw.raylocal import configure_ray_env, ensure_token
+from optw.errors import OptwError
+from optw.raylocal import configure_ray_env, ensure_token, interrupt_on_signals
 from optw.serve.errors import PlanError, clip
 from optw.serve.models import RegistryModels
 from optw.serve.planner import Planner
@@ -265,7 +265,8 @@ def start_planner(host: str = "127.0.0.1", port: int = 8000, blocking: bool = Fa
     """Deploy the planner on Ray Serve at ``http://host:port`` and return that URL.
 
     Every setting is checked first (:func:`optw.serve.settings.serve_settings`: one
-    ``ValueError`` naming the parameter, before Ray starts). Starts a local Ray
+    :class:`~optw.errors.UserError`, a ``ValueError``, naming the parameter, before Ray
+    starts). Starts a local Ray
     (``ray_address="local"``; ``"auto"`` joins a running cluster) unless Ray is already
     initialised in this process. ``port=0`` picks a free port. ``blocking`` serves until Ctrl-C,
     then shuts down. The registry (``tracking_uri``, default ``$MLFLOW_TRACKING_URI`` or the
@@ -291,7 +292,7 @@ PROXY_START_TIMEOUT_S = 300.0
 def _allow_slow_proxy_start(seconds: float) -> None:
     """Give Ray Serve's HTTP proxy ``seconds`` (at least Serve's own 60) to start. Serve waits a
     fixed 60 s for it, then kills it and fails: on a 2-core machine beside two busy processes
-    its start took longer (every planner test failed there). Best effort: the constant is
+    its start can take longer. Best effort: the constant is
     Serve's private one, read at each ``serve.start``."""
     try:
         from ray.serve._private import api as serve_api
@@ -336,7 +337,8 @@ def deploy(settings: ServeSettings, blocking: bool = False,
     url = settings.url
     if blocking:
         print(f"trip planner listening on {url} (Ctrl-C stops it)", flush=True)
-        _stop_on_signals()
+        # SIGINT too: a planner started in the background would otherwise ignore it
+        interrupt_on_signals((signal.SIGINT, signal.SIGTERM))
         try:
             while True:
                 time.sleep(1.0)
@@ -345,19 +347,6 @@ def deploy(settings: ServeSettings, blocking: bool = False,
         finally:
             stop_planner()
     return url
-
-
-def _stop_on_signals() -> None:
-    """SIGINT and SIGTERM end a blocking planner cleanly (also when started in the background,
-    where SIGINT would otherwise be ignored)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, stop)
 
 
 def _wait_ready(url: str, timeout: float) -> None:
@@ -371,7 +360,7 @@ def _wait_ready(url: str, timeout: float) -> None:
         except (urllib.error.URLError, OSError) as exc:
             last = exc
         time.sleep(0.2)
-    raise RuntimeError(f"the planner did not answer {url}/healthz within {timeout:g} s ({last})")
+    raise OptwError(f"the planner did not answer {url}/healthz within {timeout:g} s ({last})")
 
 
 def stop_planner() -> None:

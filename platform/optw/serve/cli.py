@@ -9,8 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
+
+from optw.errors import OptwError, UserError
 
 #: ``optw plan``: request field -> the option it comes from, for error messages.
 PLAN_OPTIONS = {"region": "--region", "start": "--start", "t_start": "--from", "t_end": "--to",
@@ -135,16 +138,16 @@ def _number(text: str, option: str, what: str) -> float:
     except ValueError:
         value = math.nan
     if not math.isfinite(value):
-        raise ValueError(f"{option}: expected {what}, got {text!r}")
+        raise UserError(f"{option}: expected {what}, got {text!r}")
     return value
 
 
 def _request(args) -> dict[str, Any]:
-    """The ``/plan`` request of the options, each option's own format checked."""
-    from optw.decode.limits import MAX_BEAMS, MIN_BEAMS
+    """The ``/plan`` request of the options, each option's own format checked (the values
+    are checked with the request, as the service checks them: :func:`parse_request`)."""
     from optw.serve.preferences import PREFERENCES
     from optw.serve.request import METHODS
-    from optw.serve.settings import bounded_int, text
+    from optw.serve.settings import text
 
     req: dict[str, Any] = {"region": text(args.region, "--region", "a region id such as t101")}
     if args.start is not None:
@@ -154,8 +157,8 @@ def _request(args) -> dict[str, Any]:
                 raise ValueError
             x, y = (_number(v, "--start", "a number") for v in parts)
         except ValueError:
-            raise ValueError(f"--start: expected X,Y (two finite numbers), got "
-                             f"{args.start!r}") from None
+            raise UserError(f"--start: expected X,Y (two finite numbers), got "
+                            f"{args.start!r}") from None
         req["start"] = {"x": x, "y": y}
     for key, value, option in (("t_start", args.t_start, "--from"),
                                ("t_end", args.t_end, "--to")):
@@ -164,33 +167,37 @@ def _request(args) -> dict[str, Any]:
                 value, option, "minutes (a finite number) or HH:MM")
     if args.method is not None:
         if args.method not in METHODS:
-            raise ValueError(f"--method: unknown method {args.method!r}; expected one of "
-                             f"{', '.join(METHODS)}")
+            raise UserError(f"--method: unknown method {args.method!r}; expected one of "
+                            f"{', '.join(METHODS)}")
         req["method"] = args.method
-    if args.beams is not None:
-        req["beams"] = bounded_int(args.beams, "--beams", MIN_BEAMS, MAX_BEAMS, "a beam width")
+    if args.beams is not None:  # an integer's text as the integer; checked with the request
+        beams = args.beams.strip()
+        req["beams"] = int(beams) if re.fullmatch(r"[+-]?\d{1,30}", beams, re.ASCII) else beams
         req.setdefault("method", "beam")
     if args.preference is not None:
         if args.preference not in PREFERENCES:
-            raise ValueError(f"--preference: unknown profile {args.preference!r}; expected one "
-                             f"of {', '.join(PREFERENCES)}")
+            raise UserError(f"--preference: unknown profile {args.preference!r}; expected one "
+                            f"of {', '.join(PREFERENCES)}")
         req["preference"] = args.preference
     if args.scores is not None:
         if args.preference is not None:
-            raise ValueError("--scores: give --scores or --preference, not both")
+            raise UserError("--scores: give --scores or --preference, not both")
         path = Path(args.scores)
         if not path.is_file():
-            raise ValueError(f"--scores: file {path} does not exist")
+            raise UserError(f"--scores: file {path} does not exist")
         try:
             req["scores"] = json.loads(path.read_text())
         except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"--scores: {path} is not valid JSON ({exc})") from None
+            raise UserError(f"--scores: {path} is not valid JSON ({exc})") from None
+        except OSError as exc:
+            raise UserError(f"--scores: cannot read {path} ({exc.strerror or exc})") from None
     return req
 
 
 def _option_error(exc: Any) -> Exception:
-    """A :class:`PlanError` of ``optw plan`` as one line naming the option (503: the
-    registry, a RuntimeError; the rest ValueError)."""
+    """A :class:`PlanError` of ``optw plan`` as one line naming the option: a 4xx is a
+    :class:`~optw.errors.UserError`, a 503 (the registry) an :class:`~optw.errors.OptwError`
+    naming ``--tracking-uri``, a 500 (a route the validator refused) a bug."""
     field = exc.field or ""
     option = "--tracking-uri" if exc.status >= 500 else \
         PLAN_OPTIONS.get(field.split("[")[0].split(".")[0])
@@ -200,7 +207,9 @@ def _option_error(exc: Any) -> Exception:
         label = option if option.lstrip("-") == field or exc.status >= 500 else \
             f"{option} ({field})"
         message = f"{label}: {rest}"
-    return (RuntimeError if exc.status >= 500 else ValueError)(message)
+    if exc.status == 500:
+        return RuntimeError(message)
+    return (OptwError if exc.status >= 500 else UserError)(message)
 
 
 def _models(args) -> Any:
@@ -216,19 +225,19 @@ def _models(args) -> Any:
     if args.checkpoint is not None:
         path = Path(args.checkpoint)
         if not path.is_file():
-            raise ValueError(f"--checkpoint: file {path} does not exist")
+            raise UserError(f"--checkpoint: file {path} does not exist")
         try:
             return CheckpointModels(path)
         except Exception as exc:
-            raise ValueError(f"--checkpoint: cannot load {path} ({type(exc).__name__}: "
-                             f"{' '.join(str(exc).split())})") from None
+            raise UserError(f"--checkpoint: cannot load {path} ({type(exc).__name__}: "
+                            f"{' '.join(str(exc).split())})") from None
     uri = tracking_store(args.tracking_uri, "--tracking-uri")
     db = sqlite_path(uri)
     if db is not None and not db.is_file():
         label = "--tracking-uri" if args.tracking_uri or not os.environ.get(ENV_URI) \
             else f"${ENV_URI}"
-        raise ValueError(f"{label}: no MLflow store at {db} ({uri}): no model is registered "
-                         "there; train one first, or give --checkpoint")
+        raise UserError(f"{label}: no MLflow store at {db} ({uri}): no model is registered "
+                        "there; train one first, or give --checkpoint")
     return RegistryModels(uri, check_interval=math.inf, timeout=PLAN_REGISTRY_TIMEOUT)
 
 
@@ -254,7 +263,7 @@ def _plan(args) -> int:
 
         torch.set_num_threads(1)  # decoding runs many small ops: more threads only contend
         try:
-            answer = Planner(catalog, models).solve(req)
+            answer = Planner(catalog, models, warn=_warning).solve(req)
         except PlanError as exc:
             raise _option_error(exc) from None
     finally:
@@ -266,6 +275,10 @@ def _plan(args) -> int:
         region = catalog.region(req.region.id)
         print(render_itinerary(answer, region.n_points, clock_note(region)))
     return 0
+
+
+def _warning(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def render_itinerary(answer: dict[str, Any], n_points: int | None = None,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from optw.errors import OptwError
+
 #: Longest echo of a caller's value in an error message (characters).
 ECHO_CHARS = 80
 #: Longest error message and field name: a safety net behind the echo limit.
@@ -18,10 +20,10 @@ def clip(value: Any, limit: int = ECHO_CHARS) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
-class PlanError(Exception):
+class PlanError(OptwError):
     """A request the planner cannot serve: HTTP ``status``, offending ``field``, message
     (both cut to :data:`MAX_FIELD_CHARS` / :data:`MAX_MESSAGE_CHARS`: input echoed by any
-    check stays small)."""
+    check stays small). The service answers it as JSON; ``optw plan`` names the option."""
 
     def __init__(self, status: int, field: str | None, message: str):
         field = None if field is None else clip(field, MAX_FIELD_CHARS)

@@ -8,11 +8,13 @@ Nothing here imports Ray; torch, MLflow and :mod:`optw.decode` are imported when
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from optw.catalog import Catalog
+from optw.errors import UserError
 from optw.serve.errors import PlanError
 from optw.serve.models import LoadedModel, ModelProvider
 from optw.serve.preferences import PREFERENCES
@@ -62,17 +64,38 @@ METHOD_OPTIONS: dict[str, dict[str, Any]] = {"active-search": {"epochs": 8, "bat
 class Planner:
     """Plans itineraries: validates requests against the catalog and solves them with the
     region's model from ``models``. ``solve_options`` (request method -> extra
-    :func:`optw.decode.solve` arguments) override :data:`METHOD_OPTIONS`."""
+    :func:`optw.decode.solve` arguments) override :data:`METHOD_OPTIONS`. A model used for a
+    region it was not trained on is told to ``warn`` (default: this module's logger, as a
+    warning) once per model and region, in one line naming both
+    (:func:`optw.decode.region_mismatch`)."""
 
     def __init__(self, catalog: Catalog, models: ModelProvider, *,
-                 solve_options: Mapping[str, Mapping[str, Any]] | None = None):
+                 solve_options: Mapping[str, Mapping[str, Any]] | None = None,
+                 warn: Callable[[str], None] | None = None):
         self.catalog = catalog
         self.models = models
         unknown = sorted(set(solve_options or {}) - set(METHODS))
         if unknown:
-            raise ValueError(f"solve_options for unknown method(s) {unknown}")
+            raise UserError(f"solve_options for unknown method(s) {unknown}")
         self.solve_options = {m: {**METHOD_OPTIONS.get(m, {}), **(solve_options or {}).get(m, {})}
                               for m in METHODS}
+        self._checked: set[tuple[str, int | None, str]] = set()  # (model, version, region)
+        self._checked_lock = threading.Lock()
+        self._warn = warn or (lambda message: log.warning("%s", message))
+
+    def _check_region(self, loaded: LoadedModel, region: Any) -> None:
+        """Warn once per model and region when the model was trained on other regions."""
+        key = (loaded.source, loaded.version, region.id)
+        with self._checked_lock:
+            if key in self._checked:
+                return
+            self._checked.add(key)
+        from optw.decode import region_mismatch
+
+        message = region_mismatch(loaded.model, region)
+        if message:
+            version = f" version {loaded.version}" if loaded.version is not None else ""
+            self._warn(f"{message} (model {loaded.source}{version})")
 
     # -- regions
     def regions(self) -> list[dict[str, Any]]:
@@ -127,6 +150,7 @@ class Planner:
 
         if loaded is None:
             loaded = self.models.get(req.region.id)
+        self._check_region(loaded, req.region)
         t0 = time.perf_counter()
         n = req.region.n_nodes
         # nobody needs a model for the empty itinerary

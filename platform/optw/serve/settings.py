@@ -1,7 +1,8 @@
 """The planner's settings, checked before Ray or any work starts.
 
 ``optw serve`` and :func:`optw.serve.start_planner` go through :func:`serve_settings`; ``optw
-plan`` uses the same checks for its options. Every bad value is one ``ValueError`` (or, for a
+plan`` uses the same checks for its options. Every bad value is one
+:class:`~optw.errors.UserError`, a ``ValueError`` (or, for a
 store that cannot be reached, a :class:`~optw.tracking.TrackingUnavailableError`) whose message
 starts with the option's name (``--port`` on the command line, ``port`` from Python) and says
 which values are valid. Nothing here imports Ray, torch or MLflow, and nothing is written.
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optw.errors import UserError
 from optw.serve.errors import clip
 
 #: Solves at once per replica (``solve_threads``), each in its own worker thread.
@@ -39,7 +41,7 @@ MAX_SOLVE_THREADS = 16
 #: Requests a replica accepts at once (the deployment's ``max_ongoing_requests``). Well above
 #: the solve slots: requests beyond them wait for a slot inside the replica, not in Ray Serve's
 #: queue in front of it, so ``/healthz``, ``/regions`` and bad requests are never queued behind
-#: solves (30 concurrent solves once held ``/healthz`` for 24 s).
+#: solves (behind 30 concurrent solves ``/healthz`` would wait about 24 s).
 MAX_ONGOING_REQUESTS = 1024
 MAX_REPLICAS = 1024
 #: Seconds between two checks of a region's champion alias.
@@ -101,7 +103,7 @@ class ServeSettings:
 
 def bounded_int(value: Any, name: str, lo: int, hi: int, what: str = "an integer") -> int:
     """``value`` (an int, or its decimal text from the command line, ASCII digits) within
-    ``lo..hi``; ``ValueError`` naming ``name`` otherwise. (Not to be confused with
+    ``lo..hi``; :class:`~optw.errors.UserError` naming ``name`` otherwise. (Not to be confused with
     :func:`optw.train.config.integer`, the predicate "an int that is not a bool".)"""
     out: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -109,7 +111,7 @@ def bounded_int(value: Any, name: str, lo: int, hi: int, what: str = "an integer
     elif isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,30}\s*", value, re.ASCII):
         out = int(value)
     if out is None or not lo <= out <= hi:
-        raise ValueError(f"{name}: expected {what} in {lo}..{hi}, got {clip(value)!r}")
+        raise UserError(f"{name}: expected {what} in {lo}..{hi}, got {clip(value)!r}")
     return out
 
 
@@ -124,8 +126,8 @@ def seconds(value: Any, name: str, lo: float, hi: float, what: str = "seconds") 
         except ValueError:
             out = None
     if out is None or not math.isfinite(out) or not lo <= out <= hi:
-        raise ValueError(f"{name}: expected {what}, a finite number in {lo:g}..{hi:g}, "
-                         f"got {clip(value)!r}")
+        raise UserError(f"{name}: expected {what}, a finite number in {lo:g}..{hi:g}, "
+                        f"got {clip(value)!r}")
     return out
 
 
@@ -133,7 +135,7 @@ def text(value: Any, name: str, what: str) -> str:
     """A non-empty string without whitespace or control characters."""
     if not isinstance(value, str) or not value or len(value) > 1000 or \
             any(c.isspace() or not c.isprintable() for c in value):
-        raise ValueError(f"{name}: expected {what}, got {clip(value)!r}")
+        raise UserError(f"{name}: expected {what}, got {clip(value)!r}")
     return value
 
 
@@ -142,22 +144,23 @@ def text(value: Any, name: str, what: str) -> str:
 
 def open_catalog_checked(path: str | Path | None, name: str):
     """The built catalog at ``path`` (default ``$OPTW_CATALOG`` or ``region_catalog/``), its
-    node table read; ``ValueError`` naming the option and the folder otherwise."""
+    node table read; :class:`~optw.errors.UserError` naming the option and the folder
+    otherwise."""
     from optw.catalog import default_catalog_dir, open_catalog
 
     if path is not None and not str(path).strip():
-        raise ValueError(f"{name}: expected a catalog folder, got {str(path)!r}")
+        raise UserError(f"{name}: expected a catalog folder, got {str(path)!r}")
     folder = Path(path) if path is not None else default_catalog_dir()
     try:
         catalog = open_catalog(folder)
         regions = catalog.list_regions()
         if not regions:
-            raise ValueError(f"the region catalog at {folder} holds no region")
+            raise UserError(f"the region catalog at {folder} holds no region")
         catalog.region(regions[0])  # reads the node table: a broken file fails here
     except Exception as exc:  # CatalogError, OSError, Arrow errors: all say which folder
         detail = " ".join(str(exc).split()) or type(exc).__name__
         where = "" if str(folder) in detail else f"catalog {folder}: "
-        raise ValueError(f"{name}: {where}{detail}") from None
+        raise UserError(f"{name}: {where}{detail}") from None
     return catalog
 
 
@@ -193,12 +196,12 @@ def check_fit(num_replicas: int, num_cpus: float, total: float, names: Mapping[s
               where: str) -> None:
     """All replicas must fit the CPUs, else some would never start and requests wait."""
     if num_cpus > total + 1e-9:
-        raise ValueError(f"{names['num_cpus']}: one replica needs {num_cpus:g} CPUs, {where} "
-                         f"has {total:g}")
+        raise UserError(f"{names['num_cpus']}: one replica needs {num_cpus:g} CPUs, {where} "
+                        f"has {total:g}")
     need = num_replicas * num_cpus
     if need > total + 1e-9:
         most = int((total + 1e-9) // num_cpus)
-        raise ValueError(
+        raise UserError(
             f"{names['num_replicas']}: {num_replicas} replicas of {num_cpus:g} CPU each need "
             f"{need:g} CPUs, {where} has {total:g}; use at most {most}")
 
@@ -210,7 +213,7 @@ def _bind(host: str, port: int, names: Mapping[str, str]) -> int:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
-        raise ValueError(f"{names['host']}: cannot resolve {host!r} ({reason})") from None
+        raise UserError(f"{names['host']}: cannot resolve {host!r} ({reason})") from None
     family, kind, proto, _, addr = infos[0]
     with socket.socket(family, kind, proto) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -218,13 +221,13 @@ def _bind(host: str, port: int, names: Mapping[str, str]) -> int:
             sock.bind(addr)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                raise ValueError(f"{names['port']}: port {port} is already in use on {host}; "
-                                 f"choose another one (0 picks a free port)") from None
+                raise UserError(f"{names['port']}: port {port} is already in use on {host}; "
+                                f"choose another one (0 picks a free port)") from None
             if exc.errno == errno.EACCES:
-                raise ValueError(f"{names['port']}: not allowed to listen on port {port} "
-                                 f"(ports below 1024 need root); use 1024..65535") from None
-            raise ValueError(f"{names['host']}: cannot listen on {host}:{port} "
-                             f"({exc.strerror or exc})") from None
+                raise UserError(f"{names['port']}: not allowed to listen on port {port} "
+                                f"(ports below 1024 need root); use 1024..65535") from None
+            raise UserError(f"{names['host']}: cannot listen on {host}:{port} "
+                            f"({exc.strerror or exc})") from None
         return int(sock.getsockname()[1])
 
 
@@ -234,14 +237,14 @@ def _ray_address(value: Any, name: str) -> str:
         return address
     m = re.fullmatch(r"(?:ray://)?\[?([^\[\]]+?)\]?:(\d{1,5})", address)
     if not m or not 1 <= int(m.group(2)) <= 65535:
-        raise ValueError(f"{name}: expected 'local', 'auto', HOST:PORT or ray://HOST:PORT, got "
-                         f"{address!r}")
+        raise UserError(f"{name}: expected 'local', 'auto', HOST:PORT or ray://HOST:PORT, got "
+                        f"{address!r}")
     try:
         with socket.create_connection((m.group(1), int(m.group(2))), timeout=CHECK_TIMEOUT):
             pass
     except OSError as exc:
-        raise ValueError(f"{name}: no Ray answers at {address} ({exc.strerror or exc}); start "
-                         f"one (`ray start --head`) or use 'local'") from None
+        raise UserError(f"{name}: no Ray answers at {address} ({exc.strerror or exc}); start "
+                        f"one (`ray start --head`) or use 'local'") from None
     return address
 
 
@@ -251,10 +254,10 @@ def _solve_options(value: Any, name: str) -> dict[str, dict[str, Any]]:
     if value is None:
         return {}
     if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
-        raise ValueError(f"{name}: expected {{method: {{argument: value}}}}, got {value!r}")
+        raise UserError(f"{name}: expected {{method: {{argument: value}}}}, got {value!r}")
     unknown = sorted(set(value) - set(METHODS))
     if unknown:
-        raise ValueError(f"{name}: unknown method(s) {unknown}; known: {list(METHODS)}")
+        raise UserError(f"{name}: unknown method(s) {unknown}; known: {list(METHODS)}")
     return {str(k): dict(v) for k, v in value.items()}
 
 
@@ -305,8 +308,8 @@ def serve_settings(*, host: Any = "127.0.0.1", port: Any = 8000,
     if local and not ray_running:
         port = _bind(host, port, n)
     elif port == 0:
-        raise ValueError(f"{n['port']}: 0 (any free port) needs a local Ray started here; "
-                         f"give a port in 1..65535")
+        raise UserError(f"{n['port']}: 0 (any free port) needs a local Ray started here; "
+                        f"give a port in 1..65535")
     return ServeSettings(
         host=host, port=port, catalog=str(Path(cat.path).resolve()), tracking_uri=uri,
         check_interval=interval, num_replicas=replicas, num_cpus=cpus, solve_threads=threads,
