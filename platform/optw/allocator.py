@@ -1,18 +1,11 @@
 """The C allocator, set for decoding's large short-lived tensors.
 
-Beam search and the global models' batches allocate and free tables of tens to hundreds of MB
-at every decoding step. glibc serves blocks above its mmap threshold (at most 32 MB by
-default) with fresh pages from the kernel and hands them back on free, so every step pays
-page faults to zero them again: on a 2-core machine, ``make run``'s evaluation of a model on
-pr10 (beam 8 on 64 validation tourists, one thread) spent 7 of its 28 s in the kernel.
-:func:`reuse_large_blocks` raises the threshold to 1 GiB, so freed blocks stay in the heap for
-the next step: kernel time 7.1 -> 2.1 s, wall 1.13x faster (best of two rounds each), peak
-memory +12 % (1.58 -> 1.77 GB; the process keeps what it freed). ``benchmarks/
-bench_allocator.py`` measures it.
-
-The decoder calls it (:class:`optw.decode.core.Decoder`), once per process. It does nothing
-off glibc, when ``MALLOC_MMAP_THRESHOLD_`` is set (the user's own setting wins), or with
-``OPTW_MALLOC=0``.
+Decoding allocates and frees tables of tens to hundreds of MB at every step; glibc serves blocks
+above its mmap threshold with fresh pages and returns them on free, so every step pays page
+faults again. :func:`reuse_large_blocks` (called by the decoder) raises the threshold to 1 GiB so
+freed blocks stay in the heap, at the cost of a higher peak memory (``docs/measurements.md``,
+``benchmarks/bench_allocator.py``). It does nothing off glibc, when ``MALLOC_MMAP_THRESHOLD_`` is
+set (the user's own setting wins), or with ``OPTW_MALLOC=0``.
 """
 
 from __future__ import annotations
@@ -31,8 +24,8 @@ _applied: bool | None = None
 
 
 def reuse_large_blocks() -> bool:
-    """Raise glibc's mmap threshold to :data:`THRESHOLD` (once per process; see the module
-    docstring). Returns whether this process now runs with it."""
+    """Raise glibc's mmap threshold to :data:`THRESHOLD` (once per process); returns whether
+    this process runs with it."""
     global _applied
     if _applied is None:
         _applied = _apply()

@@ -1,11 +1,10 @@
 """Active search (paper, Algorithm 2): fine-tune a copy of the model on one tourist, then beam.
 
-Each epoch samples ``batch_size`` routes of the tourist with :func:`~optw.decode.core.rollout`
-and takes one Adam step on the REINFORCE loss of :func:`~optw.decode.reinforce.reinforce_loss`
-with the batch-mean baseline ``-((R - mean R) · log p).mean() - beta · entropy.mean()``
-(gradient norm clipped to ``max_grad_norm``; ``beta`` and the clipping follow the published
-training arguments, set ``beta=0`` and ``max_grad_norm=None`` for the bare algorithm). Beam
-search with the tuned copy gives the answer; the caller's model is left untouched.
+Each epoch samples ``batch_size`` routes of the tourist and takes one Adam step on the REINFORCE
+loss with the batch-mean baseline (:func:`~optw.decode.reinforce.reinforce_loss`), the gradient
+norm clipped to ``max_grad_norm`` (``beta`` and the clipping follow the published training
+arguments; ``beta=0``, ``max_grad_norm=None``: the bare algorithm). The caller's model is left
+untouched.
 """
 
 from __future__ import annotations
@@ -34,26 +33,14 @@ class ActiveSearchResult:
     mean_reward: list[float] = field(default_factory=list)
 
 
-def active_search(
-    model: PointerNet,
-    inst: Instances,
-    epochs: int = 128,
-    batch_size: int = 32,
-    lr: float = 1e-5,
-    beams: int = PAPER_BEAMS,
-    beta: float = 0.01,
-    max_grad_norm: float | None = 1.0,
-    generator: torch.Generator | None = None,
-    keep_greedy: bool = True,
-    progress: Callable[[float], None] | None = None,
-) -> ActiveSearchResult:
-    """Active search for the single tourist of ``inst``.
-
-    With ``keep_greedy`` the answer is the best of the beam route, the original model's greedy
-    and beam routes and the best route sampled during the search (so it is never below plain
-    beam search); without it, the tuned model's beam route (the paper's algorithm).
-    ``progress``, if given, is called after every epoch with the best reward sampled in it.
-    """
+def active_search(model: PointerNet, inst: Instances, epochs: int = 128, batch_size: int = 32,
+                  lr: float = 1e-5, beams: int = PAPER_BEAMS, beta: float = 0.01,
+                  max_grad_norm: float | None = 1.0, generator: torch.Generator | None = None,
+                  keep_greedy: bool = True, progress: Callable[[float], None] | None = None,
+                  ) -> ActiveSearchResult:
+    """Active search for the single tourist of ``inst``: the tuned model's beam route, or with
+    ``keep_greedy`` the best of it, the original model's greedy and beam routes and the best
+    sample. ``progress`` is called after every epoch with its best sampled reward."""
     if inst.n_tourists != 1:
         raise ValueError(f"active search works on one tourist at a time, got {inst.n_tourists}")
     if epochs < 0 or batch_size < 1:

@@ -1,16 +1,12 @@
 """Beam search, batched over tourists (``shared/spec/published-checkpoints.md``, item 6).
 
-Partial routes are ranked by their summed log-probability (float32, as the published outputs
-were computed). Each step expands every (beam, admissible node) pair of a tourist and keeps the
-best ``min(width, number of pairs)``; a kept pair that chooses the end node is a finished route
-and is set aside; the others are the next step's beams. The search ends when no beam is left,
-and the answer is the finished route with the highest score (the earliest-finished, best-ranked
-one among equal scores).
-
-Speed: beams carry only their admissible nodes (see :mod:`optw.decode.core`); beams whose only
-admissible node is the end skip the network (their one pair has log-probability exactly 0);
-candidates are ranked per tourist with one ``topk`` over a padded ``[K, beams·m]`` table whose
-order (beam, then node) is the authors' flattened (beam, node) order.
+Partial routes are ranked by their summed float32 log-probability. Each step expands every
+(beam, admissible node) pair of a tourist and keeps the best ``min(width, number of pairs)``; a
+kept pair choosing the end node is a finished route, set aside; the others are the next beams.
+The answer is the finished route with the highest score (the earliest-finished, best-ranked one
+among equal scores). Candidates are ranked per tourist by one ``topk`` over a padded
+``[K, beams·m]`` table in the authors' flattened (beam, node) order; beams whose only admissible
+node is the end skip the network (their one pair has log-probability exactly 0).
 """
 
 from __future__ import annotations
@@ -27,8 +23,8 @@ from optw.model.network import PointerNet
 
 @dataclass
 class BeamResult:
-    """Per tourist: the best finished route (node list), its score and summed log-prob, and how
-    many routes finished."""
+    """Per tourist: the best finished route, its score and summed log-prob, and how many routes
+    finished."""
 
     routes: list[list[int]]
     scores: list[float]
@@ -39,8 +35,8 @@ class BeamResult:
 def beam_search(model: PointerNet, inst: Instances, width: int = PAPER_BEAMS,
                 compact: bool = True) -> BeamResult:
     """Beam search of ``width`` beams for every tourist of ``inst`` (no gradients;
-    ``compact=False`` evaluates every node, a check). The width is checked where it enters
-    the system (:func:`~optw.decode.limits.check_beams`), not here."""
+    ``compact=False`` evaluates every node, a check). User widths are checked at the edge
+    (:func:`~optw.decode.limits.check_beams`)."""
     if width < 1:
         raise ValueError(f"beam width {width}: expected at least 1")
     with torch.inference_mode():
@@ -114,12 +110,8 @@ def _beam_search(model: PointerNet, inst: Instances, width: int, compact: bool) 
     return _best(inst, fin_group, fin_routes, fin_lp)
 
 
-def _best(
-    inst: Instances,
-    fin_group: list[torch.Tensor],
-    fin_routes: list[torch.Tensor],
-    fin_lp: list[torch.Tensor],
-) -> BeamResult:
+def _best(inst: Instances, fin_group: list[torch.Tensor], fin_routes: list[torch.Tensor],
+          fin_lp: list[torch.Tensor]) -> BeamResult:
     """The highest-score finished route per tourist (first found among equal scores)."""
     k_tourists = inst.n_tourists
     scores = inst.scores.double()
@@ -134,9 +126,5 @@ def _best(
                 best[t] = (total, route, logp)
     if any(b is None for b in best):  # cannot happen: every beam search finishes routes
         raise RuntimeError("beam search finished no route for some tourist")
-    return BeamResult(
-        routes=[b[1] for b in best],  # type: ignore[index]
-        scores=[b[0] for b in best],  # type: ignore[index]
-        log_probs=[b[2] for b in best],  # type: ignore[index]
-        finished=finished,
-    )
+    return BeamResult([b[1] for b in best], [b[0] for b in best],  # type: ignore[index]
+                      [b[2] for b in best], finished)  # type: ignore[index]

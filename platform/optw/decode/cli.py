@@ -7,15 +7,13 @@ Examples::
     optw solve --region t101 --checkpoint model.pt --active-search 128 --tourist me.json
     optw solve --region pr01 --checkpoint pr01_uni_samp_500000.pt --tourist paper --published
 
-``--tourist paper`` solves the paper's own 64 tourists of the region (ids 1000..1063; a catalog
-built with ``optw catalog build --paper-sets``); a set that is only the CPU approximation of the
-paper's (Gavalas without a GPU) is flagged on standard error.
+``--tourist paper`` solves the paper's own 64 tourists of the region (a catalog built with
+``--paper-sets``; a CPU approximation of the paper's set is flagged on standard error).
 
-A tourist file holds one tourist object, a list of them, or ``{"tourists": [...]}``. A tourist
-is ``{"start": [x, y], "t_start": ..., "t_end": ..., "scores": [...]}`` with one score per
-point of interest (or per node, start and end included) and an optional id ``"tourist"`` (an
-integer or a string such as ``"alice"``, echoed in the output); it is read and checked by
-:func:`optw.catalog.read_tourists` (finite numbers, ranges, no unknown fields).
+A tourist file holds one tourist object, a list of them, or ``{"tourists": [...]}``; a tourist
+is ``{"start": [x, y], "t_start": ..., "t_end": ..., "scores": [...]}`` (one score per point of
+interest, or per node) with an optional id ``"tourist"`` echoed in the output, checked by
+:func:`optw.catalog.read_tourists`.
 """
 
 from __future__ import annotations
@@ -74,9 +72,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 class SearchBar:
-    """A tqdm bar on stderr over every active-search epoch of the tourists solved: the
-    tourist, and the best score sampled for it so far; a ``progress`` callback of
-    :func:`optw.decode.solve.solve`."""
+    """A tqdm bar on stderr over the active-search epochs, with the tourist and its best sampled
+    score so far (a ``progress`` callback of :func:`optw.decode.solve.solve`)."""
 
     def __init__(self, epochs: int, tourist_ids: list[int | str]) -> None:
         from tqdm import tqdm
@@ -96,8 +93,8 @@ class SearchBar:
 
 
 def read_tourists(path: Path, region: Region) -> TouristBatch:
-    """Tourists of ``region`` from a JSON file (see the module docstring) -> a
-    :class:`~optw.catalog.TouristBatch`; errors name the file, the tourist and the field."""
+    """Tourists of ``region`` from a JSON file (see the module docstring); errors name the
+    file, the tourist and the field."""
     from optw.catalog import TouristError
     from optw.catalog import read_tourists as read_records
     from optw.catalog.tourist_json import load_json
@@ -133,8 +130,8 @@ def _solve(args) -> int:
     if args.samples is not None and not 1 <= args.samples <= MAX_SAMPLES:
         raise UserError(f"--samples: expected a number of routes in 1..{MAX_SAMPLES}, got "
                          f"{args.samples}")
-    if args.active_search is not None and not 0 <= args.active_search <= \
-            MAX_ACTIVE_SEARCH_EPOCHS:
+    if args.active_search is not None and not (
+            0 <= args.active_search <= MAX_ACTIVE_SEARCH_EPOCHS):
         raise UserError(f"--active-search: expected a number of epochs in "
                          f"0..{MAX_ACTIVE_SEARCH_EPOCHS}, got {args.active_search}")
     set_torch_threads(args.threads)  # default: the cores that other work leaves free

@@ -492,8 +492,9 @@ def rollout(
 
     ``actions`` [R, L] (teacher forcing): route r follows ``actions[r]`` (the start 0, then its
     nodes up to the end ``n - 1``, padded with -1) instead of drawing; its ``log_prob`` is then
-    the policy's log-likelihood of that route. An action that is not admissible raises
-    :class:`ForcedActionError`.
+    the policy's log-likelihood of that route. A row of -1 is drawn as usual (given and
+    sampled routes in one rollout, prefixes still shared). An action that is not admissible
+    raises :class:`ForcedActionError`.
 
     A pack (``model`` a :class:`~optw.model.StackedPointerNet`): ``member[K]`` gives each
     tourist's member model, tourists must be grouped by member in ascending order, and
@@ -509,8 +510,14 @@ def rollout(
         actions = actions.to(device=dev, dtype=torch.long)
         if not compact or actions.shape[0] != ids.shape[0]:
             raise ValueError("actions: one route per entry of ids, on the compacted decoder")
+        given = actions[:, 0] >= 0  # the others are drawn
+        forcing = bool(given.any())
+        drawing = not bool(given.all())
+    else:
+        drawing = True
     if isinstance(model, StackedPointerNet):
-        if member is None or not (isinstance(generator, (list, tuple)) or greedy or forcing):
+        if member is None or not (isinstance(generator, (list, tuple)) or greedy
+                                  or not drawing):
             raise ValueError("a pack's rollout needs member (per tourist) and a list of "
                              "generators (one per member)")
         dec: Decoder = StackedDecoder(model, instances, member, compact, track_routes=False)
@@ -527,7 +534,7 @@ def rollout(
     steps_idx: list[torch.Tensor] = []
     steps_lp: list[torch.Tensor] = []
     steps_ent: list[torch.Tensor] = []
-    if share_prefixes and not forcing:
+    if share_prefixes:
         first, owner = torch.unique(ids, return_inverse=True)  # one state per tourist
     else:
         first, owner = ids, torch.arange(r, device=dev)
@@ -539,7 +546,8 @@ def rollout(
         if bool(forced.any()):
             done = forced.index_select(0, owner)
             if forcing and col < actions.shape[1]:
-                bad = done & (actions.index_select(0, live)[:, col] != end)
+                rows = actions.index_select(0, live)
+                bad = done & (rows[:, 0] >= 0) & (rows[:, col] != end)
                 if bool(bad.any()):
                     i = int(bad.nonzero()[0, 0])
                     raise ForcedActionError(int(live[i]), col, int(actions[live[i], col]))
@@ -552,22 +560,26 @@ def rollout(
         p = dec.evaluate(fr)
         logp = torch.log_softmax(p.logits, dim=1)
         prob = logp.exp()  # one exp for the draw and the entropy
-        if forcing:
-            want = (actions.index_select(0, live)[:, col] if col < actions.shape[1]
-                    else torch.full_like(live, -1))
-            try:
-                slot = _forced_slots(fr, owner, live, want)
-            except ForcedActionError as exc:
-                raise ForcedActionError(exc.route, col, exc.node) from None
-        elif greedy:
+        if greedy:
             slot = p.logits.argmax(1).index_select(0, owner)
-        else:
+        elif drawing:
             with torch.no_grad():
                 probs = prob.detach().index_select(0, owner)
                 if isinstance(dec, StackedDecoder):
                     slot = _sample_members(probs, owner, fr, dec.member, list(generator))
                 else:
                     slot = _sample(probs, generator)
+        if forcing:
+            rows = actions.index_select(0, live)
+            pick = (rows[:, 0] >= 0).nonzero().squeeze(1)
+            want = rows[pick, col] if col < actions.shape[1] else torch.full_like(pick, -1)
+            try:
+                forced_slot = _forced_slots(fr, owner.index_select(0, pick),
+                                            live.index_select(0, pick), want)
+            except ForcedActionError as exc:
+                raise ForcedActionError(exc.route, col, exc.node) from None
+            slot = (forced_slot if not drawing and not greedy
+                    else slot.index_copy(0, pick, forced_slot))
         entropy = -(prob * logp.masked_fill(p.logits == float("-inf"), 0.0)).sum(1)
         steps_idx.append(live)
         steps_lp.append(logp[owner, slot])
@@ -579,7 +591,7 @@ def rollout(
         if live.numel():
             m = p.logits.shape[1]
             key = owner.index_select(0, go) * m + slot.index_select(0, go)
-            if share_prefixes and not forcing:
+            if share_prefixes:
                 key, owner = torch.unique(key, return_inverse=True)
             else:
                 owner = torch.arange(key.shape[0], device=dev)

@@ -1,9 +1,6 @@
-"""One entry point for inference: :func:`solve`.
-
-``solve(model, region, tourists, method=...)`` solves every tourist of the batch in one call and
-returns one :class:`Solution` each, every route checked by the independent validator
-(:func:`optw.env.check_route`; an invalid route is a bug and raises).
-"""
+"""The one entry point for inference: :func:`solve` returns one :class:`Solution` per tourist,
+each route checked by the independent validator (:func:`optw.env.check_route`; an invalid route
+is a bug and raises)."""
 
 from __future__ import annotations
 
@@ -30,11 +27,10 @@ METHODS = ("greedy", "sampling", "beam", "active_search")
 class Solution:
     """A route for one tourist.
 
-    ``tourist``: the batch's ``tourist_id`` (an int), or the id a caller gave, e.g. ``"alice"``
-    from a tourist file or the MLflow pyfunc; ``route``: node indices from the start 0 to the
-    end ``n-1``; ``arrival``/``start``: arrival and start-of-visit times per route position
-    (minutes); ``seconds``: wall time of the call that produced it divided by the number of
-    tourists it solved (active search: this tourist's own time).
+    ``tourist``: the batch's ``tourist_id``, or an id a caller gave (e.g. ``"alice"``);
+    ``route``: node indices from 0 to ``n-1``; ``arrival``/``start``: arrival and start-of-visit
+    times per route position (minutes); ``seconds``: the call's wall time divided by its number
+    of tourists (active search: this tourist's own time).
     """
 
     region: str
@@ -47,10 +43,8 @@ class Solution:
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
-        return {
-            "region": self.region, "tourist": self.tourist, "method": self.method,
-            "route": self.route, "score": self.score, "seconds": self.seconds,
-        }
+        return {"region": self.region, "tourist": self.tourist, "method": self.method,
+                "route": self.route, "score": self.score, "seconds": self.seconds}
 
 
 def region_mismatch(model: PointerNet, region: Region) -> str | None:
@@ -68,8 +62,7 @@ def _check_args(method: str, samples: int) -> None:
     if method not in METHODS:
         raise UserError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
     if method in ("sampling", "active_search") and (
-        isinstance(samples, bool) or not isinstance(samples, int) or samples < 1
-    ):
+            isinstance(samples, bool) or not isinstance(samples, int) or samples < 1):
         raise UserError(f"samples must be a positive integer, got {samples!r}")
 
 
@@ -92,46 +85,26 @@ def _greedy_routes(model: PointerNet, inst: Instances) -> list[list[int]]:
 
 def _better(a: list[int], b: list[int], scores: torch.Tensor) -> list[int]:
     """``b`` if it scores strictly more than ``a``, else ``a``."""
-    sa = float(scores[a].sum())
-    sb = float(scores[b].sum())
-    return b if sb > sa else a
+    return b if float(scores[b].sum()) > float(scores[a].sum()) else a
 
 
-def solve(
-    model: PointerNet,
-    region: Region,
-    tourists: Tourists,
-    method: str = "beam",
-    beams: int = PAPER_BEAMS,
-    samples: int = 128,
-    keep_greedy: bool = True,
-    epochs: int = 128,
-    batch_size: int = 32,
-    lr: float = 1e-5,
-    seed: int | None = 0,
-    device: str | torch.device | None = None,
-    progress: Callable[[int, float], None] | None = None,
-    greedy: list[Solution] | None = None,
-) -> list[Solution]:
-    """Solve every tourist of ``tourists`` (one region) with ``method``:
+def solve(model: PointerNet, region: Region, tourists: Tourists, method: str = "beam",
+          beams: int = PAPER_BEAMS, samples: int = 128, keep_greedy: bool = True,
+          epochs: int = 128, batch_size: int = 32, lr: float = 1e-5, seed: int | None = 0,
+          device: str | torch.device | None = None,
+          progress: Callable[[int, float], None] | None = None,
+          greedy: list[Solution] | None = None) -> list[Solution]:
+    """Solve every tourist of ``tourists`` (one region) with ``method``: ``greedy``;
+    ``sampling`` (the best of ``samples`` sampled routes); ``beam`` (width ``beams``, checked at
+    the edge by :func:`~optw.decode.limits.check_beams`); ``active_search`` (``epochs`` of
+    REINFORCE on a copy of the model, ``batch_size`` routes, Adam ``lr``, then beam search).
 
-    - ``greedy``: the most probable node at each step;
-    - ``sampling``: the best of ``samples`` routes sampled from the policy;
-    - ``beam``: beam search of width ``beams`` (default ``PAPER_BEAMS``; ranking as the
-      published spec; where a width comes from a user it is checked there,
-      :func:`~optw.decode.limits.check_beams`);
-    - ``active_search``: ``epochs`` of REINFORCE on the tourist (``batch_size`` sampled routes,
-      Adam ``lr``) on a copy of the model, then beam search (paper, Algorithm 2).
-
-    ``keep_greedy`` (default) also considers the greedy route, so sampling and beam search are
-    never below greedy (active search also keeps the untuned model's beam route and its best
-    sample); ``keep_greedy=False`` reproduces the published outputs exactly.
-    ``seed`` seeds sampling and active search (None: not seeded). ``progress(k, reward)`` is
-    called after every active-search epoch of tourist ``k`` with the best reward sampled in it.
-    ``greedy``: this model's greedy solutions of the same tourists, when the caller has them
-    (an evaluation that reports greedy too): ``keep_greedy`` takes their routes instead of
-    decoding them again, and adds their seconds to each solution's (the same routes and the
-    same accounting as decoding them here).
+    ``keep_greedy`` also considers the greedy route (and, in active search, the untuned model's
+    beam route and the best sample); ``False`` reproduces the published outputs exactly. ``seed``
+    seeds sampling and active search (None: unseeded). ``progress(k, reward)`` is called after
+    every active-search epoch of tourist ``k`` with its best sampled reward. ``greedy``: this
+    model's greedy solutions of these tourists, if the caller has them: ``keep_greedy`` takes
+    their routes and adds their seconds instead of decoding them again.
     """
     _check_args(method, samples)
     if len(tourists) == 0:
@@ -187,11 +160,9 @@ def solve(
         elapsed = time.perf_counter() - t0 + reused
     finally:
         model.train(was_training)
-    return [
-        _solution(region, tourists, k, method, route,
-                  per_tourist[k] if per_tourist is not None else elapsed / len(tourists))
-        for k, route in enumerate(routes)
-    ]
+    return [_solution(region, tourists, k, method, route,
+                      per_tourist[k] if per_tourist is not None else elapsed / len(tourists))
+            for k, route in enumerate(routes)]
 
 
 def _solution(region: Region, tourists: Tourists, k: int, method: str, route: list[int],
@@ -199,7 +170,6 @@ def _solution(region: Region, tourists: Tourists, k: int, method: str, route: li
     check = check_route(region, route, tourists, k)
     check.raise_if_invalid(f"internal error: the {method} route for tourist "
                            f"{int(tourists.tourist_id[k])} of {region.id}")
-    return Solution(
-        region=region.id, tourist=int(tourists.tourist_id[k]), method=method, route=route,
-        score=check.score, arrival=check.arrival, start=check.start, seconds=seconds,
-    )
+    return Solution(region=region.id, tourist=int(tourists.tourist_id[k]), method=method,
+                    route=route, score=check.score, arrival=check.arrival, start=check.start,
+                    seconds=seconds)

@@ -1,34 +1,16 @@
-"""The static-shape training rollout: every route keeps all n node rows at every step.
+"""The static-shape training rollout (for GPUs): every route keeps all n node rows at every step.
 
-The compacted decoder (:mod:`optw.decode.core`) is the fastest on a CPU: it computes only the
-admissible nodes of the distinct prefixes, at the price of data-dependent shapes, host
-synchronisation and many small operations per step. On a GPU that price dominates (the step
-is bound by launching kernels), so this rollout does the opposite:
+Unlike the compacted decoder (:mod:`optw.decode.core`), every step has fixed shapes (R routes ×
+n nodes, dense masked attention over one ``[R, H, n, n]`` table), what a route never changes is
+computed once, and finished or forced routes stay in the batch taking the end node with
+log-probability and entropy 0. Same policy and numbers (up to float rounding) as the compacted
+decoder: inadmissible rows are computed but never attended to, and the pointer masks them.
 
-- fixed shapes: R routes × n nodes in every step, dense masked attention over one
-  ``[R, H, n, n]`` table whose graph bias is built in one batched expression;
-- what does not change within a route is computed once (static embeddings, the tourists'
-  distance and node tables gathered per route);
-- finished routes stay in the batch: they take the end node with log-probability 0 and
-  entropy 0 (no gradient), as do forced routes (only the end admissible);
-- no ``nonzero``/``tolist``/Python branch on tensor values inside a step, except the ones
-  the sampling mode asks for (below).
-
-Same policy, same numbers (within float rounding) as the compacted decoder: inadmissible rows
-are computed but never attended to (``Ad[i, j]`` needs j admissible) and the pointer masks them,
-exactly as the compacted decoder's ``compact=False`` check mode does.
-
-Sampling modes:
-
-- ``"compat"`` (default): each step draws the random numbers exactly as the compacted decoder
-  does (``torch.multinomial`` over each live, unforced route's admissible nodes, in route
-  order), so given the same generator both rollouts sample the same routes (up to float
-  rounding of near-ties). This needs the number of such routes and their widest admissible
-  set each step: one host synchronisation per step, and one to stop when every route is done.
-- ``"free"``: Gumbel-max over the full ``[R, n]`` table (``argmax p / Exp(1)``); with a
-  fixed number of ``steps`` it needs no host synchronisation at all: what the ``graph``
-  training rollout replays as a CUDA graph (:mod:`optw.train.graphed`). The same
-  distribution, another random stream.
+Sampling: ``"compat"`` (default) draws as the compacted decoder does (over each live, unforced
+route's admissible nodes, in route order), so both sample the same routes from one generator, at
+one host synchronisation per step; ``"free"`` is Gumbel-max over ``[R, n]`` (the same
+distribution, another random stream) and, with a fixed number of ``steps``, never synchronises
+with the host (what :mod:`optw.train.graphed` captures as a CUDA graph).
 """
 
 from __future__ import annotations
@@ -109,50 +91,31 @@ def _policy(model: PointerNet, tb: _Tables, cur: torch.Tensor, t: torch.Tensor,
 def _advance(tb: _Tables, choice: torch.Tensor, enc: torch.Tensor, logp: torch.Tensor,
              allowed: torch.Tensor, cur: torch.Tensor, t: torch.Tensor, mask: torch.Tensor,
              done: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The step's log-probability and entropy [R] of ``choice``, the routes' new column
-    (-1 for routes done before), and the next step's LSTM input, time, node, done and mask."""
+    """The step's log-probability and entropy [R] of ``choice``, the routes' new column (-1 for
+    routes done before, which stay where they are), and the environment's step: the next LSTM
+    input, time, node, done flags and admissible nodes."""
     r, n = mask.shape
-    d = enc.shape[1]
+    d, rr, live = enc.shape[1], tb.rr, ~done
     lp = logp.gather(1, choice.unsqueeze(1)).squeeze(1)
     ent = -(logp.exp() * logp.masked_fill(~allowed, 0.0)).sum(1)
-    column = torch.where(~done, choice, -1)
+    column = torch.where(live, choice, -1)
     # a gather (not enc[rr, choice]): its backward is a plain scatter-add
     lstm_in = enc.view(r, n, d).gather(1, choice.view(r, 1, 1).expand(r, 1, d)).squeeze(1)
-    t, cur, done, mask = _move(tb, choice, cur, t, mask, done)
-    return lp, ent, column, lstm_in, t, cur, done, mask
-
-
-def _move(tb: _Tables, choice: torch.Tensor, cur: torch.Tensor, t: torch.Tensor,
-          mask: torch.Tensor, done: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The environment's step for every route taking ``choice`` [R] (routes done before stay
-    where they are): the new time, node, done flags and admissible nodes."""
-    rr = tb.rr
-    live = ~done
     arrival = t + tb.dist[rr, cur, choice]
     t = torch.where(live, visit_end(arrival, tb.opening[rr, choice], tb.dur[rr, choice]), t)
     cur = torch.where(live, choice, cur)
-    done = done | (choice == tb.col.shape[0] - 1)
+    done = done | (choice == n - 1)
     mask = still_admissible(mask & (tb.col != choice.unsqueeze(1)) & ~done.unsqueeze(1), t,
                             tb.dist[rr, cur], tb.latest)
-    return t, cur, done, mask
+    return lp, ent, column, lstm_in, t, cur, done, mask
 
 
-def static_rollout(
-    model: PointerNet,
-    inst: Instances,
-    ids: torch.Tensor,
-    greedy: bool = False,
-    generator: torch.Generator | None = None,
-    sampling: str = "compat",
-    steps: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Routes ``[R, n + 1]`` (padded with -1), summed log-probabilities and entropies [R] of one
-    route per entry of ``ids``; see the module docstring.
-
-    ``steps`` (``"free"`` sampling or greedy only): run exactly that many decoding steps (at
-    most n), with no host synchronisation at all, and return the routes untrimmed
-    ``[R, n + 1]``; a route still unfinished then has no end node (:func:`all_done`). For
-    CUDA-graph capture (:mod:`optw.train.graphed`)."""
+def static_rollout(model: PointerNet, inst: Instances, ids: torch.Tensor, greedy: bool = False,
+                   generator: torch.Generator | None = None, sampling: str = "compat",
+                   steps: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Routes (padded with -1), summed log-probabilities and entropies [R] of one route per
+    entry of ``ids``. ``steps`` (``"free"`` sampling or greedy only): exactly that many steps
+    (at most n), no host synchronisation, routes untrimmed ``[R, n + 1]`` (:func:`all_done`)."""
     if sampling not in SAMPLINGS:
         raise ValueError(f"unknown sampling {sampling!r}; expected one of {SAMPLINGS}")
     if steps is not None and sampling != "free" and not greedy:
@@ -192,9 +155,8 @@ def static_rollout(
 
 def _start(model: PointerNet, inst: Instances, ids: torch.Tensor, tb: _Tables,
            ) -> tuple[torch.Tensor, ...]:
-    """Steps 1-2 of the decoding sequence (the start still admissible, then visited): each
-    route's node, time and admissible nodes, the first pass's encodings (the next pass's
-    recursion input), the LSTM's first input and its initial state."""
+    """Steps 1-2 of the decoding sequence (the start admissible, then visited): each route's
+    node, time, admissible nodes, the first encodings, the LSTM's first input and state."""
     r = ids.shape[0]
     cur = torch.zeros(r, dtype=torch.long, device=inst.device)
     t = inst.t_start_u.index_select(0, ids)
@@ -208,16 +170,16 @@ def _start(model: PointerNet, inst: Instances, ids: torch.Tensor, tb: _Tables,
 
 
 def all_done(routes: torch.Tensor, end: int) -> torch.Tensor:
-    """Whether every route of ``routes`` (untrimmed, from a fixed number of steps) reached the
-    end node: a 0-d bool tensor, read without a host synchronisation until asked."""
+    """Whether every (untrimmed) route reached the end node, as a 0-d bool tensor (no host
+    synchronisation until read)."""
     return (routes == end).any(1).all()
 
 
 def _compat_choice(logp: torch.Tensor, mask: torch.Tensor, done: torch.Tensor, end: int,
                    generator: torch.Generator | None) -> torch.Tensor:
-    """The compacted decoder's draw: ``torch.multinomial`` over each live route with a choice
-    (more than the end admissible), on a table of its admissible nodes in ascending order as
-    wide as the widest, routes in order; the others take the end node."""
+    """The compacted decoder's draw for each live route with more than the end admissible,
+    over its admissible nodes in ascending order (a table as wide as the widest); the others
+    take the end node."""
     count = mask.sum(1)
     need = ~done & (count > 1)
     choice = torch.full_like(count, end)

@@ -1,9 +1,9 @@
 """Tensor form of a batch of K tourists of one region (the model's instances).
 
-Times are kept twice: as float64 minutes for people, and as int32 *time units* (hundredths of a
-minute, :data:`~optw.catalog.TIME_UNITS_PER_MINUTE`) for the admissibility maths. Every rounded
-travel time is a whole number of hundredths, so sums and comparisons in units are exact and a
-boundary case (arrive exactly at closing time) never flips with float rounding.
+Times are int32 *time units* (hundredths of a minute,
+:data:`~optw.catalog.TIME_UNITS_PER_MINUTE`) for the admissibility maths: every rounded travel
+time is a whole number of hundredths, so sums and comparisons are exact and a boundary case
+(arriving exactly at closing time) never flips with float rounding.
 
 Static features follow ``shared/spec/published-checkpoints.md`` (the published weights), not the
 paper's prose: coordinates are divided by 100 (not min-max scaled), times by the region's
@@ -67,59 +67,26 @@ class Instances:
     def device(self) -> torch.device:
         return self.dist_u.device
 
-    @property
-    def open_u(self) -> torch.Tensor:
-        return self.node_u[..., 0]
-
-    @property
-    def close_u(self) -> torch.Tensor:
-        return self.node_u[..., 1]
-
-    @property
-    def dur_u(self) -> torch.Tensor:
-        return self.node_u[..., 2]
-
-    @property
-    def latest_u(self) -> torch.Tensor:
-        return self.node_u[..., 3]
-
-    # Float views in minutes (for people and tests; the maths uses the unit tensors).
-    @property
-    def distances(self) -> torch.Tensor:
-        return self.dist_u.double() / TIME_UNITS_PER_MINUTE
-
-    @property
-    def opening(self) -> torch.Tensor:
-        return self.open_u.double() / TIME_UNITS_PER_MINUTE
-
-    @property
-    def closing(self) -> torch.Tensor:
-        return self.close_u.double() / TIME_UNITS_PER_MINUTE
-
-    @property
-    def duration(self) -> torch.Tensor:
-        return self.dur_u.double() / TIME_UNITS_PER_MINUTE
-
-    @property
-    def t_start(self) -> torch.Tensor:
-        return self.t_start_u.double() / TIME_UNITS_PER_MINUTE
-
-    @property
-    def t_end(self) -> torch.Tensor:
-        return self.t_end_u.double() / TIME_UNITS_PER_MINUTE
+    # The columns of node_u, and float views in minutes (for people and tests).
+    open_u = property(lambda self: self.node_u[..., 0])
+    close_u = property(lambda self: self.node_u[..., 1])
+    dur_u = property(lambda self: self.node_u[..., 2])
+    latest_u = property(lambda self: self.node_u[..., 3])
+    distances = property(lambda self: self.dist_u.double() / TIME_UNITS_PER_MINUTE)
+    opening = property(lambda self: self.open_u.double() / TIME_UNITS_PER_MINUTE)
+    closing = property(lambda self: self.close_u.double() / TIME_UNITS_PER_MINUTE)
+    duration = property(lambda self: self.dur_u.double() / TIME_UNITS_PER_MINUTE)
+    t_start = property(lambda self: self.t_start_u.double() / TIME_UNITS_PER_MINUTE)
+    t_end = property(lambda self: self.t_end_u.double() / TIME_UNITS_PER_MINUTE)
 
     def to(self, device: str | torch.device) -> Instances:
         """A copy on ``device``."""
-        moved = {
-            k: (v.to(device) if isinstance(v, torch.Tensor) else v)
-            for k, v in self.__dict__.items()
-        }
-        return Instances(**moved)
+        return Instances(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v)
+                            for k, v in self.__dict__.items()})
 
 
-def make_instances(
-    region: Region, tourists: Tourists, device: str | torch.device = "cpu"
-) -> Instances:
+def make_instances(region: Region, tourists: Tourists,
+                   device: str | torch.device = "cpu") -> Instances:
     """Build :class:`Instances` for every tourist of ``tourists`` (a batch of one region)."""
     if tourists.region_id != region.id:
         raise ValueError(f"tourists of region {tourists.region_id!r} given for {region.id!r}")
@@ -132,10 +99,8 @@ def make_instances(
     t_end = np.asarray(tourists.t_end, dtype=np.float64)
     if np.any(t_end <= t_start):
         bad = int(np.flatnonzero(t_end <= t_start)[0])
-        raise ValueError(
-            f"tourist {int(tourists.tourist_id[bad])}: t_end {t_end[bad]:g} is not after "
-            f"t_start {t_start[bad]:g}"
-        )
+        raise ValueError(f"tourist {int(tourists.tourist_id[bad])}: t_end {t_end[bad]:g} is not "
+                         f"after t_start {t_start[bad]:g}")
     coords = region.coordinates(tourists.start_xy)  # [K, n, 2]
     dist = tourists.distances(region)  # [K, n, n] rounded minutes
     opening = np.broadcast_to(region.opening, (k, n)).copy()
@@ -154,35 +119,20 @@ def make_instances(
 
     t_max, s_max = region.t_max, region.s_max
     max_dur = region.max_duration or 1.0
-    static = np.stack(
-        [
-            coords[..., 0] / 100.0,
-            coords[..., 1] / 100.0,
-            duration / max_dur,
-            opening / t_max,
-            closing / t_max,
-            scores / s_max,
-            np.broadcast_to(t_end[:, None] / t_max, (k, n)),
-        ],
-        axis=-1,
-    )
+    static = np.stack([coords[..., 0] / 100.0, coords[..., 1] / 100.0, duration / max_dur,
+                       opening / t_max, closing / t_max, scores / s_max,
+                       np.broadcast_to(t_end[:, None] / t_max, (k, n))], axis=-1)
 
     def i32(a: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(a.astype(np.int32), device=device)
 
     return Instances(
-        region_id=region.id,
-        tourist_id=torch.tensor(np.array(tourists.tourist_id, dtype=np.int64)),
-        coords=torch.as_tensor(coords, device=device),
-        dist_u=i32(dist_u),
-        node_u=i32(np.stack([open_u, close_u, dur_u, latest], axis=-1)),
-        t_start_u=i32(ts_u),
-        t_end_u=i32(te_u),
-        scores=torch.as_tensor(scores, dtype=torch.float32, device=device),
-        static=torch.as_tensor(static, dtype=torch.float32, device=device),
-        t_max=t_max,
-        s_max=s_max,
-    )
+        region_id=region.id, tourist_id=torch.tensor(np.array(tourists.tourist_id, dtype=np.int64)),
+        coords=torch.as_tensor(coords, device=device), dist_u=i32(dist_u),
+        node_u=i32(np.stack([open_u, close_u, dur_u, latest], axis=-1)), t_start_u=i32(ts_u),
+        t_end_u=i32(te_u), scores=torch.as_tensor(scores, dtype=torch.float32, device=device),
+        static=torch.as_tensor(static, dtype=torch.float32, device=device), t_max=t_max,
+        s_max=s_max)
 
 
 def _pad_nodes(t: torch.Tensor, n: int, dims: tuple[int, ...], fill: int | float = 0,
@@ -208,13 +158,10 @@ def stack_instances(parts: list[Instances]) -> Instances:
     """One :class:`Instances` holding the tourists of ``parts`` (of one or several regions) in
     order, padded to the largest node count.
 
-    Padding nodes sit just before each part's end node (the end stays the last node, so
-    ``done`` and the decoding sequence are unchanged). They can never be visited (``latest`` is
-    :data:`NEVER`, score 0), so the mask keeps them out of every route, and the decoder, which
-    feeds the network admissible nodes only, never computes with them: a padded tourist gets
-    the same rollouts as alone, with the end node renumbered to ``n - 1``. For training (mixed
-    regions in one step, packs of per-region models); ``t_max``/``s_max`` are the first part's
-    (the static features are already scaled per region).
+    Padding nodes sit just before each part's end node (which stays last) and can never be
+    visited (``latest`` is :data:`NEVER`, score 0), so the compacted decoder never computes with
+    them: a padded tourist gets the same rollouts as alone. ``t_max``/``s_max`` are the first
+    part's (the static features are already scaled per region).
     """
     if not parts:
         raise ValueError("no instances to stack")

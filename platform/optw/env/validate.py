@@ -1,14 +1,14 @@
 """Route validator, independent of the environment's masks.
 
-It re-simulates a route from scratch with exact integer time arithmetic (hundredths of a
-minute; every rounded distance is a whole number of hundredths) and checks: starts at the start
-node 0, ends at the end node n-1, valid indices, no repeated point, every visit started by its
-closing time, the end reached by T_end. It recomputes the score from the tourist's scores.
-Every route the system outputs is checked with it (tests and evaluation).
+It re-simulates a route with exact integer time arithmetic (hundredths of a minute) and checks:
+starts at node 0, ends at node n-1, valid indices, no repeated point, every visit started by its
+closing time, the end reached by T_end; it recomputes the score. Every route the system outputs
+is checked with it.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,8 +28,7 @@ class RouteCheck:
     leave: list[float] = field(default_factory=list)
 
     def raise_if_invalid(self, what: str = "the route") -> None:
-        """:class:`InvalidRoute` ``"<what> is invalid: <problems>"`` unless the route is
-        feasible (the one way every caller turns a failed check into an error)."""
+        """Raise :class:`InvalidRoute` ``"<what> is invalid: <problems>"`` unless feasible."""
         if not self.ok:
             raise InvalidRoute(f"{what} is invalid: " + "; ".join(self.problems))
 
@@ -38,13 +37,8 @@ class InvalidRoute(ValueError):
     """A route that breaks the OPTW constraints."""
 
 
-def check_route(
-    region: Region,
-    route,
-    tourists: Tourists | None = None,
-    index: int = 0,
-    claimed_score: float | None = None,
-) -> RouteCheck:
+def check_route(region: Region, route, tourists: Tourists | None = None, index: int = 0,
+                claimed_score: float | None = None) -> RouteCheck:
     """Validate ``route`` (node indices, ``[0, ..., n-1]``) for tourist ``index`` of ``tourists``
     (default: the region's benchmark tourist). ``claimed_score``, if given, must match."""
     n = region.n_nodes
@@ -68,13 +62,9 @@ def check_route(
     if bad:
         problems.append(f"nodes {bad} are not points of interest (valid: 1..{n - 2})")
         return RouteCheck(False, 0.0, problems)
-    seen, dups = set(), []
-    for v in inner:
-        if v in seen:
-            dups.append(v)
-        seen.add(v)
+    dups = sorted(v for v, count in Counter(inner).items() if count > 1)
     if dups:
-        problems.append(f"nodes {sorted(set(dups))} are visited more than once")
+        problems.append(f"nodes {dups} are visited more than once")
 
     dist = to_time_units(region.distances(start_xy, f32)[0])
     opening, closing = to_time_units(region.opening), to_time_units(region.closing)
@@ -88,10 +78,8 @@ def check_route(
         a = t + dist[prev, v]
         s = max(a, opening[v])
         if v != n - 1 and s > closing[v]:
-            problems.append(
-                f"visit {pos} (node {v}) starts at {s / 100:g}, after its closing "
-                f"{closing[v] / 100:g}"
-            )
+            problems.append(f"visit {pos} (node {v}) starts at {s / 100:g}, after its closing "
+                            f"{closing[v] / 100:g}")
         t = s + duration[v] if v != n - 1 else a
         arrival.append(a), start.append(s if v != n - 1 else a), leave.append(t)
         prev = v

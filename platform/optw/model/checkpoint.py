@@ -1,6 +1,6 @@
 """Model files: our own format and an importer for the paper authors' published weights.
 
-Our format is a ``torch.save`` of a dict (written by :func:`write_checkpoint` only)::
+Our format is a ``torch.save`` of a dict, written by :func:`write_checkpoint` only::
 
     {"format": "optw-model", "version": 1, "config": asdict(ModelConfig), "state_dict": ...,
      ...extra keys (optimizer state, epoch, metrics) added by the training code}
@@ -44,8 +44,8 @@ _LEAVES = (torch.Tensor, torch.dtype, torch.device, torch.Size)
 
 
 def check_plain(obj: Any, where: str = "") -> None:
-    """Raise ``TypeError`` naming the first value ``torch.load(weights_only=True)`` would
-    refuse (numpy scalars, dataclasses, paths, ...): checkpoints hold tensors and plain data."""
+    """``TypeError`` naming the first value ``torch.load(weights_only=True)`` would refuse
+    (numpy scalars, dataclasses, paths, ...)."""
     if isinstance(obj, _LEAVES) or type(obj) in _PLAIN:  # exact: np.float64 is a float
         return
     if isinstance(obj, Mapping):
@@ -65,9 +65,8 @@ def check_plain(obj: Any, where: str = "") -> None:
 
 def write_checkpoint(obj: Mapping[str, Any], path: str | Path) -> Path:
     """The one writer of model files, training snapshots and Ray Train checkpoints: checks
-    the object is plain (:func:`check_plain`), then writes a temporary file beside ``path``
-    and renames it (never a half-written file). With ``$OPTW_CHECK_CHECKPOINTS`` set it also
-    proves the bytes load back with ``weights_only=True``."""
+    the object is plain (:func:`check_plain`) and replaces ``path`` atomically; with
+    ``$OPTW_CHECK_CHECKPOINTS`` set it also proves the bytes load with ``weights_only=True``."""
     check_plain(obj)
     buf = io.BytesIO()
     torch.save(obj, buf)
@@ -80,8 +79,8 @@ def write_checkpoint(obj: Mapping[str, Any], path: str | Path) -> Path:
 
 
 def _numpy_scalar_globals() -> list:
-    """What a pickled numpy number needs (its reconstructor and numeric dtypes), allowed so
-    files written before numpy metrics were converted still load; nothing else is allowed."""
+    """What a pickled numpy number needs (its reconstructor and numeric dtypes): the only
+    globals a checkpoint may name."""
     import numpy as np
 
     try:
@@ -105,10 +104,8 @@ def _to_plain(obj: Any) -> Any:
 
 
 def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
-    """``torch.load(weights_only=True)``; unreadable files raise :class:`CheckpointError`.
-
-    numpy numbers in files written before every writer went through
-    :func:`write_checkpoint` are rebuilt from an allow-list and returned as Python numbers."""
+    """``torch.load(weights_only=True)``, numpy numbers returned as Python numbers; unreadable
+    files raise :class:`CheckpointError`."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -125,18 +122,13 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return _to_plain(obj)
 
 
-# --- the authors' layout -----------------------------------------------------------------
-
 _LAYER = re.compile(r"^encoder\.layers\.(\d+)\.")
 
 
 def is_published_state_dict(obj: Any) -> bool:
     """True for a bare state dict in the authors' naming (``encoder.*`` / ``decoder.*``)."""
-    return (
-        isinstance(obj, Mapping)
-        and bool(obj)
-        and all(isinstance(k, str) and k.startswith(("encoder.", "decoder.")) for k in obj)
-    )
+    return isinstance(obj, Mapping) and bool(obj) and all(
+        isinstance(k, str) and k.startswith(("encoder.", "decoder.")) for k in obj)
 
 
 def _published_config(sd: Mapping[str, torch.Tensor]) -> ModelConfig:
@@ -147,9 +139,8 @@ def _published_config(sd: Mapping[str, torch.Tensor]) -> ModelConfig:
         n_static = sd["encoder.L1.weight"].shape[1]
         n_dynamic = sd["encoder.L2.weight"].shape[1]
     except (KeyError, ValueError, AttributeError) as exc:
-        raise CheckpointError(
-            f"not the authors' recursive pointer network (missing or odd entry: {exc})"
-        ) from exc
+        raise CheckpointError("not the authors' recursive pointer network (missing or odd "
+                              f"entry: {exc})") from exc
     try:
         return ModelConfig(d_model=int(d_model), n_heads=int(n_heads), n_layers=n_layers,
                            d_ff=int(d_ff), n_static=int(n_static), n_dynamic=int(n_dynamic))
@@ -162,51 +153,35 @@ def convert_published(sd: Mapping[str, torch.Tensor]) -> tuple[ModelConfig, dict
     missing, unexpected or mis-shaped entries (another architecture)."""
     cfg = _published_config(sd)
     src = dict(sd)
-    out: dict[str, torch.Tensor] = {}
 
     def take(name: str) -> torch.Tensor:
         if name not in src:
             raise CheckpointError(f"not the published architecture: missing {name!r}")
         return src.pop(name)
 
-    out["static_embed.weight"] = take("encoder.L1.weight")
-    out["static_embed.bias"] = take("encoder.L1.bias")
-    out["dynamic_embed.weight"] = take("encoder.L2.weight")
-    out["dynamic_embed.bias"] = take("encoder.L2.bias")
+    out = {f"{ours}_embed.{p}": take(f"encoder.{theirs}.{p}")
+           for ours, theirs in (("static", "L1"), ("dynamic", "L2")) for p in ("weight", "bias")}
     for i in range(cfg.n_layers):
-        a = f"encoder.layers.{i}.enc_self_attn."
-        f = f"encoder.layers.{i}.pos_ffn."
-        o = f"layers.{i}."
+        a, f = f"encoder.layers.{i}.enc_self_attn.", f"encoder.layers.{i}.pos_ffn."
         wq, wk, wv = (take(f"{a}attention.w_{c}") for c in "qkv")
         for w, c in ((wq, "q"), (wk, "k"), (wv, "v")):
             if w.dim() != 3 or w.shape[0] != cfg.n_heads:
                 raise CheckpointError(f"{a}attention.w_{c} has shape {tuple(w.shape)}")
-        out[o + "qv.weight"] = torch.cat([heads_to_linear(wq), heads_to_linear(wv)])
-        out[o + "k.weight"] = heads_to_linear(wk)
-        out[o + "out.weight"] = take(a + "proj.weight")
-        out[o + "out.bias"] = take(a + "proj.bias")
-        out[o + "norm1.weight"] = take(a + "layer_norm.weight")
-        out[o + "norm1.bias"] = take(a + "layer_norm.bias")
-        out[o + "ff1.weight"] = take(f + "w_1.weight")
-        out[o + "ff1.bias"] = take(f + "w_1.bias")
-        out[o + "ff2.weight"] = take(f + "w_2.weight")
-        out[o + "ff2.bias"] = take(f + "w_2.bias")
-        out[o + "norm2.weight"] = take(f + "layer_norm.weight")
-        out[o + "norm2.bias"] = take(f + "layer_norm.bias")
+        out[f"layers.{i}.qv.weight"] = torch.cat([heads_to_linear(wq), heads_to_linear(wv)])
+        out[f"layers.{i}.k.weight"] = heads_to_linear(wk)
+        for ours, theirs in (("out", a + "proj"), ("norm1", a + "layer_norm"), ("ff1", f + "w_1"),
+                             ("ff2", f + "w_2"), ("norm2", f + "layer_norm")):
+            for p in ("weight", "bias"):
+                out[f"layers.{i}.{ours}.{p}"] = take(f"{theirs}.{p}")
     for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
         out[f"lstm.{name}"] = take(f"decoder.lstm.{name}")
-    out["h0"] = take("decoder.first_h_0")
-    out["c0"] = take("decoder.c0")
-    out["ptr_ref.weight"] = take("decoder.W1.weight")
-    out["ptr_query.weight"] = take("decoder.W2.weight")
-    out["ptr_query.bias"] = take("decoder.W2.bias")
-    out["ptr_v"] = take("decoder.V")
+    for ours, theirs in (("h0", "first_h_0"), ("c0", "c0"), ("ptr_ref.weight", "W1.weight"),
+                         ("ptr_query.weight", "W2.weight"), ("ptr_query.bias", "W2.bias"),
+                         ("ptr_v", "V")):
+        out[ours] = take(f"decoder.{theirs}")
     if src:
         raise CheckpointError(f"not the published architecture: unexpected {sorted(src)[:5]}")
     return cfg, out
-
-
-# --- loading and saving --------------------------------------------------------------------
 
 
 def model_from_state_dict(cfg: ModelConfig, state_dict: Mapping[str, torch.Tensor]) -> PointerNet:
@@ -217,15 +192,13 @@ def model_from_state_dict(cfg: ModelConfig, state_dict: Mapping[str, torch.Tenso
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(
-            f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
-        )
+        raise CheckpointError(f"weights do not fit the model: missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]}")
     for name, value in state_dict.items():
         if not isinstance(value, torch.Tensor) or value.shape != expected[name].shape:
             shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value)
-            raise CheckpointError(
-                f"{name} has shape {shape}, the model expects {tuple(expected[name].shape)}"
-            )
+            raise CheckpointError(f"{name} has shape {shape}, the model expects "
+                                  f"{tuple(expected[name].shape)}")
         if not torch.isfinite(value).all():
             raise CheckpointError(f"{name} holds non-finite values (corrupt checkpoint?)")
     model.load_state_dict(state_dict)
@@ -238,9 +211,8 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> Po
     if isinstance(obj, Mapping) and obj.get("format") == FORMAT:
         version = obj.get("version", FORMAT_VERSION)
         if version > FORMAT_VERSION:
-            raise CheckpointError(
-                f"{path}: format version {version} is newer than this code ({FORMAT_VERSION})"
-            )
+            raise CheckpointError(f"{path}: format version {version} is newer than this code "
+                                  f"({FORMAT_VERSION})")
         try:
             cfg = ModelConfig.from_dict(dict(obj["config"]))
             state_dict = obj["state_dict"]
@@ -251,10 +223,8 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> Po
     else:
         kind = type(obj).__name__
         keys = f" with keys {sorted(map(str, obj))[:5]}" if isinstance(obj, Mapping) else ""
-        raise CheckpointError(
-            f"{path} is not an OPTW model checkpoint (a {kind}{keys}); "
-            "expected our 'optw-model' format or the authors' published state dict"
-        )
+        raise CheckpointError(f"{path} is not an OPTW model checkpoint (a {kind}{keys}); expected "
+                              "our 'optw-model' format or the authors' published state dict")
     try:
         model = model_from_state_dict(cfg, state_dict)
     except CheckpointError as exc:
@@ -276,13 +246,8 @@ def checkpoint_dict(model: PointerNet, **extra: Any) -> dict:
     reserved = {"format", "version", "config", "state_dict"} & set(extra)
     if reserved:
         raise ValueError(f"extra keys {sorted(reserved)} are reserved")
-    return {
-        "format": FORMAT,
-        "version": FORMAT_VERSION,
-        "config": model.cfg.to_dict(),
-        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        **extra,
-    }
+    return {"format": FORMAT, "version": FORMAT_VERSION, "config": model.cfg.to_dict(),
+            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}, **extra}
 
 
 def save_model(model: PointerNet, path: str | Path, **extra: Any) -> Path:

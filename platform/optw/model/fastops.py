@@ -1,25 +1,16 @@
-"""Fast building blocks: linear layers on CPU through the faster of MKL and oneDNN, memory-lean
-training blocks.
+"""Fast CPU building blocks: linear layers through the faster of MKL and oneDNN, and
+memory-lean training blocks.
 
-PyTorch sends float32 ``F.linear`` on CPU to MKL's sgemm. oneDNN's kernels are reachable
-through ``torch.ops.mkldnn._linear_pointwise`` (the op PyTorch's own compiler emits for CPU
-linear layers), which also fuses the activation (ReLU, tanh) or a residual addition. Inference
-takes oneDNN wherever it is present; training takes it on AVX-512 processors only, where MKL
-runs a generic path (on AVX2, training's many row counts and backward products ran faster
-with MKL: ``docs/measurements.md``). A given computation always takes the same kernels on a
-given machine (resumed runs stay exact).
-
-:func:`linear` takes the fast path for 2-D float32 CPU tensors of at least :data:`MIN_ROWS`
-rows, with a hand-written backward, and falls back to ``F.linear`` anywhere else (small
-inputs, GPU, other dtypes, a PyTorch build without oneDNN). oneDNN compiles one kernel per
-input shape, so callers keep the number of distinct row counts small (the decoder pads rows on
-a grid); the process entry points cap its kernel caches (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``).
+:func:`linear` sends 2-D float32 CPU inputs of at least :data:`MIN_ROWS` rows to oneDNN
+(``torch.ops.mkldnn._linear_pointwise``, which fuses the activation or a residual addition),
+with a hand-written backward, and takes ``F.linear`` anywhere else. Inference uses oneDNN
+wherever it is present, training only on AVX-512 processors (``docs/measurements.md``); a
+computation always takes the same kernels on a given machine, so resumed runs stay exact.
+oneDNN compiles one kernel per input shape: callers keep the distinct row counts few.
 
 :func:`layer_norm`, :func:`feed_forward`, :func:`pointer_logits` and :func:`embed` compute the
-same values as the plain compositions but, when gradients are recorded, keep fewer tensors for
-the backward (deriving them from outputs that are kept anyway, or recomputing cheap ones).
-Inside :func:`deferred_grads` their backward sums each weight's gradient in place over its
-uses (a training rollout's decoding steps) instead of leaving one buffer per use to autograd.
+values of the plain compositions but keep fewer tensors for the backward. Inside
+:func:`deferred_grads` their backward sums each weight's gradient in place over its uses.
 """
 
 from __future__ import annotations
@@ -39,8 +30,7 @@ MIN_ROWS = 64
 
 @functools.cache
 def onednn() -> bool:
-    """Is the oneDNN op present and does it agree with ``F.linear`` (probed once, on first
-    use)?"""
+    """Whether the oneDNN op is present and agrees with ``F.linear`` (probed on first use)."""
     op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
     if op is None or not torch.backends.mkldnn.is_available():
         return False
@@ -58,16 +48,16 @@ def onednn() -> bool:
 
 @functools.cache
 def train_onednn() -> bool:
-    """Products of training (forward and backward) go to oneDNN: on AVX-512 processors."""
+    """Whether training's products go to oneDNN (AVX-512 processors only)."""
     return onednn() and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 def _mm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, act: str,
         other: torch.Tensor | None, dnn: bool) -> torch.Tensor:
     """``act(x·wᵀ + b + other)`` through oneDNN (``dnn``) or MKL."""
-    if dnn and other is None:  # the activation fused
+    if dnn and other is None:
         return torch.ops.mkldnn._linear_pointwise(x, w, b, act, [], "")
-    if dnn:  # the addition fused
+    if dnn:
         y = torch.ops.mkldnn._linear_pointwise.binary(x, other, w, b, "add")
     else:
         y = F.linear(x, w, b)
@@ -80,9 +70,8 @@ _WT: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
 
 
 def _transposed(w: torch.Tensor) -> torch.Tensor:
-    """``w.t().contiguous()``, made once per weight until it changes (its version counter
-    and storage), not once per use: a backward through T decoding steps uses each weight T
-    times (the same values, T - 1 transposed copies fewer)."""
+    """``w.t().contiguous()``, cached per weight until its version or storage changes (a
+    backward through T decoding steps uses each weight T times)."""
     entry = _WT.get(id(w))
     if (entry is not None and entry[0]() is w and entry[1] == w._version
             and entry[2] == w.data_ptr()):
@@ -98,27 +87,21 @@ def _grad_needed(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-# --- weight gradients summed in place ---------------------------------------------------------
 class WeightGrads:
-    """Weight gradients of a backward summed in place (:func:`deferred_grads`).
-
-    A training rollout uses each weight once per decoding step. Left to autograd, each use
-    costs a transposed product ``gᵀ·x`` over that step's rows and then an addition into the
-    gradient (two buffers, three dispatched operations). Here the blocks below hand over
-    ``(g, x)`` instead, and each weight's sum grows by one in-place ``addmm_`` per use (its
-    bias's by ``g.sum(0)``); the sums land in ``.grad`` when the backward is done. The same
-    sums in the same order (within float rounding: the product adds into the sum)."""
+    """Weight gradients of a backward summed in place (:func:`deferred_grads`): each use of a
+    weight adds ``gᵀ·x`` into its sum with one ``addmm_`` (its bias's: ``g.sum(0)``) instead of
+    a product and an addition per use; :meth:`flush` moves the sums into ``.grad``."""
 
     def __init__(self) -> None:
         self._sums: dict[tuple[int, int], list] = {}
 
     def add(self, w: torch.Tensor, b: torch.Tensor | None, g: torch.Tensor,
             x: torch.Tensor) -> None:
-        """``w.grad += gᵀ·x`` (and ``b.grad += g.sum(0)``) once the backward is done."""
-        entry = self._sums.get((id(w), id(b)))
+        """``w.grad += gᵀ·x`` (and ``b.grad += g.sum(0)``) at the flush."""
+        key = (id(w), id(b))
+        entry = self._sums.get(key)
         if entry is None:
-            self._sums[(id(w), id(b))] = [w, b, _weight_grad(g, x),
-                                          None if b is None else g.sum(0)]
+            self._sums[key] = [w, b, _weight_grad(g, x), None if b is None else g.sum(0)]
             return
         _weight_grad(g, x, into=entry[2])
         if b is not None:
@@ -163,10 +146,8 @@ _DEFERRED: WeightGrads | None = None
 
 @contextmanager
 def deferred_grads() -> Iterator[WeightGrads]:
-    """Within this block, backward passes sum the leaf weights' gradients of the blocks below
-    in place (:class:`WeightGrads`); the sums land in ``.grad`` when the block ends (a backward
-    run after it takes the usual path). Not for concurrent backward passes in other threads of
-    the same process."""
+    """Within this block, backward passes of the blocks below sum leaf weights' gradients in
+    place (:class:`WeightGrads`), moved into ``.grad`` when it ends. Not thread-safe."""
     global _DEFERRED
     outer, stash = _DEFERRED, WeightGrads()
     _DEFERRED = stash
@@ -189,30 +170,24 @@ def _defer(w: torch.Tensor, b: torch.Tensor | None, g: torch.Tensor, x: torch.Te
 
 
 def tracing() -> bool:
-    """Is ``torch.compile`` tracing this call? Compiled code takes the plain compositions (the
-    compiler fuses them itself; the hand-written blocks below are for eager code)."""
+    """Whether ``torch.compile`` is tracing (compiled code takes the plain compositions)."""
     return torch.compiler.is_compiling()
 
 
-def _fast_rows(x: torch.Tensor) -> bool:
+def fast_rows(x: torch.Tensor) -> bool:
+    """Whether ``x`` takes the fast path (2-D float32 CPU, at least :data:`MIN_ROWS` rows)."""
     return (onednn() and not tracing() and x.dim() == 2 and x.shape[0] >= MIN_ROWS
             and x.dtype == torch.float32 and x.device.type == "cpu")
 
 
-def fast_rows(x: torch.Tensor) -> bool:
-    """Does :func:`raw_linear` take the fast path for ``x`` (2-D float32 CPU, enough rows)?"""
-    return _fast_rows(x)
-
-
 def raw_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """``x·wᵀ + b`` as training computes it, without autograd (for callers with their own
-    backward; only where :func:`fast_rows` holds)."""
+    """``x·wᵀ + b`` as training computes it, without autograd (where :func:`fast_rows`)."""
     return _mm(x.contiguous(), w, b, "none", None, train_onednn())
 
 
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w, b, act, other):  # noqa: D102
+    def forward(ctx, x, w, b, act, other):
         y = _mm(x, w, b, act, other, train_onednn())
         ctx.act = act
         ctx.has_other = other is not None
@@ -220,7 +195,7 @@ class _Linear(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx, g):  # noqa: D102
+    def backward(ctx, g):
         x, w, b, y = ctx.saved_tensors
         if ctx.act == "relu":
             g = g.masked_fill(y <= 0, 0.0)
@@ -233,17 +208,12 @@ class _Linear(torch.autograd.Function):
         return gx, gw, gb, None, (g if ctx.has_other else None)
 
 
-def linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    act: str = "none",
-    add: torch.Tensor | None = None,
-) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           act: str = "none", add: torch.Tensor | None = None) -> torch.Tensor:
     """``act(x·Wᵀ + b + add)`` for ``x[N, in]`` (``act``: none, relu, tanh)."""
     if act not in _ACTS:
         raise ValueError(f"unknown activation {act!r}; expected one of {_ACTS}")
-    if _fast_rows(x) and weight.dtype == torch.float32 and (
+    if fast_rows(x) and weight.dtype == torch.float32 and (
             add is None or add.shape == (x.shape[0], weight.shape[0])):
         x = x.contiguous()
         add = add.contiguous() if add is not None else None
@@ -256,23 +226,18 @@ def linear(
     return y if act == "none" else (torch.relu(y) if act == "relu" else torch.tanh(y))
 
 
-# --- memory-lean blocks for training ----------------------------------------------------------
-# Each keeps fewer tensors for the backward than the plain composition (recomputing what is
-# cheap); the forward values are the same.
-
-
 class _LayerNormFromOutput(torch.autograd.Function):
     """Layer norm whose backward recovers the normalised input from its OUTPUT
     (``(y - b) / w``), which the next block keeps anyway, instead of keeping the input too."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, eps):  # noqa: D102
+    def forward(ctx, x, weight, bias, eps):
         y, _, rstd = torch.native_layer_norm(x, (x.shape[-1],), weight, bias, eps)
         ctx.save_for_backward(y, weight, bias, rstd)
         return y
 
     @staticmethod
-    def backward(ctx, g):  # noqa: D102
+    def backward(ctx, g):
         y, w, b, rstd = ctx.saved_tensors
         centred = (y - b) / w / rstd  # x - mean
         zero = torch.zeros_like(rstd)
@@ -283,14 +248,11 @@ class _LayerNormFromOutput(torch.autograd.Function):
 
 #: The output-based layer-norm backward is used while every |weight| is at least this.
 LN_MIN_WEIGHT = 0.05
-
-
 _LN_OK: dict[int, tuple[weakref.ref, int, bool]] = {}
 
 
 def ln_weight_ok(weight: torch.Tensor) -> bool:
-    """``min |weight| >= LN_MIN_WEIGHT``, remembered per parameter until it changes (its
-    version counter), so a decoding step does not recompute it for every layer norm."""
+    """``min |weight| >= LN_MIN_WEIGHT``, cached per parameter until its version changes."""
     if not isinstance(weight, torch.nn.Parameter):
         return bool(weight.detach().abs().min() >= LN_MIN_WEIGHT)
     entry = _LN_OK.get(id(weight))
@@ -305,10 +267,9 @@ def ln_weight_ok(weight: torch.Tensor) -> bool:
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                eps: float = 1e-5) -> torch.Tensor:
-    """``F.layer_norm`` over the last dimension of ``x[N, d]``; when gradients are recorded
-    on the CPU the backward is computed from the output (one [N, d] tensor less kept per
-    call), unless some weight is near 0 (a check that would cost a GPU a host
-    synchronisation per call, so GPUs keep PyTorch's backward)."""
+    """``F.layer_norm`` over the last dimension of ``x[N, d]``; on the CPU with gradients the
+    backward works from the output unless some weight is near 0 (GPUs keep PyTorch's: the
+    check would synchronise with the host)."""
     if (_grad_needed(x, weight, bias) and x.dim() == 2 and x.device.type == "cpu"
             and not tracing() and ln_weight_ok(weight)):
         return _LayerNormFromOutput.apply(x, weight, bias, eps)
@@ -316,24 +277,22 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
 
 
 #: Hidden activations of at most this many elements are kept for the backward; larger ones
-#: are recomputed there (the same values: the same kernel on the same inputs). Small passes
-#: (most decoding steps) save a matrix product; big ones keep memory low.
+#: are recomputed there (the same kernel on the same inputs: the same values).
 KEEP_HIDDEN = 1 << 19
 
 
 class _FeedForward(torch.autograd.Function):
-    """``y + W2 relu(W1 y + b1) + b2`` keeping ``y`` (and the hidden layer when small: else
-    it is recomputed)."""
+    """``y + W2 relu(W1 y + b1) + b2`` keeping ``y`` (and the hidden layer when small)."""
 
     @staticmethod
-    def forward(ctx, y, w1, b1, w2, b2):  # noqa: D102
+    def forward(ctx, y, w1, b1, w2, b2):
         f = _mm(y, w1, b1, "relu", None, train_onednn())
         ctx.keep = f.numel() <= KEEP_HIDDEN
         ctx.save_for_backward(y, w1, b1, w2, b2, f if ctx.keep else None)
         return _mm(f, w2, b2, "none", y, train_onednn())
 
     @staticmethod
-    def backward(ctx, g):  # noqa: D102
+    def backward(ctx, g):
         y, w1, b1, w2, b2, f = ctx.saved_tensors
         g = g.contiguous()
         if f is None:
@@ -350,17 +309,16 @@ class _FeedForward(torch.autograd.Function):
 def feed_forward(y: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
                  b2: torch.Tensor) -> torch.Tensor:
     """The residual feed-forward block ``y + W2 relu(W1 y + b1) + b2``."""
-    if _fast_rows(y) and _grad_needed(y, w1, b1, w2, b2):
+    if fast_rows(y) and _grad_needed(y, w1, b1, w2, b2):
         return _FeedForward.apply(y.contiguous(), w1, b1, w2, b2)
     return linear(linear(y, w1, b1, act="relu"), w2, b2, add=y)
 
 
 class _Pointer(torch.autograd.Function):
-    """Pointer logits keeping the node encodings (and ``u`` when small: else it is
-    recomputed, see :data:`KEEP_HIDDEN`)."""
+    """Pointer logits keeping the node encodings (and ``u`` when small, :data:`KEEP_HIDDEN`)."""
 
     @staticmethod
-    def forward(ctx, enc, w_ref, query, route, v, clip):  # noqa: D102
+    def forward(ctx, enc, w_ref, query, route, v, clip):
         u = _mm(enc, w_ref, None, "tanh", query.index_select(0, route), train_onednn())
         t = torch.tanh(torch.mv(u, v))
         ctx.clip = clip
@@ -369,7 +327,7 @@ class _Pointer(torch.autograd.Function):
         return clip * t
 
     @staticmethod
-    def backward(ctx, g):  # noqa: D102
+    def backward(ctx, g):
         enc, w_ref, query, route, v, t, u = ctx.saved_tensors
         if u is None:
             u = _mm(enc, w_ref, None, "tanh", query.index_select(0, route), train_onednn())
@@ -386,7 +344,7 @@ class _Pointer(torch.autograd.Function):
 def pointer_logits(enc: torch.Tensor, w_ref: torch.Tensor, query: torch.Tensor,
                    route: torch.Tensor, v: torch.Tensor, clip: float) -> torch.Tensor:
     """``clip·tanh(v · tanh(W_ref enc_i + query[route_i]))`` for rows ``enc[N, d]``."""
-    if _fast_rows(enc) and _grad_needed(enc, w_ref, query, v):
+    if fast_rows(enc) and _grad_needed(enc, w_ref, query, v):
         return _Pointer.apply(enc.contiguous(), w_ref, query, route, v, clip)
     u = linear(enc, w_ref, act="tanh", add=query.index_select(0, route))
     return clip * torch.tanh(torch.mv(u, v))
@@ -396,8 +354,8 @@ class _Embed(torch.autograd.Function):
     """``[static, tanh(W dyn + b)]`` keeping the result only (the tanh output is part of it)."""
 
     @staticmethod
-    def forward(ctx, static, dyn, w, b):  # noqa: D102
-        h = (_mm(dyn.contiguous(), w, b, "tanh", None, train_onednn()) if _fast_rows(dyn)
+    def forward(ctx, static, dyn, w, b):
+        h = (_mm(dyn.contiguous(), w, b, "tanh", None, train_onednn()) if fast_rows(dyn)
              else torch.tanh(F.linear(dyn, w, b)))  # as training computes products
         x = torch.cat([static, h], dim=1)
         ctx.split = static.shape[1]
@@ -405,7 +363,7 @@ class _Embed(torch.autograd.Function):
         return x
 
     @staticmethod
-    def backward(ctx, g):  # noqa: D102
+    def backward(ctx, g):
         dyn, x, w, b = ctx.saved_tensors
         k = ctx.split
         t = x[:, k:]

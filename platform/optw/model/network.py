@@ -12,10 +12,9 @@ Blocks (``shared/spec/published-checkpoints.md``):
 - an additive pointer: ``u_j = Vᵀ tanh(W1 h_j + W2 h_lstm)``, logits ``C·tanh(u_j)``,
   inadmissible nodes ``-inf``.
 
-All per-head projections are fused into single matrix products (the queries and values of all
-heads in one ``d -> 2d`` product, the keys of all layers in one ``d -> n_layers·d`` product).
-The network works on packed node rows of many routes at once (the decoder feeds it only the
-admissible nodes); a :class:`Layout` says which rows form each route's attention table.
+Per-head projections are fused (queries and values of all heads in one ``d -> 2d`` product,
+the keys of all layers in one ``d -> n_layers·d`` product). The network works on packed node
+rows of many routes at once; a :class:`Layout` says which rows form each route's attention table.
 """
 
 from __future__ import annotations
@@ -43,8 +42,8 @@ MASKED_SCORE = -1e32
 
 
 def heads_to_linear(w: torch.Tensor) -> torch.Tensor:
-    """Per-head projections ``w[H, d_in, d_k]`` (``x·w[h]``) -> a Linear weight ``[H·d_k, d_in]``
-    whose output is the heads' outputs concatenated in head order."""
+    """Per-head projections ``w[H, d_in, d_k]`` -> a Linear weight ``[H·d_k, d_in]`` (the heads'
+    outputs concatenated in head order)."""
     h, d_in, d_k = w.shape
     return w.permute(0, 2, 1).reshape(h * d_k, d_in)
 
@@ -60,21 +59,15 @@ class Bucket:
     width: int
     bias: torch.Tensor
 
-    @property
-    def stop(self) -> int:
-        return self.start + self.n_routes * self.width
-
 
 @dataclass
 class Layout:
     """Where the packed node rows ``[N, ...]`` of a batch of routes go for attention.
 
-    Row-wise blocks (projections, feed-forward, layer norms, pointer) run on the N packed rows;
-    attention runs per bucket on a padded table gathered from them: ``gather[T]`` gives the
-    packed row of each padded position (padding repeats a row of the same route and is masked
-    as a column), ``back[N]`` the padded position of each packed row. Buckets group routes of
-    similar row counts, laid end to end. ``route[N]`` is each packed row's route. (The decoder
-    appends a few padding rows, copies of row 0, so that N takes few distinct values.)
+    Row-wise blocks run on the N packed rows; attention runs per bucket (routes of similar row
+    counts, laid end to end) on a padded table: ``gather[T]`` is the packed row of each padded
+    position (padding repeats a row of the same route, masked as a column), ``back[N]`` the
+    padded position of each packed row, ``route[N]`` each packed row's route.
     """
 
     route: torch.Tensor
@@ -91,8 +84,7 @@ class Layout:
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
               scale: float) -> torch.Tensor:
     """softmax(q·kᵀ·scale + bias)·v over [R, H, m, d_k]: PyTorch's fused kernel, or on the CPU
-    three batched products where they are faster (:func:`_products_win`; the same values up
-    to float rounding)."""
+    batched products where they are faster (:func:`_products_win`)."""
     r, m = q.shape[0], q.shape[2]
     if q.device.type == "cpu" and not tracing() and _products_win(r, m, _grad_needed(q, k, v)):
         scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(bias)
@@ -101,10 +93,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
 
 
 def _products_win(r: int, m: int, grad: bool) -> bool:
-    """Whether plain batched products beat PyTorch's fused CPU attention (torch 2.13, 8 heads of
-    16) for ``r`` tables of ``m`` rows: measured (``benchmarks/bench_attention.py``) up to 2x
-    faster for 32..64 rows with 2+ threads, where the fused kernel hardly uses a second
-    thread, and for training on 1 thread up to 48 rows; slower for small or wide tables."""
+    """Whether batched products beat PyTorch's fused CPU attention for ``r`` tables of ``m``
+    rows (``benchmarks/bench_attention.py``)."""
     if torch.get_num_threads() >= 2:
         return (r >= 4 and 32 <= m <= 64) or (r >= 32 and m <= 16)
     return grad and r >= 16 and m <= 48
@@ -113,22 +103,19 @@ def _products_win(r: int, m: int, grad: bool) -> bool:
 def bucket_attention(q_all: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor,
                      layout: Layout, n_heads: int) -> torch.Tensor:
     """Multi-head attention on the padded tables ``q_all, k_all, v_all [T, d]`` of
-    ``layout``, bucket by bucket: the heads' outputs concatenated, [T, d] (a view of the
-    kernel's output when there is one bucket)."""
+    ``layout``, bucket by bucket: the heads' outputs concatenated, [T, d]."""
     d = q_all.shape[1]
     dk = d // n_heads
     buckets = layout.buckets
-    if len(buckets) == 1:  # no split: one slice less per table (and per backward)
+    if len(buckets) == 1:
         parts = [(q_all, k_all, v_all)]
-    else:  # one split per table (its backward is one cat, not a zero-filled copy per slice)
+    else:  # split, not sliced: the backward is one cat, not a zero-filled copy per slice
         sizes = [b.n_routes * b.width for b in buckets]
         parts = list(zip(q_all.split(sizes), k_all.split(sizes), v_all.split(sizes), strict=True))
     outs = []
     for b, (q, k, v) in zip(buckets, parts, strict=True):
         r, m = b.n_routes, b.width
-        q = q.view(r, m, n_heads, dk).transpose(1, 2)
-        v = v.view(r, m, n_heads, dk).transpose(1, 2)
-        k = k.view(r, m, n_heads, dk).transpose(1, 2)
+        q, v, k = (t.view(r, m, n_heads, dk).transpose(1, 2) for t in (q, v, k))
         o = attention(q, k, v, b.bias, 1.0 / math.sqrt(dk))
         outs.append(o.transpose(1, 2).reshape(r * m, d))
     return outs[0] if len(outs) == 1 else torch.cat(outs)
@@ -163,7 +150,6 @@ class EncoderLayer(nn.Module):
         z = feed_forward(y, self.ff1.weight, self.ff1.bias, self.ff2.weight, self.ff2.bias)
         return layer_norm(z, self.norm2.weight, self.norm2.bias, self.norm2.eps)
 
-
     def dense(self, x: torch.Tensor, keys: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """The same layer on full tables: ``x`` and ``keys`` [R·n, d] (route-major rows of R
         routes of n nodes), ``bias`` [R, 1, n, n]; no gathers, one attention call."""
@@ -182,13 +168,13 @@ class EncoderLayer(nn.Module):
 
 
 class PointerNet(nn.Module):
-    """The model; see the module docstring. Build with a :class:`ModelConfig`."""
+    """The model (see the module docstring)."""
 
     def __init__(self, cfg: ModelConfig | None = None):
         super().__init__()
         cfg = cfg or ModelConfig()
         self.cfg = cfg
-        #: the regions it was trained on, where its file says (:func:`optw.model.load_model`)
+        #: the regions it was trained on, where its file says (set by ``load_model``)
         self.trained_on: tuple[str, ...] | None = None
         d = cfg.d_model
         self.static_embed = nn.Linear(cfg.n_static, d // 2)
@@ -219,7 +205,6 @@ class PointerNet(nn.Module):
                 else:
                     nn.init.xavier_uniform_(p)
 
-    # --- blocks ------------------------------------------------------------------------------
     def embed_static(self, static: torch.Tensor) -> torch.Tensor:
         """``tanh(L1 · static)`` [..., d/2] (computed once per instance)."""
         return torch.tanh(self.static_embed(static))
@@ -228,20 +213,13 @@ class PointerNet(nn.Module):
         """Node inputs ``[static_emb, tanh(L2 · dynamic)]`` [R, m, d]."""
         return embed_rows(static_emb, dynamic, self.dynamic_embed.weight, self.dynamic_embed.bias)
 
-    def encode(
-        self,
-        x: torch.Tensor,
-        rec: torch.Tensor,
-        layout: Layout,
-        rec_rows: torch.Tensor | None = None,
-        key_weight: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """One set-encoder pass over the packed rows ``x[N, d]`` of ``layout``. ``rec`` is the
-        previous pass's final output (recursion; the first pass uses ``x`` itself), ``rec_rows``
-        the row of ``rec`` for each row of ``x`` (None: the same rows); ignored without
-        recursion. The keys are projected from ``rec`` as it is, then gathered: rows shared by
-        several routes (beam siblings) are projected once and nothing is copied.
-        ``key_weight``: :meth:`key_weight`, when the caller made it once for many passes."""
+    def encode(self, x: torch.Tensor, rec: torch.Tensor, layout: Layout,
+               rec_rows: torch.Tensor | None = None, key_weight: torch.Tensor | None = None,
+               ) -> torch.Tensor:
+        """One set-encoder pass over the packed rows ``x[N, d]`` of ``layout``. ``rec``: the
+        previous pass's output (recursion), ``rec_rows`` its row for each row of ``x`` (None: the
+        same rows); keys are projected from ``rec`` then gathered, so rows shared by beam
+        siblings are projected once. ``key_weight``: :meth:`key_weight`, made once by a caller."""
         layers = self.layers
         d = x.shape[1]
         if self.cfg.recursion:
@@ -256,8 +234,7 @@ class PointerNet(nn.Module):
         return x
 
     def key_weight(self) -> torch.Tensor:
-        """Every layer's key projection in one weight ``[n_layers·d, d]`` (a decoder makes it
-        once per rollout: one concatenation, and one split in the backward, per rollout)."""
+        """Every layer's key projection in one weight ``[n_layers·d, d]``."""
         return torch.cat([layer.k.weight for layer in self.layers])
 
     def encode_dense(self, x: torch.Tensor, rec: torch.Tensor, bias: torch.Tensor,
@@ -266,7 +243,7 @@ class PointerNet(nn.Module):
         ``rec`` [R·n, d] route-major, ``bias`` [R, 1, n, n] the graph's attention bias."""
         d = x.shape[1]
         if self.cfg.recursion:
-            keys = linear(rec, torch.cat([layer.k.weight for layer in self.layers]))
+            keys = linear(rec, self.key_weight())
             for i, layer in enumerate(self.layers):
                 x = layer.dense(x, keys[:, i * d:(i + 1) * d], bias)
         else:

@@ -1,22 +1,13 @@
 """A pack of P independent pointer networks evaluated in one batched pass (weights stacked).
 
-:class:`StackedPointerNet` holds every parameter of P :class:`~optw.model.PointerNet` models
-of one :class:`~optw.model.ModelConfig` as one tensor with a leading member dimension. The
-rows of all members stay packed ``[N, d]``, grouped by member in ascending order
-(:class:`Groups`: member p's rows are one slice), as the decoder lays them out. A linear layer
-of every member is one product per member on its own slice on the CPU (no padding computed),
-and one batched product (``baddbmm``) over a padded ``[P, M, ·]`` table on a GPU, which exists
-only inside the product: what the backward keeps is the packed rows, so a pack's activation
-memory is about its members' own (a padded table kept for the backward costs the widest
-member's rows for every member: about 4x on 16 Solomon regions, ``bench_pack_memory.py``).
-Layer norms and the pointer's ``V`` take
-each row's member's weights; attention (which has no weights) runs on the decoder's buckets of
-all members' routes at once. Each member computes exactly what its own network computes (the
-same blocks in the same order; only floating-point rounding differs), and gradients reach each
-member's slice only from its own rows.
-
-:meth:`StackedPointerNet.member` gives member p back as a plain ``PointerNet`` (validation,
-checkpoints, model files).
+:class:`StackedPointerNet` holds each parameter of P :class:`~optw.model.PointerNet` models of
+one config as one tensor with a leading member dimension. Rows stay packed ``[N, d]``, grouped
+by member in ascending order (:class:`Groups`). A member's linear layer is one product on its
+own slice on the CPU, and one batched product over a padded ``[P, M, ·]`` table on a GPU; the
+padded table exists only inside the product, so the backward keeps packed rows and a pack's
+activation memory is about its members' own. Attention runs on the decoder's buckets of all
+members' routes at once. Each member computes what its own network computes (the same blocks in
+the same order, up to float rounding), and its slice gets gradients only from its own rows.
 """
 
 from __future__ import annotations
@@ -36,8 +27,8 @@ from optw.model.network import Layout, PointerNet, bucket_attention
 @dataclass
 class Groups:
     """Rows ``[N]`` of P members, grouped by member in ascending order: member p's rows are
-    ``starts[p] : starts[p] + counts[p]``. ``pos[i]`` is row i's slot in a padded table
-    ``[P, width]`` (``member * width + rank among its member's rows``; the GPU's products)."""
+    ``starts[p] : starts[p] + counts[p]``; ``pos[i]`` is row i's slot in a padded table
+    ``[P, width]``."""
 
     member: torch.Tensor
     pos: torch.Tensor
@@ -59,8 +50,7 @@ class Groups:
         return Groups(member, member * width + rank, n_members, width, counts, starts)
 
     def repeat(self, times: int) -> Groups:
-        """The groups of every row repeated ``times`` times in place (e.g. tourists -> their
-        n node rows)."""
+        """The groups of every row repeated ``times`` times in place (tourists -> node rows)."""
         return Groups.of(self.member.repeat_interleave(times), self.n_members)
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
@@ -74,27 +64,24 @@ class Groups:
 
 
 def _mm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """``x·wᵀ + b`` for one member's rows (oneDNN on CPU where it pays, see fastops)."""
+    """``x·wᵀ + b`` for one member's rows (:mod:`~optw.model.fastops` where it pays)."""
     if fastops.fast_rows(x):
         return fastops.raw_linear(x, w, b)
     return F.linear(x, w, b)
 
 
 def _batched(x: torch.Tensor) -> bool:
-    """Whether a product of all members goes through one batched product over the padded
-    table (GPUs: one launch) rather than one product per member slice (the CPU)."""
+    """Whether all members' products are one batched product (GPUs), not one per member."""
     return x.device.type != "cpu"
 
 
 class _MemberLinear(torch.autograd.Function):
-    """``y_i = x_{index_i}·W[m_i]ᵀ + b[m_i]`` for the rows ``index`` (None: all) of ``x``,
-    packed rows of members ``m`` (``groups``). The backward keeps ``x`` itself, which its
-    producer keeps anyway (the previous pass's encodings, the attention's output), not the
-    gathered rows. CPU: one product per member on its slice. GPU: one batched product over the
-    padded table, made and dropped inside the forward (and again in the backward)."""
+    """``y_i = x_{index_i}·W[m_i]ᵀ + b[m_i]`` for the rows ``index`` (None: all) of ``x``, rows
+    of members ``m`` (``groups``). The backward keeps ``x`` (kept by its producer anyway), not
+    the gathered rows."""
 
     @staticmethod
-    def forward(ctx, x, w, b, groups, index):  # noqa: D102
+    def forward(ctx, x, w, b, groups, index):
         ctx.groups = groups
         ctx.has_bias = b is not None
         ctx.save_for_backward(x, w, index)
@@ -112,7 +99,7 @@ class _MemberLinear(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx, g):  # noqa: D102
+    def backward(ctx, g):
         x_in, w, index = ctx.saved_tensors
         x = x_in if index is None else x_in.index_select(0, index)
         groups: Groups = ctx.groups
@@ -153,13 +140,12 @@ def _member_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, gro
 
 
 class _MemberLayerNorm(torch.autograd.Function):
-    """Layer norm of packed rows ``x[N, d]`` with each row's member's weight and bias
-    ``w, b [P, d]``. While every ``|w|`` is at least ``fastops.LN_MIN_WEIGHT`` the backward
-    recovers the normalised rows from the output (``(y - b) / w``), which the next block keeps
-    anyway, as the single model's layer norm does; else it keeps them."""
+    """Layer norm of packed rows ``x[N, d]`` with each row's member's ``w, b [P, d]``; the
+    backward recovers the normalised rows from the output while every ``|w|`` is at least
+    ``fastops.LN_MIN_WEIGHT`` (as the single model's does), else keeps them."""
 
     @staticmethod
-    def forward(ctx, x, w, b, member, eps):  # noqa: D102
+    def forward(ctx, x, w, b, member, eps):
         xhat, _, rstd = torch.native_layer_norm(x, x.shape[1:], None, None, eps)
         y = torch.addcmul(b.index_select(0, member), xhat, w.index_select(0, member))
         ctx.from_output = fastops.ln_weight_ok(w)
@@ -167,7 +153,7 @@ class _MemberLayerNorm(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx, g):  # noqa: D102
+    def backward(ctx, g):
         kept, rstd, w, b, member = ctx.saved_tensors
         w_rows = w.index_select(0, member)
         xhat = (kept - b.index_select(0, member)) / w_rows if ctx.from_output else kept
@@ -204,7 +190,6 @@ class StackedPointerNet(nn.Module):
             for name in self.names)
         self.eps = models[0].layers[0].norm1.eps
 
-    # --- members ------------------------------------------------------------------------------
     def w(self, name: str) -> torch.Tensor:
         """The stacked parameter ``name`` of ``PointerNet`` ([P, ...])."""
         return self.weights[self._index[name]]
@@ -217,11 +202,9 @@ class StackedPointerNet(nn.Module):
             self.names, self.weights, strict=True)})
         return net.to(self.weights[0].device)
 
-    # --- blocks (packed rows [N, ·] grouped by member) ---------------------------------------
     def _linear(self, x: torch.Tensor, weight: str, bias: str | None, groups: Groups,
                 index: torch.Tensor | None = None) -> torch.Tensor:
-        """Each member's linear layer on its rows of the packed ``x[N, in]`` (or of
-        ``x[index]``)."""
+        """Each member's linear layer on its rows of the packed ``x[N, in]`` (or ``x[index]``)."""
         return _member_linear(x, self.w(weight), None if bias is None else self.w(bias), groups,
                               index)
 

@@ -1,8 +1,5 @@
-"""Training callbacks: logging, checkpointing and early stopping live outside the loop.
-
-The loop in :mod:`optw.train.loop` calls every hook of every callback in order; a callback
-that wants the run to end sets ``ctx.stop = True``.
-"""
+"""Training callbacks (progress, metrics, checkpoints, early stopping): the loop calls every
+hook of every callback in order; a callback ends the run by setting ``ctx.stop = True``."""
 
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ class TrainContext:
     best_validation: float | None = None
     last_validation: dict[str, float] = field(default_factory=dict)
     last_checkpoint: Path | None = None
-    #: Returns the full training state (model, optimiser, schedule position, RNG states) as a
-    #: checkpoint dict; set by the loop.
+    #: The full training state as a checkpoint dict (set by the loop).
     snapshot: Callable[[], dict] | None = None
 
 
@@ -58,9 +54,8 @@ class ProgressBar(Callback):
                         dynamic_ncols=True)
 
     def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
-        if self.bar is None:
-            return
-        if ctx.epoch % self.every == 0 or ctx.epoch == ctx.total_epochs:
+        if self.bar is not None and (ctx.epoch % self.every == 0
+                                     or ctx.epoch == ctx.total_epochs):
             self.bar.n = ctx.epoch
             post = {"reward": f"{metrics['mean_reward']:.1f}"}
             if ctx.last_validation:

@@ -155,7 +155,7 @@ def _train(args) -> int:
     catalog = open_catalog(args.catalog)
     nodes = max(catalog.region(rid).n_nodes for rid in config.regions)  # unknown: named
     check_fits(config, nodes, "--batch-size × --tourists-per-epoch")
-    check_out_dir(out, KIND, LEGACY)  # never into a folder of other files
+    check_out_dir(out, KIND, LEGACY, option="--out")  # never into a folder of other files
     if resume is not None:
         for key, (before, now) in check_resume(resume, config, str(last)).items():
             print(f"resuming {last} with {key} = {now!r} (it was trained with {before!r})")

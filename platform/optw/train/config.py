@@ -91,6 +91,9 @@ class TrainConfig:
     imitation_epochs: int = 0
     imitation_batch: int = 32
     imitation_lr: float = 1e-3
+    #: REINFORCE epochs draw their tourists from the demonstrations, each one's ILS route
+    #: joining its ``batch_size`` sampled routes (and their mean baseline)
+    demo_tourists: bool = False
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides
 
     def __post_init__(self) -> None:
@@ -125,9 +128,11 @@ class TrainConfig:
              "tourists each region has)")
         need(integer(self.demos) and 0 <= self.demos <= MAX_DEMOS, "demos",
              f"must be an integer in 0..{MAX_DEMOS:,}")
-        need((self.demos > 0) == (self.imitation_epochs > 0), "demos" if self.demos == 0
-             else "imitation_epochs", "demos and imitation_epochs go together: imitation "
-             "needs demonstrations, demonstrations need imitation epochs")
+        need(type(self.demo_tourists) is bool, "demo_tourists", "must be true or false")
+        need(self.demos > 0 or not (self.imitation_epochs or self.demo_tourists), "demos",
+             "imitation_epochs and demo_tourists need demonstrations (demos >= 1)")
+        need(self.demos == 0 or self.imitation_epochs or self.demo_tourists, "demos",
+             "demonstrations are used by imitation_epochs or demo_tourists: set one")
         for name in ("lr", "lr_min", "finetune_lr", "imitation_lr"):
             need(number(getattr(self, name)) and 0 < getattr(self, name) <= MAX_LR, name,
                  f"must be a number in (0, {MAX_LR:g}] (Adam's step size)")
@@ -249,7 +254,8 @@ RECIPES: dict[str, dict[str, Any]] = {
 ADDED_DEFAULTS: dict[str, Any] = {"mix_regions": False, "lr_schedule": "step",
                                   "warmup_epochs": 0, "recipe": "paper", "max_minutes": None,
                                   "rollout": "auto", "demos": 0, "imitation_epochs": 0,
-                                  "imitation_batch": 32, "imitation_lr": 1e-3}
+                                  "imitation_batch": 32, "imitation_lr": 1e-3,
+                                  "demo_tourists": False}
 
 
 def machine_memory() -> int:

@@ -1,28 +1,18 @@
 """Training steps replayed as CUDA graphs (opt-in: ``[train] rollout = "graph"``, CUDA only).
 
-On a GPU a training epoch of a small batch is bound by launching kernels from Python
-(thousands of tiny kernels per epoch, the GPU busy a few % of the time). Here the whole
-forward and backward of an epoch (:func:`~optw.decode.static.static_rollout` with ``"free"``
+An epoch's forward and backward (:func:`~optw.decode.static.static_rollout` with ``"free"``
 sampling and a fixed number of steps S, the rewards, the REINFORCE loss and its backward) is
-captured once as a CUDA graph and replayed every epoch: one launch instead of thousands.
-Gradient clipping and the Adam step run eagerly after it (a few fused kernels), so the
-optimiser is the ordinary one.
+captured once as a CUDA graph and replayed every epoch; clipping and the Adam step run eagerly
+after it. Each epoch's tourists are copied into the buffers the graph reads.
 
-- **Static inputs.** Each epoch's tourists are copied into buffers the graph reads; routes
-  ``ids`` are fixed for the run.
-- **S steps.** A route needs at most n - 1 steps, but a policy's routes are far shorter, so the
-  graph runs S steps: from the longest route of the eager warm-up epochs (:func:`graph_steps`).
-  After a replay one read (the epoch's metrics read the device anyway) says whether every route
-  reached the end; if one did not, S grows (up to n), the graph is captured again and the
-  epoch is redone, so no route is ever cut short. Steps after a route's end add nothing
-  (log-prob 0).
-- **Randomness.** The graph draws from the device's default CUDA generator (seeded by the run's
-  seed; the only one a capture may use), with Gumbel sampling: the same distribution as the
-  other rollouts, another random stream. So a run's numbers differ from the compacted and
-  ``static`` rollouts' for the same seed, and a resumed run does not repeat its epochs exactly:
-  opt-in, not the default.
-- The first :data:`WARMUP` epochs of each node count run eagerly (the same rollout, not captured) on
-  a side stream, as CUDA graph capture asks; they are real training epochs.
+- S comes from the longest route of the eager warm-up epochs (:func:`graph_steps`); if after a
+  replay some route has not reached the end, S grows (up to n), the graph is captured again and
+  the epoch is redone, so no route is ever cut short.
+- The graph draws Gumbel noise from the device's default CUDA generator: the same distribution
+  as the other rollouts but another random stream, so a run differs from the ``compact`` and
+  ``static`` rollouts' for the same seed and a resumed run does not repeat its epochs exactly.
+- The first :data:`WARMUP` epochs of each node count run eagerly on a side stream, as capture
+  asks; they are real training epochs.
 """
 
 from __future__ import annotations
@@ -60,16 +50,13 @@ class _Capture:
 
 def graph_steps(longest: int, n: int) -> int:
     """The steps S a graph runs for routes whose longest took ``longest`` steps, on n nodes:
-    at least one more, rounded up to :data:`STEP_GRAIN`, at most n. Every replay runs all S
-    steps, so the headroom is small: a longer route costs one more replay and capture, and S
-    only grows (at most n / grain captures per node count)."""
+    at least one more, rounded up to :data:`STEP_GRAIN`, at most n."""
     return min(n, STEP_GRAIN * math.ceil((longest + 1) / STEP_GRAIN))
 
 
 class GraphedStep:
-    """:func:`~optw.train.step.reinforce_step` for rollout ``"graph"``: call it with each
-    epoch's instances and learning rate; returns the loss and the gradient norm as
-    ``reinforce_step``."""
+    """:func:`~optw.train.step.reinforce_step` for rollout ``"graph"``: called with each epoch's
+    instances and learning rate, returns the loss and the gradient norm."""
 
     def __init__(self, model: PointerNet, optimizer: torch.optim.Optimizer,
                  config: TrainConfig, ids: torch.Tensor):
@@ -108,8 +95,7 @@ class GraphedStep:
         return cap.loss, grad_norm
 
     def _eager(self, instances: Instances) -> tuple[ReinforceLoss, torch.Tensor]:
-        """An eager epoch of the same rollout on the side stream (warm-up before capture); sets the
-        steps S of the first capture from its longest route."""
+        """An eager epoch on the side stream (warm-up); sets S from its longest route."""
         n = instances.n_nodes
         self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream):
@@ -135,19 +121,15 @@ class GraphedStep:
 
     def _inputs(self, instances: Instances) -> Instances:
         """The static buffers for this node count, holding ``instances``' tensors."""
-        n = instances.n_nodes
-        buf = self.inputs.get(n)
+        tensors = {f.name: getattr(instances, f.name) for f in dataclasses.fields(instances)
+                   if isinstance(getattr(instances, f.name), torch.Tensor)}
+        buf = self.inputs.get(instances.n_nodes)
         if buf is None:
-            buf = dataclasses.replace(instances, **{
-                f.name: getattr(instances, f.name).clone()
-                for f in dataclasses.fields(instances)
-                if isinstance(getattr(instances, f.name), torch.Tensor)})
-            self.inputs[n] = buf
-            return buf
-        for f in dataclasses.fields(instances):
-            value = getattr(instances, f.name)
-            if isinstance(value, torch.Tensor):
-                getattr(buf, f.name).copy_(value)
+            buf = dataclasses.replace(instances, **{k: v.clone() for k, v in tensors.items()})
+            self.inputs[instances.n_nodes] = buf
+        else:
+            for k, v in tensors.items():
+                getattr(buf, k).copy_(v)
         return buf
 
     def _capture(self, inputs: Instances, steps: int) -> _Capture:

@@ -235,7 +235,7 @@ def train(
             group["foreach"] = True
         restore_run(state, ctx, np_rng, gen)
     start_epoch = ctx.epoch
-    if start_epoch < imitation:
+    if start_epoch < imitation or config.demo_tourists:
         demos = _demos(config, catalog, regions, demos)
 
     validation = {r.id: catalog.validation(r.id)[: config.val_tourists] for r in regions}
@@ -267,8 +267,16 @@ def train(
                 loss, grad_norm = imitation_step(model, optimizer, inst, acts, names, config)
             metrics = {"imitation_loss": float(loss.detach())}
         else:
-            # 1. a region and K tourists for it (or, mixing regions, a region per tourist)
-            if config.mix_regions and len(regions) > 1:
+            # 1. a region and K tourists for it (or, mixing regions, a region per tourist;
+            # or K demonstrations, whose routes join the samples)
+            acts, route_ids = None, ids
+            if config.demo_tourists:
+                instances, demo_acts, _ = demo_batch(demos, regions, K, np_rng, device)
+                route_ids = torch.arange(K, device=device).repeat_interleave(B + 1)
+                acts = torch.full((K * (B + 1), demo_acts.shape[1]), -1, dtype=torch.long,
+                                  device=device)
+                acts[:: B + 1] = demo_acts
+            elif config.mix_regions and len(regions) > 1:
                 picks = np.bincount(np_rng.integers(len(regions), size=K),
                                     minlength=len(regions))
                 instances = stack_instances([
@@ -283,15 +291,15 @@ def train(
 
             # 2.-3. B sampled routes per tourist, REINFORCE, one Adam step
             lr = config.learning_rate(epoch - imitation, train_s, imitation_s)
-            mode = choose_rollout(config.rollout, device.type,
-                                  ids.shape[0] * instances.n_nodes)
+            mode = "compact" if acts is not None else choose_rollout(  # given routes: compact
+                config.rollout, device.type, ids.shape[0] * instances.n_nodes)
             if mode == "graph" and graphed is None:  # replayed as a CUDA graph (opt-in)
                 from optw.train.graphed import GraphedStep  # CUDA only
 
                 graphed = GraphedStep(model, optimizer, config, ids)
             with diverging(model, epoch + 1, lr):
                 rl, grad_norm = (graphed(instances, lr) if mode == "graph" else reinforce_step(
-                    model, optimizer, instances, ids, gen, config, lr, mode))
+                    model, optimizer, instances, route_ids, gen, config, lr, mode, acts))
             loss = rl.loss
             metrics = {"mean_reward": float(rl.reward.mean()),
                        "entropy": float(rl.entropy.detach())}

@@ -1,18 +1,13 @@
 """A pack: several per-region models trained side by side in one batched step.
 
-Each member is what :func:`optw.train.train` would train for its config alone: its own region,
-weights, Adam state, learning-rate schedule, gradient clip, RNG streams (numpy for tourists,
-torch for sampling), validations, callbacks and checkpoints. What the pack shares is the work:
-every epoch, the tourists of all members go through ONE rollout of a
-:class:`~optw.model.StackedPointerNet` (weights stacked per member, each member's rows through
-its own slice), and one backward and one optimiser step update every member's slice from its
-own loss only. A member samples exactly what it would alone (its own generator over its own
-table widths), so the pack trains the same models as training each region alone with the same
-seeds, within floating-point rounding (``tests/test_pack.py``).
-
-A member's snapshot (``ctx.snapshot()``) is an ordinary training checkpoint: it resumes in a
-pack or alone (``train(resume=...)``). Members may have different epoch budgets: a finished
-member leaves the batch, and its slice is no longer stepped.
+Each member has what :func:`optw.train.train` would give its config alone: region, weights,
+Adam state, learning-rate schedule, gradient clip, RNG streams, validations, callbacks and
+checkpoints. What they share is the work: every epoch, all members' tourists go through ONE
+rollout of a :class:`~optw.model.StackedPointerNet`, and one backward and one optimiser step
+update each member's slice from its own loss only. A member samples exactly what it would alone,
+so the pack trains the same models as training each region alone with the same seeds, within
+float rounding. A member's snapshot is an ordinary training checkpoint (it resumes in a pack or
+alone); a member that has finished its epochs leaves the batch.
 """
 
 from __future__ import annotations
@@ -53,8 +48,8 @@ BETAS, EPS = (0.9, 0.999), 1e-8
 
 
 class StackedAdam:
-    """Adam (PyTorch's update, step for step) over stacked parameters ``[P, ...]``, with one
-    step count and learning rate per member; only the members given as active are stepped."""
+    """PyTorch's Adam over stacked parameters ``[P, ...]``, with a step count and learning rate
+    per member; only the active members are stepped."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], n_members: int):
         self.params = list(params)
@@ -137,18 +132,13 @@ class _Member:
     result: TrainResult | None = None
 
 
-def train_pack(
-    configs: Sequence[TrainConfig],
-    catalog: Catalog,
-    callbacks: Sequence[Sequence[Callback]] | None = None,
-    inits: Sequence[str | Path | None] | None = None,
-    resumes: Sequence[str | Path | dict | None] | None = None,
-) -> list[TrainResult]:
-    """Train one model per config (each of one region) side by side; see the module docstring.
-
-    ``callbacks[i]``, ``inits[i]`` and ``resumes[i]`` are member i's, as for
-    :func:`optw.train.train`. All members share the model settings and the device.
-    """
+def train_pack(configs: Sequence[TrainConfig], catalog: Catalog,
+               callbacks: Sequence[Sequence[Callback]] | None = None,
+               inits: Sequence[str | Path | None] | None = None,
+               resumes: Sequence[str | Path | dict | None] | None = None) -> list[TrainResult]:
+    """Train one model per config (each of one region) side by side. ``callbacks[i]``,
+    ``inits[i]`` and ``resumes[i]`` are member i's, as for :func:`optw.train.train`; all members
+    share the model settings and the device."""
     n = len(configs)
     if n == 0:
         raise ValueError("a pack needs at least one config")
@@ -179,13 +169,12 @@ def train_pack(
     states: list[dict[str, Any] | None] = []
     for i, config in enumerate(configs):
         region = catalog.region(config.regions[0])
-        state = resumes[i]
+        state, source = resumes[i], f"pack member {i}'s checkpoint"
         if state is not None and not isinstance(state, dict):
             source = str(state)
             state = read_checkpoint(state)
+        if state is not None:
             check_resume(state, config, source)
-        elif state is not None:
-            check_resume(state, config, f"pack member {i}'s checkpoint")
         random.seed(config.seed)
         np_rng = np.random.default_rng(config.seed)
         gen = torch.Generator(device=device)
@@ -223,12 +212,10 @@ def train_pack(
         mb.done = True
         for cb in mb.callbacks:
             cb.on_train_end(mb.ctx)
-        model = stacked.member(mb.index).eval()
-        mb.result = TrainResult(model=model, epochs=mb.ctx.epoch,
-                                last_validation=mb.ctx.last_validation,
-                                best_validation=mb.ctx.best_validation,
-                                seconds=time.perf_counter() - t_run,
-                                checkpoint=mb.ctx.last_checkpoint)
+        mb.result = TrainResult(
+            model=stacked.member(mb.index).eval(), epochs=mb.ctx.epoch,
+            last_validation=mb.ctx.last_validation, best_validation=mb.ctx.best_validation,
+            seconds=time.perf_counter() - t_run, checkpoint=mb.ctx.last_checkpoint)
 
     for mb in members:
         mb.ctx.snapshot = snapshot_of(mb)
@@ -244,10 +231,7 @@ def train_pack(
             finish(mb)
 
     rate, t_last = None, time.perf_counter()
-    while True:
-        active = [mb for mb in members if not mb.done]
-        if not active:
-            break
+    while active := [mb for mb in members if not mb.done]:
         # 1. each member's K tourists (its own generator), one padded batch in member order
         parts, ids, member = [], [], []
         offset = 0
@@ -271,9 +255,8 @@ def train_pack(
         for mb, part in zip(active, ids, strict=True):
             c, sl = mb.config, slice(start, start + part.shape[0])
             start += part.shape[0]
-            # a member whose every route was forced (start -> end) has nothing to learn this
-            # epoch: alone, its parameters get no gradient and Adam leaves them (and its
-            # moments and step count) untouched, so the pack does not step it either
+            # a member whose every route was forced (start -> end) gets no gradient: alone,
+            # Adam would leave its parameters, moments and step count untouched
             if bool((out.lengths[sl] > 2).any()):
                 stepped.append(mb.index)
             rl = reinforce_loss(out.reward[sl], out.log_prob[sl], out.entropy[sl],

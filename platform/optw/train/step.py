@@ -36,26 +36,30 @@ def clip_gradients(params: Iterable[torch.Tensor], max_norm: float) -> torch.Ten
 
 
 def sample(model: PointerNet, instances: Instances, ids: torch.Tensor,
-           generator: torch.Generator, mode: str) -> Rollout:
+           generator: torch.Generator, mode: str, actions: torch.Tensor | None = None,
+           ) -> Rollout:
     """One sampled route per entry of ``ids`` with rollout ``mode`` (``compact`` or
-    ``static``: :func:`~optw.train.rollouts.choose_rollout`)."""
-    if mode == "static":
+    ``static``: :func:`~optw.train.rollouts.choose_rollout`); ``actions``: routes given
+    instead (rows of -1 are sampled; compacted rollout)."""
+    if mode == "static" and actions is None:
         from optw.decode.static import static_rollout  # for CUDA: not on the CPU's path
 
         return Rollout.of(instances, ids, *static_rollout(model, instances, ids,
                                                           generator=generator))
-    return rollout(model, instances, ids, generator=generator)
+    return rollout(model, instances, ids, generator=generator, actions=actions)
 
 
 def reinforce_step(model: PointerNet, optimizer: torch.optim.Optimizer, instances: Instances,
                    ids: torch.Tensor, generator: torch.Generator, config: TrainConfig,
-                   lr: float, mode: str = "compact") -> tuple[ReinforceLoss, torch.Tensor]:
+                   lr: float, mode: str = "compact", actions: torch.Tensor | None = None,
+                   ) -> tuple[ReinforceLoss, torch.Tensor]:
     """One epoch's learning step: ``config.batch_size`` sampled routes per tourist (route r is
-    of tourist ``ids[r]``), REINFORCE with the per-tourist mean baseline and the entropy bonus
-    β, the gradient norm clipped, one optimiser step at ``lr``. Returns the loss and the
-    gradient norm."""
-    out = sample(model, instances, ids, generator, mode)
-    rl = reinforce_loss(out.reward, out.log_prob, out.entropy, config.batch_size, config.beta)
+    of tourist ``ids[r]``; with ``actions``, its given routes join them), REINFORCE with the
+    per-tourist mean baseline and the entropy bonus β, the gradient norm clipped, one optimiser
+    step at ``lr``. Returns the loss and the gradient norm."""
+    out = sample(model, instances, ids, generator, mode, actions)
+    per_tourist = int(ids.shape[0] // instances.n_tourists)
+    rl = reinforce_loss(out.reward, out.log_prob, out.entropy, per_tourist, config.beta)
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
