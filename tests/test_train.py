@@ -248,8 +248,8 @@ def test_foreach_optimiser_steps_equal_the_per_parameter_loop():
     """make_optimizer's Adam (foreach) and foreach clipping step a network to the same weights
     as the per-parameter loop of earlier runs, bit for bit on the CPU: a checkpoint written
     before resumes exactly, and active search's results do not change."""
-    from optw.train.step import clip_gradients, make_optimizer
     from optw.model import PointerNet
+    from optw.train.step import clip_gradients, make_optimizer
 
     torch.manual_seed(0)
     nets = [PointerNet(), PointerNet()]
