@@ -823,3 +823,33 @@ def test_score_kind_accepts_the_custom_score_model():
     assert TrainConfig(score_kind="around_default").score_kind == "around_default"
     with pytest.raises(ConfigError, match="around_default"):
         TrainConfig(score_kind="gaussian")
+
+
+def test_a_job_learning_from_demonstrations(ray_cluster, tiny_catalog, store, tmp_path):
+    """A global-ft job whose fine-tuning imitates ILS demonstrations: the job computes them
+    beside the ILS baseline (Ray tasks), stores them in the catalog's baselines/demos.parquet,
+    hands each worker its regions' demonstrations and logs them as each fine-tuning run's
+    MLflow input; the fine-tuned models are registered."""
+    import pandas as pd
+
+    from optw.baselines.demos import demos_path
+    from optw.tracking import get_client
+
+    profile = JobProfile.from_dict({
+        "job": {"name": "demos", "mode": "global-ft", "regions": TINY},
+        "train": {"epochs": 2, "batch_size": 4, "val_every": 0, "val_tourists": 4,
+                  "checkpoint_every": 0, "threads": 1},
+        "finetune": {"epochs": 1, "demos": 6, "imitation_epochs": 2, "imitation_batch": 4},
+        "evaluate": {"beams": 2, "validation_tourists": 4, "beam_sweep": [2]},
+        "resources": {"cpus_per_region": 1, "regions_per_worker": 2}}, source="test-demos")
+    summary = _run(profile, tiny_catalog, store, tmp_path, force=True)
+    assert set(summary.registered) == set(TINY)
+    stored = pd.read_parquet(demos_path(tiny_catalog.path))
+    assert {r: int((stored["region"] == r).sum()) for r in TINY} == {r: 6 for r in TINY}
+    client = get_client(store)
+    runs = client.search_runs(client.get_experiment_by_name("demos").experiment_id,
+                              "tags.stage = 'finetune'")
+    assert len(runs) == 2
+    for run in runs:
+        inputs = run.inputs.dataset_inputs
+        assert len(inputs) == 1 and inputs[0].dataset.name == "demonstrations (6)"

@@ -58,6 +58,19 @@ class JobContext:
     callbacks: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     #: custom Ray resources each region worker asks for besides its CPUs (and GPU share)
     worker_resources: dict[str, float] = field(default_factory=dict)
+    #: the demonstrations the models learn from: a Ray object reference to
+    #: ``{(seed, score kind): {region: Demonstrations}}`` (:func:`_demonstrations`), or None
+    demos: Any = None
+
+    def demos_for(self, config: Any) -> dict[str, Any] | None:
+        """The demonstrations of ``config``'s regions (None when it asks for none)."""
+        if not config.demos or self.demos is None:
+            return None
+        import numpy as np
+        import ray
+
+        have = ray.get(self.demos)[(config.seed, config.score_kind)]
+        return {r: have[r].take(np.arange(config.demos)) for r in config.regions}
 
 
 @dataclass
@@ -90,8 +103,9 @@ def run_pack(pack: PackSpec, ctx: JobContext, inits: dict[str, str | None],
 
     import ray
 
+    from optw.baselines.demos import DEMO_FILE
     from optw.distributed.ray_train import WorkerPack, WorkerSpec, fit_pack
-    from optw.tracking import end_run
+    from optw.tracking import end_run, log_demonstrations
 
     profile, mode = ctx.profile, ctx.profile.job.mode
     units = pack.units
@@ -102,10 +116,14 @@ def run_pack(pack: PackSpec, ctx: JobContext, inits: dict[str, str | None],
             "train": config.to_dict(), "evaluate": asdict(profile.evaluate), "mode": mode,
             "init_from": unit.init_from or "", "catalog_version": CATALOG_VERSION,
             "pack": pack.keys}, tags={"mode": mode, "profile": profile.profile})
+        demos = ctx.demos_for(config)
+        if demos:
+            log_demonstrations(run_id, demos, st.join(ctx.catalog_dir, "baselines", DEMO_FILE),
+                               ctx.tracking_uri)
         specs.append(WorkerSpec.build(config, unit.key, unit.stage, catalog=ctx.catalog_dir,
                                       tracking_uri=ctx.tracking_uri, run_id=run_id,
                                       init=inits.get(unit.key),
-                                      callbacks=ctx.callbacks.get(unit.key, ())))
+                                      callbacks=ctx.callbacks.get(unit.key, ()), demos=demos))
     keys = "+".join(u.key for u in units)
     tag = units[0].key if len(units) == 1 else (
         f"{units[0].key}-pack{len(units)}-{hashlib.sha1(keys.encode()).hexdigest()[:8]}")
@@ -350,12 +368,17 @@ def run_job(
                  f"and catalog: skipped ({', '.join(skipped[:8])}{more})")
     if not any(stages):
         return _nothing_to_do(name, uri, out, selected, skipped, time.perf_counter() - t0)
+    t_demos = time.perf_counter()
+    demos = _demonstrations(stages, catalog, catalog_loc, progress)
+    if demos:
+        push_baselines(catalog.path, catalog_loc)  # a catalog URI gets them too
+        timings["demos"] = time.perf_counter() - t_demos
     job = start_job_run(name, profile.to_dict(), tags={
         "mode": profile.job.mode, "profile": profile.profile, "config_hash": config_hash,
         "catalog_version": CATALOG_VERSION, "regions": len(selected)}, uri=uri)
     ctx = JobContext(job, name, uri, catalog_loc, storage, st.join(out, "models"), profile,
                      config_hash, use_gpu, {k: tuple(v) for k, v in (callbacks or {}).items()},
-                     extra)
+                     extra, ray.put(demos) if demos else None)
     remote = ray.remote(num_cpus=0, max_retries=0)(run_pack)
     results: dict[str, dict[str, Any]] = {}
     trained: list[str] = []
@@ -392,6 +415,29 @@ def run_job(
     return JobSummary(name, job.run_id, uri, selected, trained, skipped,
                       _shown(results_path), tables, time.perf_counter() - t0, registered,
                       report, timings)
+
+
+def _demonstrations(stages: list[list[Member]], catalog: Any, catalog_loc: str,
+                    progress: bool) -> dict[tuple[int, str | None], dict[str, Any]]:
+    """The demonstrations the planned models learn from, per (seed, score kind): the stored
+    ones, the missing ones computed in Ray tasks (each mirrors a catalog URI on its node)
+    and stored in the catalog (:func:`optw.baselines.demos.get_demos`)."""
+    import os
+
+    from optw.baselines.demos import get_demos
+
+    need: dict[tuple[int, str | None], dict[str, int]] = {}
+    for stage in stages:
+        for m in stage:
+            c = m.config
+            if c.demos:
+                regions = need.setdefault((c.seed, c.score_kind), {})
+                for r in c.regions:
+                    regions[r] = max(regions.get(r, 0), c.demos)
+    return {(seed, kind): get_demos(catalog, sorted(regions), max(regions.values()), seed, kind,
+                                    workers=max(2, os.cpu_count() or 1), progress=progress,
+                                    task_catalog=catalog_loc, localize=local_catalog)
+            for (seed, kind), regions in need.items()}
 
 
 def _shown(location: str | None) -> Path | str | None:

@@ -173,7 +173,7 @@ class PackSpec:
 def batchable(configs: Sequence[TrainConfig]) -> bool:
     """Can these models train side by side in one batched step (several per-region models of
     one model shape, on one device with one thread setting, none asking for a rollout other
-    than the compacted one that packs use)?"""
+    than the compacted one that packs use, nor learning from demonstrations)?"""
     from optw.model import ModelConfig
 
     def shape(c: TrainConfig) -> tuple:
@@ -181,7 +181,7 @@ def batchable(configs: Sequence[TrainConfig]) -> bool:
                 c.device, c.threads)
 
     return (len(configs) > 1 and all(len(c.regions) == 1 for c in configs)
-            and all(c.rollout in PACK_ROLLOUTS for c in configs)
+            and all(c.rollout in PACK_ROLLOUTS and not c.demos for c in configs)
             and len({shape(c) for c in configs}) == 1)
 
 

@@ -33,6 +33,7 @@ from typing import Any
 from optw.distributed import storage as st
 from optw.distributed.mirror import local_catalog
 from optw.distributed.profile import ResourcesSection
+from optw.env.demos import Demonstrations
 from optw.errors import OptwError
 from optw.evaluate.protocol import gap_to_ils, ils_validation_means
 from optw.model import write_checkpoint
@@ -110,8 +111,9 @@ class RayReport(Callback):
         self.pack.start(self.tags["region"], ctx)
 
     def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
-        for key in ("epochs_per_s", "mean_reward"):
-            self._gauge(key, metrics[key])
+        for key in ("epochs_per_s", "mean_reward", "imitation_loss"):
+            if key in metrics:  # an imitation epoch has no reward, REINFORCE no imitation
+                self._gauge(key, metrics[key])
         ckpt = bool(self.checkpoint_every) and ctx.epoch % self.checkpoint_every == 0
         # the final report (with the final checkpoint) comes from on_train_end
         if (ckpt or ctx.epoch % self.every == 0) and ctx.epoch < ctx.total_epochs:
@@ -230,17 +232,20 @@ class WorkerSpec:
     report_every: int = REPORT_EVERY
     log_every: int = LOG_EVERY
     callbacks: tuple[Callback, ...] = ()
+    #: the demonstrations of its regions, when ``config.demos`` asks for some
+    demos: Mapping[str, Demonstrations] | None = None
 
     @classmethod
     def build(cls, config: TrainConfig, key: str, stage: str, *, catalog: str,
               tracking_uri: str, run_id: str | None, init: str | None = None,
-              callbacks: Sequence[Callback] = ()) -> WorkerSpec:
+              callbacks: Sequence[Callback] = (),
+              demos: Mapping[str, Demonstrations] | None = None) -> WorkerSpec:
         """The spec of a model trained with ``config`` (its regions' ILS means looked up in
         this node's copy of ``catalog``, a folder or a URI)."""
         means = ils_validation_means(local_catalog(catalog), config.regions,
                                      config.val_tourists)
         return cls(config, key, stage, st.normalize(catalog), tracking_uri, run_id, init, means,
-                   callbacks=tuple(callbacks))
+                   callbacks=tuple(callbacks), demos=demos)
 
     def replace(self, **changes: Any) -> WorkerSpec:
         return dataclasses.replace(self, **changes)
@@ -324,7 +329,7 @@ def _train_local(specs: tuple[WorkerSpec, ...], batched: bool) -> None:
         if spec.config.threads:
             torch.set_num_threads(spec.config.threads)
         train(spec.config, open_catalog(spec.catalog), callbacks(member, spec), init=spec.init,
-              resume=resume.get(spec.key))
+              resume=resume.get(spec.key), demos=spec.demos)
 
 
 def error_location(storage: str, name: str) -> str:

@@ -13,7 +13,7 @@ Store: :func:`tracking_uri` (``$MLFLOW_TRACKING_URI`` or ``sqlite:///<project>/m
 ``mlflow`` itself is imported only when a function needs it. See ``docs/tracking.md``.
 """
 
-from optw.tracking.callback import MlflowCallback, log_file, log_json
+from optw.tracking.callback import MlflowCallback, log_file
 from optw.tracking.evaluation import evaluation_metrics, log_evaluation, log_tables, to_markdown
 from optw.tracking.registry import (
     CHAMPION,
@@ -36,6 +36,7 @@ from optw.tracking.runs import (
     find_child_run,
     flatten_config,
     git_commit,
+    log_demonstrations,
     log_params,
     run_params,
     set_tags,
@@ -69,8 +70,8 @@ __all__ = [
     "check_cluster_tracking", "check_tracking_uri", "config_dict",
     "config_hash", "default_tracking_uri", "end_run", "evaluation_metrics", "experiment_id",
     "find_champion_with", "find_child_run", "flatten_config", "get_client", "git_commit",
-    "load_solver", "local_server", "log_evaluation", "log_file", "log_json", "log_params",
-    "log_tables", "model_name", "register_version", "run_params", "server_command",
+    "load_solver", "local_server", "log_demonstrations", "log_evaluation", "log_file",
+    "log_params", "log_tables", "model_name", "register_version", "run_params", "server_command",
     "set_champion", "set_tags", "start_child_run", "start_job_run", "to_markdown",
     "tracking_uri", "versions_for_run",
 ]

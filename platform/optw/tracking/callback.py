@@ -20,7 +20,7 @@ from optw.train.callbacks import Callback, TrainContext
 
 log = logging.getLogger(__name__)
 
-EPOCH_METRICS = ("mean_reward", "loss", "entropy", "lr", "epochs_per_s")
+EPOCH_METRICS = ("mean_reward", "imitation_loss", "loss", "entropy", "lr", "epochs_per_s")
 VALIDATION_METRICS = ("val_score", "benchmark_score", "val_seconds")
 MAX_METRICS_PER_BATCH = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
 
@@ -168,9 +168,3 @@ def log_file(run_id: str, path: str | Path, artifact_path: str | None = None,
              uri: str | None = None) -> None:
     """Log one file as an artifact of ``run_id`` (any process)."""
     get_client(uri).log_artifact(run_id, str(path), artifact_path)
-
-
-def log_json(run_id: str, data: Any, artifact_file: str, uri: str | None = None) -> None:
-    """Log ``data`` as a JSON artifact (``artifact_file`` e.g. ``"summary.json"``)."""
-    get_client(uri).log_text(run_id, json.dumps(data, indent=2, sort_keys=True, default=str),
-                             artifact_file)

@@ -300,3 +300,21 @@ def start_child_run(parent: JobRun | str, stage: str, region: str, config: Any =
 def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None) -> None:
     """Mark a run FINISHED, FAILED or KILLED (from any process)."""
     get_client(uri).set_terminated(run_id, status=status)
+
+
+def log_demonstrations(run_id: str, demos: Mapping[str, Any], source: str,
+                       uri: str | None = None) -> None:
+    """Log a run's demonstrations (``{region: Demonstrations}``) as its MLflow training input:
+    a dataset of (region, tourist, score, route) rows whose source is the store they came
+    from."""
+    import mlflow.data
+    import pandas as pd
+    from mlflow.entities import DatasetInput, InputTag
+
+    rows = [{"region": rid, "tourist": int(t), "score": float(s), "route": json.dumps(r)}
+            for rid, d in demos.items()
+            for t, s, r in zip(d.tourists.tourist_id, d.scores, d.routes, strict=True)]
+    dataset = mlflow.data.from_pandas(pd.DataFrame(rows), source=source,
+                                      name=f"demonstrations ({len(rows)})")
+    get_client(uri).log_inputs(run_id, [DatasetInput(
+        dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", "training")])])

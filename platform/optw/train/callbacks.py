@@ -57,7 +57,8 @@ class ProgressBar(Callback):
         if self.bar is not None and (ctx.epoch % self.every == 0
                                      or ctx.epoch == ctx.total_epochs):
             self.bar.n = ctx.epoch
-            post = {"reward": f"{metrics['mean_reward']:.1f}"}
+            post = ({"reward": f"{metrics['mean_reward']:.1f}"} if "mean_reward" in metrics
+                    else {"imitation": f"{metrics['imitation_loss']:.3f}"})
             if ctx.last_validation:
                 post["val"] = f"{ctx.last_validation['val_score']:.1f}"
             self.bar.set_postfix(post, refresh=False)

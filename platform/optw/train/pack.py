@@ -154,9 +154,9 @@ def train_pack(configs: Sequence[TrainConfig], catalog: Catalog,
         if c.rollout not in PACK_ROLLOUTS:
             raise ValueError(f"pack member {i}: rollout = {c.rollout!r}, but a pack trains "
                              "with the compacted rollout (train it alone, or use auto)")
-        if c.imitation_epochs:
-            raise ValueError(f"pack member {i}: imitation_epochs = {c.imitation_epochs}, but "
-                             "a pack trains with REINFORCE only (train it alone)")
+        if c.demos:
+            raise ValueError(f"pack member {i}: demos = {c.demos}, but a pack trains without "
+                             "demonstrations (train it alone)")
     devices = {c.device for c in configs}
     if len(devices) > 1:
         raise ValueError(f"pack members ask for different devices {sorted(devices)}")
