@@ -201,7 +201,7 @@ def test_preference_profiles_give_one_nonnegative_score_per_point(tiny_catalog):
 
 def _settle(cache: Any, region: str) -> None:
     """Wait for the background lookup of ``region`` in ``cache`` to end (a test helper)."""
-    pending = cache._entry(region).pending
+    pending = cache._entries[region].pending
     if pending is not None:
         concurrent.futures.wait([pending], timeout=60)
 

@@ -1,8 +1,5 @@
-"""The ``optw`` command line: one entry point, one subcommand per concern.
-
-Each concern contributes a module with ``register(subparsers)``; a subcommand's handler imports
-heavy dependencies (torch, ray, mlflow) only when it runs, so ``optw --help`` stays fast.
-"""
+"""The ``optw`` command line: each concern's module adds its subcommands with
+``register(subparsers)``; handlers import torch, Ray and MLflow only when they run."""
 
 from __future__ import annotations
 
@@ -10,6 +7,7 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 
 from optw.errors import OptwError
 
@@ -46,24 +44,11 @@ def _one_line(text: str) -> str:
     return " ".join(text.split()) if text.count("\n") < 2 else text.strip()
 
 
-def _where(exc: BaseException) -> str:
-    """``file:line in function`` of the traceback's last frame (where ``exc`` was raised)."""
-    tb = exc.__traceback__
-    if tb is None:
-        return "an unknown place"
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    code = tb.tb_frame.f_code
-    return f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}"
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Run one command. An :class:`~optw.errors.OptwError` (bad input, a missing file, an
-    unreachable service) is one line naming it, exit 2; any other exception is a bug: one line
-    saying so, with its type, message and where it was raised, exit 1 (``--debug``: the full
-    traceback of either)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run one command: an :class:`~optw.errors.OptwError` is one line, exit 2; any other
+    exception is a bug: one line with its type, message and last frame, exit 1 (``--debug``:
+    the full traceback)."""
+    args = build_parser().parse_args(argv)
     name = " ".join(filter(None, (args.command, getattr(args, f"{args.command}_command", None))))
     try:
         code = int(args.func(args) or 0)
@@ -86,9 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - anything else is a bug: said so, in one line
         if args.debug:
             raise
+        last = traceback.extract_tb(exc.__traceback__)[-1]
         print(f"optw {name}: internal error (a bug, please report it): {type(exc).__name__}: "
-              f"{' '.join(str(exc).split())[:500]} (at {_where(exc)}; `optw --debug "
-              f"{name} ...` shows the traceback)", file=sys.stderr)
+              f"{' '.join(str(exc).split())[:500]} (at {last.filename}:{last.lineno} in "
+              f"{last.name}; `optw --debug {name} ...` shows the traceback)", file=sys.stderr)
         return 1
 
 

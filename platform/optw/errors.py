@@ -1,7 +1,5 @@
-"""The project's error types. An :class:`OptwError` is meant for the user (bad input, a missing
-file, an unreachable service): the command line prints it in one line naming what was wrong
-and exits 2. Any other exception is a bug: one line saying so, with where it happened, exit 1.
-"""
+"""The project's error types: an :class:`OptwError` is meant for the user (the command line
+prints it in one line, exit 2); any other exception is a bug (exit 1)."""
 
 from __future__ import annotations
 
@@ -11,13 +9,12 @@ class OptwError(Exception):
 
 
 class UserError(OptwError, ValueError):
-    """A bad value, option or file content (a ``ValueError``, so callers that catch those keep
-    working)."""
+    """A bad value, option or file content (also a ``ValueError``)."""
 
 
 class ConfigError(UserError):
-    """A settings table with unknown keys or bad values; ``key`` names the bad setting (a dotted
-    path such as ``model.d_model``) when one does."""
+    """A settings table with unknown keys or bad values; ``key``: the bad setting's dotted path
+    (``model.d_model``), if any."""
 
     def __init__(self, message: str, key: str | None = None):
         super().__init__(message)

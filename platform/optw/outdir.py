@@ -1,15 +1,9 @@
 """Output folders a command owns: written whole, never over anything it did not write.
 
-A command that writes a folder of outputs (``optw report --out``, ``optw evaluate --out``, ...)
-writes it through :func:`replace_dir`: the new outputs are built in a hidden sibling folder and
-moved into place in one rename, with a marker file naming the kind of output. So
-
-- a folder is replaced only when it is absent, empty, or holds that kind's marker (an output
-  of the same command); a file, or a folder of other files, is an :class:`OutDirError` that
-  names it, and nothing is moved or deleted;
-- a replaced folder is replaced as a whole: nothing of the previous output stays beside the
-  new one;
-- a failure leaves the previous output as it was, and a reader never sees a half-written one.
+:func:`replace_dir` builds the outputs in a hidden sibling folder and renames it into place,
+with a marker file naming the kind of output. A folder is replaced (as a whole) only when it is
+absent, empty or holds that kind's marker; anything else is an :class:`OutDirError` and nothing
+is touched. A failure leaves the previous output as it was.
 """
 
 from __future__ import annotations
@@ -25,8 +19,8 @@ from optw.errors import UserError
 
 
 class OutDirError(UserError):
-    """The output path is a file, or a folder that this kind of output did not write. With
-    ``option`` (e.g. ``--out``) the message reads ``--out PATH: reason``."""
+    """The output path is a file, or a folder this kind of output did not write (message
+    ``--out PATH: reason`` with ``option``, else ``PATH reason``)."""
 
     def __init__(self, path: Path, reason: str, option: str | None = None):
         super().__init__(f"{option} {path}: {reason}" if option else f"{path} {reason}")
@@ -45,15 +39,14 @@ def _a(kind: str) -> str:
 
 def check_out_dir(out: str | Path, kind: str, legacy: frozenset[str] = frozenset(),
                   option: str | None = None) -> Path:
-    """``out`` resolved, when a ``kind`` output may replace it: absent, an empty folder, or a
-    folder holding :func:`marker` (or only names of ``legacy``: outputs written before markers
-    existed). Raises :class:`OutDirError` otherwise (naming ``option``, e.g. ``--out``, and
-    ``out`` as given, when ``option`` is given)."""
+    """``out`` resolved, when a ``kind`` output may replace it: absent, empty, holding
+    :func:`marker`, or only names of ``legacy`` (outputs written before markers); else an
+    :class:`OutDirError` (naming ``option`` and ``out`` as given, when ``option`` is given)."""
     given = Path(out)
     out = given.resolve()
 
     def refuse(reason: str) -> OutDirError:
-        return OutDirError(given, reason, option) if option else OutDirError(out, reason)
+        return OutDirError(given if option else out, reason, option)
 
     if not out.exists():
         if out.is_symlink() or given.is_symlink():
@@ -76,10 +69,9 @@ def check_out_dir(out: str | Path, kind: str, legacy: frozenset[str] = frozenset
 def replace_dir(out: str | Path, kind: str, note: str = "",
                 legacy: frozenset[str] = frozenset(), option: str | None = None,
                 ) -> Iterator[Path]:
-    """Yield a fresh hidden folder beside ``out`` to write a ``kind`` output into; when the
-    block ends without an error it replaces ``out`` as a whole (with the marker, holding
-    ``note``). ``out`` is checked before and again just before the rename
-    (:func:`check_out_dir`; ``option`` names it in the error)."""
+    """Yield a fresh hidden folder beside ``out``; when the block ends without an error it
+    replaces ``out`` as a whole, with the marker (holding ``note``). ``out`` is checked
+    (:func:`check_out_dir`) before and again just before the rename."""
     given = out
     out = check_out_dir(out, kind, legacy, option)
     tag = uuid.uuid4().hex[:8]
@@ -90,8 +82,7 @@ def replace_dir(out: str | Path, kind: str, note: str = "",
         tmp.mkdir()
     except OSError as exc:  # a file on the way, no permission
         reason = f"cannot be written ({exc.strerror or exc}: {exc.filename or out.parent})"
-        raise (OutDirError(Path(given), reason, option) if option
-               else OutDirError(out, reason)) from None
+        raise OutDirError(Path(given) if option else out, reason, option) from None
     try:
         yield tmp
         (tmp / marker(kind)).write_text(f"optw {kind}{': ' + note if note else ''}\n",

@@ -1,9 +1,5 @@
-"""Where the project's folders are: the one place that resolves default locations (and the
-small helper that writes a text file there atomically).
-
-Every default can be overridden by an environment variable (for the catalog, the benchmark
-files, the reference scores and the run outputs) or by an explicit argument of the command that
-writes; code never builds these paths itself. Layout under the project folder::
+"""Where the project's folders are (the one place that resolves default locations, each
+overridable by an environment variable), and atomic writes of files there. Layout::
 
     region_catalog/            the built catalog ($OPTW_CATALOG)
     mlflow.db, mlartifacts/    the default MLflow store (see optw.tracking.uri)
@@ -14,9 +10,8 @@ writes; code never builds these paths itself. Layout under the project folder::
       train/<regions>/         `optw train` runs
       .cache/                  node-local copies of catalogs given by URI ($OPTW_CACHE)
 
-On a Ray cluster of several nodes the job's ``<job>/`` and ``ray_train/`` must be reachable
-from every node: ``$OPTW_STORAGE`` puts both under a shared folder or a URI such as
-``s3://bucket/optw`` (see :mod:`optw.distributed.storage` and docs/cluster.md).
+``$OPTW_STORAGE`` puts a job's ``<job>/`` and ``ray_train/`` under a folder shared by a
+cluster's nodes or a URI such as ``s3://bucket/optw`` (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -29,7 +24,6 @@ from pathlib import Path
 
 from optw.errors import OptwError
 
-#: The project folder (``platform/optw/paths.py`` -> three levels up).
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 #: ``shared/`` beside the project: benchmark files and reference scores (read-only).
 SHARED = PROJECT_ROOT.parent / "shared"
@@ -60,14 +54,9 @@ def runs_dir() -> Path:
     return _env("OPTW_RUNS", PROJECT_ROOT / "runs")
 
 
-def job_dir(job: str) -> Path:
-    """A platform job's outputs (results, models, report)."""
-    return runs_dir() / job
-
-
 def report_dir(job: str) -> Path:
-    """A job's HTML report."""
-    return job_dir(job) / "report"
+    """A job's HTML report: ``runs/<job>/report``."""
+    return runs_dir() / job / "report"
 
 
 def join_location(base: str, *parts: str) -> str:
@@ -82,7 +71,7 @@ def join_location(base: str, *parts: str) -> str:
 
 def storage_root() -> str:
     """Where the jobs keep Ray Train's checkpoints and their outputs: ``$OPTW_STORAGE`` (a
-    folder, shared on a cluster, or a URI such as ``s3://bucket/optw``), else ``runs/``."""
+    folder or a URI), else ``runs/``."""
     return os.environ.get("OPTW_STORAGE") or str(runs_dir())
 
 
@@ -97,14 +86,12 @@ def job_output(job: str) -> str:
 
 
 def catalog_location() -> str:
-    """The catalog the job reads: ``$OPTW_CATALOG`` as given (a folder or a URI), else
-    ``region_catalog/``."""
+    """``$OPTW_CATALOG`` as given (a folder or a URI), else ``region_catalog/``."""
     return os.environ.get("OPTW_CATALOG") or str(PROJECT_ROOT / "region_catalog")
 
 
 def cache_dir() -> Path:
-    """Node-local copies of what lives elsewhere (catalogs given by URI): ``$OPTW_CACHE``,
-    else ``runs/.cache``."""
+    """Node-local copies of catalogs given by URI: ``$OPTW_CACHE``, else ``runs/.cache``."""
     return _env("OPTW_CACHE", runs_dir() / ".cache")
 
 
@@ -128,18 +115,16 @@ class PathError(OptwError, OSError):
 
 
 def path_error(exc: OSError, path: str | Path, doing: str = "write") -> PathError:
-    """``exc`` as a :class:`PathError` naming the file it is about: its own ``filename``, or
-    ``path`` when it names none (or only a temporary file beside ``path``)."""
+    """``exc`` as a :class:`PathError` naming its own ``filename``, or ``path`` when it names
+    none (or a temporary file beside ``path``)."""
     named = exc.filename if exc.filename and not Path(str(exc.filename)).name.startswith(
         f".{Path(path).name}.tmp-") else path
     return PathError(f"cannot {doing} {named}: {exc.strerror or exc}")
 
 
 def replace_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
-    """``write(tmp)`` a temporary file beside ``path``, then rename it over ``path``: a reader
-    never sees a half-written file (the temporary file is removed if writing fails). An
-    ``OSError`` (no such folder, no permission, a full disk) is a :class:`PathError` naming
-    the file."""
+    """``write(tmp)`` a temporary file beside ``path``, then rename it over ``path`` (removed
+    if writing fails); an ``OSError`` is a :class:`PathError` naming the file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -160,8 +145,7 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 
 
 def file_sha256(path: str | Path) -> str:
-    """Hex SHA-256 of a file's bytes (catalog manifests, custom regions' sources); a
-    :class:`PathError` naming the file when it cannot be read."""
+    """Hex SHA-256 of a file's bytes; a :class:`PathError` naming it when it cannot be read."""
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except OSError as exc:

@@ -1,11 +1,6 @@
-"""How many torch threads to use: the cores this process may actually use now, not the
-machine's core count.
-
-torch's default (one thread per core) is 10-13x slower than one thread when the cores are busy
-with other work (measured on a 2-core machine beside two CPU-bound processes). The entry points
-that run torch (``optw solve``, ``optw train``, the MLflow pyfunc's ``solve``) call
-:func:`set_torch_threads` when no thread count is given. Nothing here imports torch before it is
-needed, nor anything of ``optw`` but its error types.
+"""How many torch threads to use: the cores this process may actually use now (torch's default,
+one per core, is many times slower when other work keeps the cores busy). The entry points that
+run torch call :func:`set_torch_threads`; torch is imported only there.
 """
 
 from __future__ import annotations
@@ -25,38 +20,31 @@ def granted_cpus() -> int:
     """The cores this process may use: the smallest of its CPU affinity, the cgroup CPU quota,
     Ray's CPU grant when it runs inside a Ray task or actor, and ``$OMP_NUM_THREADS`` when set
     (Ray sets it in its workers). At least 1."""
-    limits = [len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-              else (os.cpu_count() or 1)]
-    quota = _cgroup_cpus()
-    if quota is not None:
-        limits.append(quota)
-    ray_cpus = _ray_grant()
-    if ray_cpus is not None:
-        limits.append(ray_cpus)
     omp = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if omp.isascii() and omp.isdigit() and int(omp) >= 1:
-        limits.append(int(omp))
-    return max(1, min(limits))
+    limits = [len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+              else (os.cpu_count() or 1), _cgroup_cpus(), _ray_grant(),
+              int(omp) if omp.isascii() and omp.isdigit() else None]
+    return max(1, min(n for n in limits if n))
 
 
 def default_threads() -> int:
-    """Threads for torch when none is given: the granted cores (:func:`granted_cpus`) less the
-    ones other processes keep busy (the 1-minute load average less this process's own share of
-    it, scaled to the granted share of the machine), rounded, at least 1."""
+    """The granted cores (:func:`granted_cpus`) less those other processes keep busy (the
+    1-minute load average less this process's own share, scaled to the granted share of the
+    machine), rounded, at least 1. This process's share is its CPU time over its age (at least
+    a minute): a long-lived process that used much CPU in its life is not taken as busy now."""
     cpus = granted_cpus()
     try:
         load = os.getloadavg()[0]
     except (OSError, AttributeError):  # no load average on this platform
         return cpus
     machine = os.cpu_count() or cpus
-    own = min(load, _own_load())  # our own CPU time counts in the load too
+    own = min(load, time.process_time() / max(60.0, _age_s()))
     busy = max(0.0, load - own) * min(1.0, cpus / machine)
     return max(1, min(cpus, math.floor(cpus - busy + 0.5)))
 
 
 def check_threads(value: object, name: str = "threads") -> int:
-    """An explicit thread count: an int in 1..:data:`MAX_THREADS`; a
-    :class:`~optw.errors.UserError` starting with ``name`` otherwise."""
+    """An explicit thread count in 1..:data:`MAX_THREADS`, else a UserError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_THREADS:
         raise UserError(f"{name}: expected a number of threads in 1..{MAX_THREADS}, got "
                          f"{value!r}")
@@ -90,13 +78,6 @@ def _age_s() -> float:
         return time.monotonic() - _IMPORTED
 
 
-def _own_load() -> float:
-    """This process's share of the 1-minute load average: its CPU seconds of the last minute,
-    estimated from its CPU time over its age (at least a minute): a long-lived process that
-    has used much CPU in its life is not taken as busy now."""
-    return time.process_time() / max(60.0, _age_s())
-
-
 def _cgroup_cpus() -> int | None:
     """CPUs of the cgroup v2 quota (``cpu.max``), rounded up; None without a quota."""
     try:
@@ -110,8 +91,8 @@ def _cgroup_cpus() -> int | None:
 
 
 def _ray_grant() -> int | None:
-    """CPUs Ray granted the current task or actor (None outside a Ray worker; Ray is never
-    imported here, only asked when this process already uses it)."""
+    """CPUs Ray granted the current task or actor (None outside a Ray worker; Ray is only
+    asked when this process already imported it)."""
     ray = sys.modules.get("ray")
     if ray is None:
         return None

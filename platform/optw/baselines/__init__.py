@@ -1,11 +1,5 @@
 """Baselines: the ILS heuristic of Vansteenwegen et al. (2009) and its stored results.
 
-Typical use::
-
-    from optw.baselines import solve_ils, load_ils_results
-    res = solve_ils(cat.region("c101"), cat.validation("c101"), index=0)
-    df = load_ils_results()          # stored by `optw baseline ils`
-
 Names are imported lazily, so the CLI (``optw.baselines.cli``) loads without numba/pandas.
 """
 

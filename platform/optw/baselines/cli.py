@@ -42,11 +42,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     ils.set_defaults(func=_ils)
 
 
-def max_workers() -> int:
-    """The most local ILS workers ``--workers`` takes: four per CPU, at least 64."""
-    return max(64, 4 * (os.cpu_count() or 1))
-
-
 def _record(row: dict, cached: bool) -> dict:
     return {
         "region": row["region"], "tourist": int(row["tourist"]), "kind": row["kind"],
@@ -60,7 +55,7 @@ def _ils(args) -> int:
     from optw.baselines.store import run_ils_baseline
     from optw.errors import UserError
 
-    limit = max_workers()
+    limit = max(64, 4 * (os.cpu_count() or 1))  # local Ray workers: four per CPU, at least 64
     if args.workers is not None and not 1 <= args.workers <= limit:
         raise UserError(f"--workers {args.workers}: expected 1..{limit} (a local Ray worker "
                         f"process each; this machine has {os.cpu_count() or 1} CPUs)")
@@ -78,8 +73,7 @@ def _ils(args) -> int:
         for row in df.to_dict("records"):
             if (row["region"], row["tourist"]) not in run.new_keys:
                 print(json.dumps(_record(row, cached=True)))
-        return 0
-    if args.quiet:
+    if args.json or args.quiet:
         return 0
     from optw.catalog.store import open_catalog
 

@@ -12,23 +12,16 @@ The algorithm and its pinned details follow ``shared/spec/ils.md`` (summary in `
 - all times are exact integers in hundredths of a minute (rounded distances are whole
   hundredths), so boundary cases never flip on floating-point noise.
 
-Two pins of our own, harmless on the catalog's data: points with score <= 0 are never inserted
-(they cannot raise the score), and an insertion with Shift <= 0 (possible with zero visit
-durations and rounded-down distances) has ratio +inf. The forward walk is written in the exact
-form ``s_k' = max(a_k + shift, O_k)``, identical to the published update for Shift >= 0 and
-still exact for a negative shift.
-
-Typical use::
-
-    from optw.baselines.ils import solve_ils
-    res = solve_ils(cat.region("c101"), cat.validation("c101"), index=3)
-    res.route, res.score, res.seconds, res.iterations
+Two pins of our own: points with score <= 0 are never inserted, and an insertion with
+Shift <= 0 (zero visit durations and rounded-down distances) has ratio +inf. The forward walk
+is written as ``s_k' = max(a_k + shift, O_k)``, the published update for Shift >= 0 and still
+exact for a negative shift.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numba as nb
 import numpy as np
@@ -45,15 +38,11 @@ _L, _BEST_L, _S, _R, _NOIMP, _ITERS = range(6)
 _BIG = np.iinfo(np.int64).max // 4
 
 
-# ----------------------------------------------------------------------------- kernels
-
-
 @nb.njit(cache=True)
 def _forward(rt, length, dist, opening, duration, a, w, s):
     """Earliest schedule of route ``rt[:length]``: arrival, wait and start per position."""
-    a[0] = opening[rt[0]]
+    a[0] = s[0] = opening[rt[0]]
     w[0] = 0
-    s[0] = a[0]
     for p in range(1, length):
         i, v = rt[p - 1], rt[p]
         a[p] = s[p - 1] + duration[i] + dist[i, v]
@@ -74,10 +63,8 @@ def _backward(rt, upto, length, closing, w, s, ms):
 
 @nb.njit(cache=True)
 def _insertion_shift(rt, p, j, dist, opening, closing, duration, w, s, ms):
-    """Shift of inserting ``j`` between positions ``p`` and ``p+1``; ``_BIG`` if infeasible.
-
-    O(1): feasible iff j starts by its closing and Shift <= Wait_k + MaxShift_k.
-    """
+    """Shift of inserting ``j`` between positions ``p`` and ``p+1``; ``_BIG`` if infeasible
+    (O(1): j starts by its closing and Shift <= Wait_k + MaxShift_k)."""
     i, k = rt[p], rt[p + 1]
     arr = s[p] + duration[i] + dist[i, j]
     if arr > closing[j]:
@@ -92,10 +79,8 @@ def _insertion_shift(rt, p, j, dist, opening, closing, duration, w, s, ms):
 @nb.njit(cache=True)
 def _best_insertion(rt, length, inr, dist, opening, closing, duration, score, w, s, ms):
     """(node, position, shift) of the best S^2/Shift insertion, node -1 if none fits."""
-    n = dist.shape[0]
-    best_j, best_p, best_shift = -1, -1, 0
-    best_ratio = -1.0
-    for j in range(1, n - 1):
+    best_j, best_p, best_shift, best_ratio = -1, -1, 0, -1.0
+    for j in range(1, dist.shape[0] - 1):
         if inr[j] or score[j] <= 0.0:
             continue
         jp, jshift = -1, _BIG
@@ -113,10 +98,8 @@ def _best_insertion(rt, length, inr, dist, opening, closing, duration, score, w,
 
 @nb.njit(cache=True)
 def _insert(rt, length, j, p, shift, inr, dist, opening, closing, duration, a, w, s, ms):
-    """Insert ``j`` after position ``p``, walk the shift forward, recompute MaxShift backwards.
-
-    Returns the new route length.
-    """
+    """Insert ``j`` after position ``p``, walk the shift forward, recompute MaxShift backwards;
+    returns the new route length."""
     for q in range(length, p + 1, -1):  # make room at p+1
         rt[q] = rt[q - 1]
         a[q], w[q], s[q], ms[q] = a[q - 1], w[q - 1], s[q - 1], ms[q - 1]
@@ -145,9 +128,8 @@ def _insert(rt, length, j, p, shift, inr, dist, opening, closing, duration, a, w
 def _local_search(rt, length, inr, dist, opening, closing, duration, score, a, w, s, ms):
     """Insert by best ratio until no unrouted point fits; returns the new length."""
     while True:
-        j, p, shift = _best_insertion(
-            rt, length, inr, dist, opening, closing, duration, score, w, s, ms
-        )
+        j, p, shift = _best_insertion(rt, length, inr, dist, opening, closing, duration, score,
+                                      w, s, ms)
         if j < 0:
             return length
         length = _insert(rt, length, j, p, shift, inr, dist, opening, closing, duration,
@@ -160,11 +142,9 @@ def _shake(rt, length, r, start, inr, dist, opening, closing, duration, a, w, s,
     m = length - 2
     if m <= 0 or r <= 0:
         return length
-    first = start % m
-    nrem = min(r, m)
     keep = np.ones(m, dtype=np.bool_)
-    for t in range(nrem):
-        keep[(first + t) % m] = False
+    for t in range(min(r, m)):
+        keep[(start + t) % m] = False
     q = 1
     for v in range(m):
         node = rt[v + 1]
@@ -223,15 +203,10 @@ def _ils_steps(dist, opening, closing, duration, score, max_noimp, r_reset, stat
     return True
 
 
-# ----------------------------------------------------------------------------- problem
-
-
 @dataclass(frozen=True, eq=False)
 class IlsProblem:
-    """One tourist's instance in exact integer time units (hundredths of a minute).
-
-    ``opening``/``closing`` of the start and end nodes are the tourist's T_start/T_end.
-    """
+    """One tourist's instance in exact integer time units (hundredths of a minute); the start
+    and end nodes open and close at the tourist's T_start/T_end."""
 
     dist: np.ndarray  # [n, n] int64
     opening: np.ndarray  # [n] int64
@@ -244,12 +219,9 @@ class IlsProblem:
         return int(self.dist.shape[0])
 
     @classmethod
-    def from_region(
-        cls, region: Region, tourists: Tourists | None = None, index: int = 0,
-        dist: np.ndarray | None = None,
-    ) -> IlsProblem:
-        """Tourist ``index`` of ``tourists`` (default: the benchmark tourist); ``dist`` may
-        pass that tourist's precomputed travel times ``[n, n]`` in minutes."""
+    def from_region(cls, region: Region, tourists: Tourists | None = None,
+                    index: int = 0) -> IlsProblem:
+        """Tourist ``index`` of ``tourists`` (default: the benchmark tourist)."""
         if tourists is None:
             start_xy, f32 = np.array([region.start_xy], dtype=np.float64), False
             t_start, t_end, score = region.t_start, region.t_end, region.score
@@ -259,8 +231,7 @@ class IlsProblem:
             start_xy, f32 = tourists.start_xy[index : index + 1], tourists.start_rows_f32
             t_start, t_end = float(tourists.t_start[index]), float(tourists.t_end[index])
             score = tourists.scores[index]
-        if dist is None:
-            dist = region.distances(start_xy, f32)[0]
+        dist = region.distances(start_xy, f32)[0]
         opening, closing = to_time_units(region.opening), to_time_units(region.closing)
         opening[0] = opening[-1] = to_time_units(t_start)
         closing[0] = closing[-1] = to_time_units(t_end)
@@ -269,8 +240,7 @@ class IlsProblem:
             opening=opening,
             closing=closing,
             duration=to_time_units(region.duration),
-            # a fresh writable copy: numba compiles read-only arrays (pandas/arrow views) as a
-            # separate signature
+            # a writable copy: numba compiles read-only (pandas/arrow) views as another signature
             score=np.array(score, dtype=np.float64, copy=True),
         )
 
@@ -281,25 +251,19 @@ class RouteState:
     def __init__(self, problem: IlsProblem, route: list[int] | None = None):
         n = problem.n_nodes
         self.p = problem
-        self.rt = np.zeros(n + 1, dtype=np.int64)
-        self.a, self.w = np.zeros(n + 1, np.int64), np.zeros(n + 1, np.int64)
-        self.s, self.ms = np.zeros(n + 1, np.int64), np.zeros(n + 1, np.int64)
+        self.rt, self.a, self.w, self.s, self.ms = (np.zeros(n + 1, np.int64) for _ in range(5))
         self.inr = np.zeros(n, dtype=np.bool_)
         route = [0, n - 1] if route is None else [int(v) for v in route]
         self.length = len(route)
         self.rt[: self.length] = route
         self.inr[route[1:-1]] = True
-        self.retime()
+        p = problem
+        _forward(self.rt, self.length, p.dist, p.opening, p.duration, self.a, self.w, self.s)
+        _backward(self.rt, self.length - 1, self.length, p.closing, self.w, self.s, self.ms)
 
     @property
     def route(self) -> list[int]:
         return self.rt[: self.length].tolist()
-
-    def retime(self) -> None:
-        """Full earliest-start schedule and MaxShift from scratch."""
-        p = self.p
-        _forward(self.rt, self.length, p.dist, p.opening, p.duration, self.a, self.w, self.s)
-        _backward(self.rt, self.length - 1, self.length, p.closing, self.w, self.s, self.ms)
 
     def schedule(self) -> dict[str, np.ndarray]:
         """Copies of arrival, wait, start and MaxShift per position."""
@@ -342,9 +306,6 @@ class RouteState:
                              p.closing, p.duration, self.a, self.w, self.s, self.ms)
 
 
-# ----------------------------------------------------------------------------- API
-
-
 @dataclass(frozen=True)
 class IlsResult:
     """Best route found (``[0, ..., n-1]``), its score, wall time and ILS iterations."""
@@ -356,11 +317,8 @@ class IlsResult:
     timed_out: bool = False
 
 
-def solve_problem(
-    problem: IlsProblem,
-    max_iter_no_improve: int = MAX_ITER_NO_IMPROVE,
-    time_limit: float | None = None,
-) -> IlsResult:
+def solve_problem(problem: IlsProblem, max_iter_no_improve: int = MAX_ITER_NO_IMPROVE,
+                  time_limit: float | None = None) -> IlsResult:
     """Run the ILS on a prepared :class:`IlsProblem` (see :func:`solve_ils`)."""
     t0 = time.perf_counter()
     if max_iter_no_improve < 1:
@@ -368,8 +326,7 @@ def solve_problem(
     if time_limit is not None and not time_limit > 0:
         raise ValueError(f"time_limit must be positive seconds or None, got {time_limit}")
     st = RouteState(problem)
-    n_points = problem.n_nodes - 2
-    r_reset = max(1, n_points // 3)
+    r_reset = max(1, (problem.n_nodes - 2) // 3)  # the shake length restarts at a third
     state = np.zeros(6, dtype=np.int64)
     state[_L], state[_BEST_L], state[_S], state[_R] = st.length, st.length, 1, 1
     best_score = np.zeros(1, dtype=np.float64)
@@ -391,32 +348,22 @@ def solve_problem(
     return IlsResult(route, score, time.perf_counter() - t0, int(state[_ITERS]), timed_out)
 
 
-def solve_ils(
-    region: Region,
-    tourists: Tourists | None = None,
-    index: int = 0,
-    max_iter_no_improve: int = MAX_ITER_NO_IMPROVE,
-    time_limit: float | None = None,
-) -> IlsResult:
-    """ILS route for tourist ``index`` of ``tourists`` (default: the benchmark tourist).
-
-    Deterministic. ``time_limit`` (seconds) optionally caps the run; the best route so far is
-    returned with ``timed_out=True``. ``seconds`` includes preparing the instance.
-    """
+def solve_ils(region: Region, tourists: Tourists | None = None, index: int = 0,
+              max_iter_no_improve: int = MAX_ITER_NO_IMPROVE,
+              time_limit: float | None = None) -> IlsResult:
+    """Deterministic ILS route for tourist ``index`` of ``tourists`` (default: the benchmark
+    tourist); past ``time_limit`` seconds the best route so far with ``timed_out=True``.
+    ``seconds`` includes preparing the instance."""
     t0 = time.perf_counter()
-    problem = IlsProblem.from_region(region, tourists, index)
-    res = solve_problem(problem, max_iter_no_improve, time_limit)
-    return IlsResult(res.route, res.score, time.perf_counter() - t0, res.iterations,
-                     res.timed_out)
+    res = solve_problem(IlsProblem.from_region(region, tourists, index), max_iter_no_improve,
+                        time_limit)
+    return replace(res, seconds=time.perf_counter() - t0)
 
 
-def solve_ils_batch(
-    region: Region,
-    tourists: Tourists,
-    max_iter_no_improve: int = MAX_ITER_NO_IMPROVE,
-    time_limit: float | None = None,
-    indices: list[int] | None = None,
-) -> list[IlsResult]:
+def solve_ils_batch(region: Region, tourists: Tourists,
+                    max_iter_no_improve: int = MAX_ITER_NO_IMPROVE,
+                    time_limit: float | None = None,
+                    indices: list[int] | None = None) -> list[IlsResult]:
     """:func:`solve_ils` for every tourist of the batch (or the given ``indices``), in order."""
     idx = range(len(tourists)) if indices is None else indices
     return [solve_ils(region, tourists, int(i), max_iter_no_improve, time_limit) for i in idx]
@@ -424,14 +371,11 @@ def solve_ils_batch(
 
 def warm_up() -> None:
     """Compile (or load from the numba cache) every kernel on a tiny instance."""
-    n = 4
-    xy = np.array([[0, 0], [1, 0], [2, 0], [0, 0]], dtype=np.float64)
-    dist = np.floor(np.sqrt(((xy[:, None] - xy[None]) ** 2).sum(-1)) * 10) / 10
     region = Region(
-        id="warm-up", group="solomon", x=xy[:, 0], y=xy[:, 1], duration=np.ones(n),
-        opening=np.zeros(n), closing=np.full(n, 100.0), score=np.array([0, 1.0, 2.0, 0]),
-        t_start=0.0, t_end=100.0, decimals=1,
+        id="warm-up", group="solomon", x=np.array([0, 1.0, 2.0, 0]), y=np.zeros(4),
+        duration=np.ones(4), opening=np.zeros(4), closing=np.full(4, 100.0),
+        score=np.array([0, 1.0, 2.0, 0]), t_start=0.0, t_end=100.0, decimals=1,
     )
-    problem = IlsProblem.from_region(region, dist=dist)
+    problem = IlsProblem.from_region(region)
     solve_problem(problem, max_iter_no_improve=3)
     solve_problem(problem, max_iter_no_improve=3, time_limit=10.0)

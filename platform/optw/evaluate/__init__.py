@@ -1,15 +1,5 @@
 """Evaluation statistics of the paper: gaps, bootstrap CIs, Wilcoxon tests, result tables.
 
-Typical use::
-
-    from optw.evaluate import evaluate, load_results, load_best_known, write_tables
-    from optw.baselines import load_ils_results
-    res = load_results("results.csv", cat)            # checked against the catalog
-    tables = evaluate(res, load_ils_results(cat.path), load_best_known())
-    write_tables(tables, "outputs/evaluate/run1")     # CSV + Markdown, atomically
-    ours = ours_from_regions(tables["regions"])       # ... held against the paper's tables
-    paper = against_paper(ours, load_paper_scores())  # paper_groups, paper_regions
-
 Names are imported lazily, so the CLI (``optw.evaluate.cli``) loads without pandas/scipy.
 """
 

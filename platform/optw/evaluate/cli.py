@@ -68,15 +68,15 @@ def _evaluate(args) -> int:
 
     if args.baseline not in BASELINES:
         raise UserError(f"unknown baseline {args.baseline!r}; known: {list(BASELINES)}")
-    _check_out(args.out)
     if not 1 <= args.resamples <= MAX_RESAMPLES:
         raise UserError(f"--resamples {args.resamples}: expected 1..{MAX_RESAMPLES}")
     if args.seed < 0:
         raise UserError(f"--seed {args.seed}: expected an integer >= 0")
-    if args.against_paper:
-        return _against_paper(args)
-    if args.results is None:
+    if args.results is None and not args.against_paper:
         raise UserError("--results FILE is required (or --against-paper)")
+    out = _out_dir(args)
+    if args.against_paper:
+        return _against_paper(args, out)
     cat = open_catalog(args.catalog)
     results = load_results(args.results, cat, args.baseline, args.methods)
     reference = args.reference or default_reference_path()
@@ -88,16 +88,15 @@ def _evaluate(args) -> int:
         best_known = load_best_known(reference)
     baseline = load_ils_results(cat.path)
     tables = evaluate(results, baseline, best_known, args.baseline, args.resamples, args.seed)
-    out = args.out or Path("outputs") / "evaluate" / args.results.stem
-    _check_out(out, default=args.out is None)
-    paths = write_tables(tables, out, note=f"of {args.results}", option=_option(args))
+    paths = write_tables(tables, out, note=f"of {args.results}",
+                         option="--out" if args.out is not None else None)
     if not args.quiet:
         print(render_markdown(tables)["summary.md"])
         print(f"wrote {len(paths)} files to {out}")
     return 0
 
 
-def _against_paper(args) -> int:
+def _against_paper(args, out: Path) -> int:
     """``optw evaluate --against-paper``: ours (stored ILS, the results' methods) beside the
     paper's columns, per group and per region."""
     from optw.baselines.store import load_ils_results
@@ -135,13 +134,9 @@ def _against_paper(args) -> int:
                          "with a paper column, in a region of the paper's tables (run `optw "
                          "baseline ils --tourists paper`, or map a method with "
                          "--paper-column NAME=COLUMN)")
-    stem = args.results.stem if args.results is not None and str(args.results) != "-" else ""
-    out = args.out or Path("outputs") / "evaluate" / (f"{stem}-against-paper" if stem
-                                                      else "against-paper")
-    _check_out(out, default=args.out is None)
-    doc = render_against_paper(tables)
-    paths = write_tables(tables, out, {"against_paper.md": doc}, note="against the paper",
-                         option=_option(args))
+    paths = write_tables(tables, out, {"against_paper.md": render_against_paper(tables)},
+                         note="against the paper",
+                         option="--out" if args.out is not None else None)
     if not args.quiet:
         print("# Against the paper, per group\n")
         print(to_markdown(group_view(tables["paper_groups"])))
@@ -149,23 +144,25 @@ def _against_paper(args) -> int:
     return 0
 
 
-def _option(args) -> str | None:
-    """How errors name the output folder: ``--out`` when given, else the default path."""
-    return "--out" if args.out is not None else None
-
-
-def _check_out(out: Path | None, default: bool = False) -> None:
-    """The output folder may be replaced by an evaluation (:func:`optw.outdir.check_out_dir`):
-    new, empty or an earlier evaluation's folder. Checked before any work; the default one
-    (no ``--out``) is named with the hint to give ``--out DIR``."""
+def _out_dir(args) -> Path:
+    """``--out``, else ``outputs/evaluate/<results stem>[-against-paper]``, checked before any
+    work: new, empty or an earlier evaluation's folder (:func:`optw.outdir.check_out_dir`);
+    the default one is refused with the hint to give ``--out DIR``."""
     from optw.evaluate.tables import OUT_KIND
     from optw.outdir import OutDirError, check_out_dir
 
-    if out is None:
-        return
+    if args.out is not None:
+        check_out_dir(args.out, OUT_KIND, option="--out")
+        return args.out
+    if not args.against_paper:
+        name = args.results.stem
+    elif args.results is not None and str(args.results) != "-":
+        name = f"{args.results.stem}-against-paper"
+    else:
+        name = "against-paper"
+    out = Path("outputs") / "evaluate" / name
     try:
-        check_out_dir(out, OUT_KIND, option=None if default else "--out")
+        check_out_dir(out, OUT_KIND)
     except OutDirError as exc:
-        if not default:
-            raise
         raise OutDirError(exc.path, f"{exc.reason}; or give --out DIR") from None
+    return out

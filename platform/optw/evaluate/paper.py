@@ -4,9 +4,8 @@ report's "Against the paper" section).
 Our mean per region, for ILS and each method, beside the paper's column of the same name
 (``ils``, ``global_ft``, ``model``, ``model_as``; other names through an explicit mapping): on
 the paper's own tourists (kind ``paper``) against ``paper_generated_scores.csv``, on the
-benchmark tourist against ``paper_benchmark_scores.csv``. Our validation tourists have no
-counterpart in the paper and are left out. ``diff`` = (ours − paper) / paper × 100: positive
-when ours scores higher. Group rows: means over the regions compared.
+benchmark tourist against ``paper_benchmark_scores.csv`` (our validation tourists have no
+counterpart). ``diff`` = (ours − paper) / paper × 100; group rows: means over the regions.
 """
 
 from __future__ import annotations
@@ -57,18 +56,16 @@ def parse_column_map(items: list[str] | None) -> dict[str, str]:
 def check_column_names(columns: Mapping[str, str], methods: list[str],
                        source: str | None) -> None:
     """Every NAME of ``--paper-column NAME=COLUMN`` must be a method of the results
-    (``methods``, from ``source``; None: no results given); else a :class:`UserError` naming
-    the unknown method and the known ones."""
-    unknown = [name for name in columns if name not in methods]
-    if not unknown:
-        return
-    name = unknown[0]
-    item = f"--paper-column {name}={columns[name]}"
-    if source is None:
-        raise UserError(f"{item}: unknown method {name!r}: no --results given, so there are no "
-                        "methods to map (give --results FILE with that method)")
-    raise UserError(f"{item}: unknown method {name!r}; the methods of {source}: "
-                    f"{', '.join(methods) or 'none'}")
+    (``methods``, from ``source``; None: no results given), else a :class:`UserError`."""
+    for name, column in columns.items():
+        item = f"--paper-column {name}={column}"
+        if name in methods:
+            continue
+        if source is None:
+            raise UserError(f"{item}: unknown method {name!r}: no --results given, so there "
+                            "are no methods to map (give --results FILE with that method)")
+        raise UserError(f"{item}: unknown method {name!r}; the methods of {source}: "
+                        f"{', '.join(methods) or 'none'}")
 
 
 def ours_from_results(results: pd.DataFrame, ils: pd.DataFrame | None = None,
@@ -81,8 +78,7 @@ def ours_from_results(results: pd.DataFrame, ils: pd.DataFrame | None = None,
     if results is not None and len(results):
         parts.append(results.rename(columns={"method": "name"}))
     if ils is not None and len(ils):
-        base = ils.assign(name="ils", group=ils["region"].map(groups or {}))
-        parts.append(base)
+        parts.append(ils.assign(name="ils", group=ils["region"].map(groups or {})))
     if not parts:
         return pd.DataFrame(columns=list(OURS))
     df = pd.concat(parts, ignore_index=True)
@@ -98,23 +94,21 @@ def ours_from_regions(regions: pd.DataFrame) -> pd.DataFrame:
     """Our means from a region table (:func:`optw.evaluate.tables.region_table`, e.g. a job's
     ``regions.csv``): each method as is, ILS once per (kind, region)."""
     df = regions[regions["kind"].isin(KINDS)]
-    exact = df["exact"] if "exact" in df.columns else True
-    df = df.assign(exact=exact)
+    df = df.assign(exact=df["exact"] if "exact" in df.columns else True)
     methods = df.rename(columns={"method": "name", "model": "score"})
     ils = (df.sort_values("tourists", ascending=False, kind="stable")
            .drop_duplicates(["kind", "region"]).assign(name="ils")
            .rename(columns={"ils": "score"}))
     out = pd.concat([ils, methods], ignore_index=True)
     out["exact"] = out["exact"].astype(bool)
-    return out[list(OURS)].reset_index(drop=True)
+    return out[list(OURS)]
 
 
 def against_paper(ours: pd.DataFrame, paper: Mapping[str, pd.DataFrame],
                   columns: Mapping[str, str] | None = None) -> dict[str, pd.DataFrame]:
-    """Tables ``paper_regions`` (one row per kind, region and compared name) and
-    ``paper_groups`` (per kind, group and name: means over regions, the diff of the means and
-    the mean / min / max of the region diffs). Names with no paper column and regions the
-    paper's table lacks are left out."""
+    """Tables ``paper_regions`` (per kind, region and compared name) and ``paper_groups`` (per
+    kind, group and name: means over regions, their diff, mean / min / max of the region
+    diffs); names without a paper column and regions the paper lacks are left out."""
     columns = dict(columns or {})
     rows = []
     for rec in ours.itertuples(index=False):

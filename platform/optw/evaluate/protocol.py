@@ -1,13 +1,11 @@
 """The evaluation protocol: how a trained model is scored, and how scores compare with ILS.
 
 A model is evaluated on each region's benchmark tourist and the first ``validation_tourists``
-tourists of its generated set (``tourists``: our validation tourists, or the paper's own sets
-of a catalog built with ``--paper-sets``) with greedy decoding, beam search (and optionally
-active search), giving one row per (region, tourist, method) with the per-tourist solve time;
-the beam-width sweep times each width on the benchmark tourist. During training the gap to
-ILS on the validation tourists (:func:`gap_to_ils`) is the score-free measure that compares
-regions and trials.
-These functions need neither Ray nor MLflow.
+tourists of its generated set (ours, or the paper's own sets) with greedy decoding, beam
+search (and optionally active search): one row per (region, tourist, method) with the
+per-tourist solve time; the beam-width sweep times each width on the benchmark tourist. During
+training the gap to ILS on the validation tourists (:func:`gap_to_ils`) compares regions and
+trials. These functions need neither Ray nor MLflow.
 """
 
 from __future__ import annotations
@@ -19,9 +17,8 @@ from typing import Any
 import numpy as np
 
 from optw.catalog import TOURIST_SETS
-from optw.checks import integer
+from optw.checks import integer, require
 from optw.decode.limits import MAX_BEAMS, MIN_BEAMS, PAPER_BEAMS
-from optw.errors import ConfigError
 from optw.evaluate.stats import gap
 
 #: the beam widths of the paper's score-against-time figure
@@ -49,31 +46,28 @@ class EvaluateSettings:
         def width(w: Any) -> bool:
             return integer(w) and MIN_BEAMS <= w <= MAX_BEAMS
 
-        if not isinstance(self.beam_sweep, list) or not all(map(width, self.beam_sweep)):
-            raise ConfigError(f"evaluate.beam_sweep = {self.beam_sweep!r}: a list of widths in "
-                              f"{MIN_BEAMS}..{MAX_BEAMS}")
-        if not width(self.beams):
-            raise ConfigError(f"evaluate.beams = {self.beams!r}: must be an integer in "
-                              f"{MIN_BEAMS}..{MAX_BEAMS}")
-        if not (integer(self.active_search) and self.active_search >= 0):
-            raise ConfigError(f"evaluate.active_search = {self.active_search!r}: must be an "
-                              "integer >= 0")
-        if not (integer(self.validation_tourists) and 0 <= self.validation_tourists <= 64):
-            raise ConfigError(f"evaluate.validation_tourists = {self.validation_tourists!r}: "
-                              "must be an integer in 0..64")
+        widths = f"{MIN_BEAMS}..{MAX_BEAMS}"
+        require(isinstance(self.beam_sweep, list) and all(map(width, self.beam_sweep)),
+                "evaluate.beam_sweep", self.beam_sweep, f"a list of widths in {widths}")
+        require(width(self.beams), "evaluate.beams", self.beams,
+                f"must be an integer in {widths}")
+        require(integer(self.active_search) and self.active_search >= 0,
+                "evaluate.active_search", self.active_search, "must be an integer >= 0")
+        require(integer(self.validation_tourists) and 0 <= self.validation_tourists <= 64,
+                "evaluate.validation_tourists", self.validation_tourists,
+                "must be an integer in 0..64")
         for name in ("keep_greedy", "one_by_one"):
-            if type(getattr(self, name)) is not bool:
-                raise ConfigError(f"evaluate.{name} = {getattr(self, name)!r}: must be true "
-                                  "or false")
-        if not (isinstance(self.tourists, str) and self.tourists in TOURIST_SETS):
-            raise ConfigError(f"evaluate.tourists = {self.tourists!r}: expected one of "
-                              f"{', '.join(map(repr, TOURIST_SETS))}")
+            value = getattr(self, name)
+            require(type(value) is bool, f"evaluate.{name}", value, "must be true or false")
+        require(isinstance(self.tourists, str) and self.tourists in TOURIST_SETS,
+                "evaluate.tourists", self.tourists,
+                f"expected one of {', '.join(map(repr, TOURIST_SETS))}")
 
 
 class SearchProgress:
-    """A tqdm bar on stderr over every active-search epoch of an evaluation (its regions'
-    tourists one after another): the region and tourist being tuned and the best score
-    sampled for it so far. ``show=None``: only when stderr is a terminal (as ``optw solve``)."""
+    """A tqdm bar on stderr over every active-search epoch of an evaluation: the region and
+    tourist being tuned and its best sampled score so far. ``show=None``: only when stderr is
+    a terminal."""
 
     def __init__(self, total: int, show: bool | None = None):
         import sys
@@ -107,15 +101,11 @@ def evaluate_model(checkpoint: str, regions: list[str], method: str,
                    settings: EvaluateSettings, catalog_dir: str,
                    progress: bool | None = None,
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Greedy and beam search (and active search if asked) on each region's benchmark tourist
-    and generated tourists (``settings.tourists``): one row per (region, tourist, method), with
-    its solve seconds and ``kind`` (the benchmark tourist is solved on its own, the generated
-    ones one by one or as a batch, see :class:`EvaluateSettings`); and the beam-width sweep on
-    each benchmark tourist: one row per (region, beams). Greedy runs once per batch: beam
-    search and the sweep keep its routes (``keep_greedy``) without decoding them again, and the
-    sweep reuses the evaluation's own width on the benchmark tourist. Active search (one
-    tourist at a time, the long part) shows a progress bar (:class:`SearchProgress`;
-    ``progress=None``: when stderr is a terminal)."""
+    """Rows of greedy and beam search (and active search if asked) on each region's benchmark
+    and generated tourists: one per (region, tourist, method), with its solve seconds and
+    ``kind``; and rows of the beam-width sweep on each benchmark tourist: one per (region,
+    beams). Greedy runs once per batch; beam search and the sweep keep its routes
+    (``keep_greedy``). Active search shows a progress bar (:class:`SearchProgress`)."""
     import torch
 
     from optw.catalog import open_catalog
@@ -152,8 +142,6 @@ def _evaluate_region(model: Any, catalog: Any, rid: str, method: str,
     batches = [catalog.benchmark(rid)]
     if len(val):
         batches += [val[k] for k in range(len(val))] if settings.one_by_one else [val]
-    # greedy first: beam search (and the sweep) keep the greedy route through these
-    # solutions instead of decoding it again (same routes, its seconds added)
     greedy = [solve(model, region, tourists, "greedy") for tourists in batches]
     reuse = settings.keep_greedy
     beam = [solve(model, region, tourists, "beam", beams=settings.beams, keep_greedy=reuse,
@@ -185,10 +173,8 @@ def _evaluate_region(model: Any, catalog: Any, rid: str, method: str,
 def validation_score(rows: list[dict[str, Any]], region: str, method: str) -> float:
     """Mean score of ``method`` on ``region``'s generated tourists (validation or paper; all
     its rows when the evaluation had none): what the registry's champion rule compares."""
-    vals = [r["score"] for r in rows
-            if r["region"] == region and r["method"] == method and r["kind"] != "benchmark"]
-    if not vals:
-        vals = [r["score"] for r in rows if r["region"] == region and r["method"] == method]
+    mine = [r for r in rows if r["region"] == region and r["method"] == method]
+    vals = [r["score"] for r in mine if r["kind"] != "benchmark"] or [r["score"] for r in mine]
     return float(np.mean(vals)) if vals else float("nan")
 
 

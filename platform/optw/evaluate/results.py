@@ -1,11 +1,10 @@
 """Reading and checking a results table: one row per (region, tourist, method).
 
 Required columns: ``region, tourist, method, score, seconds``. A table is CSV, Parquet or JSON
-lines (one object per line, as ``optw solve --json`` prints; ``-`` reads them from standard
-input). An optional ``route`` column
-(list of node ids, or a string like ``"0 5 12 101"`` / ``"[0, 5, 12, 101]"``) is checked with
-:func:`optw.env.validate.check_route` and must reproduce ``score``. Every problem is reported
-with the row it is on (``row N`` counts data rows from 1; in a CSV file that is line N+1).
+lines (as ``optw solve --json`` prints; ``-`` reads them from standard input). An optional
+``route`` column (node ids, or a string like ``"0 5 12 101"`` / ``"[0, 5, 12, 101]"``) is
+checked with :func:`optw.env.validate.check_route` and must reproduce ``score``. Every problem
+names its row (``row N`` counts data rows from 1; in a CSV file that is line N+1).
 """
 
 from __future__ import annotations
@@ -35,7 +34,8 @@ class ResultsError(UserError):
     """A results table that cannot be evaluated (the message names the offending rows)."""
 
 
-def _json_lines(text: str, source: str) -> pd.DataFrame:
+def _json_lines(text: str, source: str, name: str) -> pd.DataFrame:
+    """The records of JSON-lines ``text``; errors name ``source``, the table's attrs ``name``."""
     records = []
     for no, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -52,7 +52,9 @@ def _json_lines(text: str, source: str) -> pd.DataFrame:
         records.append(rec)
     if not records:
         raise ResultsError(f"{source} is empty")
-    return pd.DataFrame(records)
+    df = pd.DataFrame(records)
+    df.attrs.update(source=name, csv=False)
+    return df
 
 
 def read_table(path: Path | str) -> pd.DataFrame:
@@ -63,9 +65,7 @@ def read_table(path: Path | str) -> pd.DataFrame:
             text = sys.stdin.read()
         except UnicodeDecodeError as exc:
             raise ResultsError(f"standard input is not UTF-8 text ({exc.reason})") from None
-        df = _json_lines(text, "standard input")
-        df.attrs.update(source="standard input", csv=False)
-        return df
+        return _json_lines(text, "standard input", "standard input")
     path = Path(path)
     if not path.exists():
         raise ResultsError(f"results file {path} does not exist")
@@ -81,20 +81,15 @@ def read_table(path: Path | str) -> pd.DataFrame:
         except OSError as exc:
             raise ResultsError(f"cannot read results file {path} ({exc.strerror or exc})"
                                ) from None
-        df = _json_lines(text, f"results file {path}")
-        df.attrs.update(source=str(path), csv=False)
-        return df
+        return _json_lines(text, f"results file {path}", str(path))
+    parquet = suffix in (".parquet", ".pq")
     try:
-        if suffix in (".parquet", ".pq"):
-            df = pd.read_parquet(path)
-        else:
-            df = pd.read_csv(path, skipinitialspace=True)
+        df = pd.read_parquet(path) if parquet else pd.read_csv(path, skipinitialspace=True)
     except pd.errors.EmptyDataError as exc:
         raise ResultsError(f"results file {path} is empty") from exc
     except Exception as exc:  # malformed CSV/Parquet: parser errors of several kinds
         raise ResultsError(f"cannot read results file {path}: {exc}") from exc
-    df.attrs["source"] = str(path)
-    df.attrs["csv"] = path.suffix.lower() not in (".parquet", ".pq")
+    df.attrs.update(source=str(path), csv=not parquet)
     return df
 
 
@@ -116,23 +111,14 @@ def _parse_route(value) -> list[int] | None:
     return [int(v) for v in value]
 
 
-def validate_results(
-    df: pd.DataFrame,
-    catalog,
-    baseline: str = "ils",
-    methods: Iterable[str] | None = None,
-    check_routes: bool = True,
-) -> pd.DataFrame:
-    """Check a raw results table against the catalog; returns a clean copy with a ``kind``
-    column (``benchmark``/``validation``/``paper`` from the catalog), ``group`` and ``exact``
-    (False for tourists of a paper set that is only the CPU approximation).
-
-    Raises :class:`ResultsError` naming the rows at fault (up to ten problems per message).
-    """
+def validate_results(df: pd.DataFrame, catalog, baseline: str = "ils",
+                     methods: Iterable[str] | None = None,
+                     check_routes: bool = True) -> pd.DataFrame:
+    """A raw results table checked against the catalog, as a clean copy with the tourists'
+    ``kind``, ``group`` and ``exact`` (False for a paper set that is the CPU approximation);
+    else a :class:`ResultsError` naming the rows at fault (up to ten)."""
     source = df.attrs.get("source", "results table")
-    attrs = dict(df.attrs)
-    df = df.reset_index(drop=True)
-    df.attrs.update(attrs)
+    df = df.reset_index(drop=True)  # keeps attrs
     if len(df.columns) == 0 or len(df) == 0:
         raise ResultsError(f"{source} has no rows")
     missing = [c for c in REQUIRED if c not in df.columns]
@@ -144,8 +130,8 @@ def validate_results(
     def bad(i: int, msg: str) -> None:
         problems.append(f"{_row(df, i)}: {msg}")
 
-    known: dict[str, dict[int, str]] = {}
-    totals: dict[str, dict[int, float]] = {}  # the most a tourist can score: all its points
+    #: region -> tourist id -> (kind, the most it can score: all its points)
+    known: dict[str, dict[int, tuple[str, float]]] = {}
     kinds_held = ("benchmark", "validation", *(("paper",) if catalog.has_paper_sets else ()))
     regions = set(catalog.list_regions())
     region_ids = list(regions)
@@ -155,13 +141,12 @@ def validate_results(
     seconds = pd.to_numeric(df["seconds"], errors="coerce")
     kinds: list[str | None] = []
     for i in range(len(df)):
-        kind = None
-        region, method = df["region"].iat[i], df["method"].iat[i]
+        kind = total = None
+        region, method, t = df["region"].iat[i], df["method"].iat[i], tourist.iat[i]
         if not isinstance(method, str) or not METHOD_RE.match(method):
             bad(i, f"method {_show(method)} is not a valid name (letters, digits, _ . + -)")
         elif method in RESERVED_METHODS or method == baseline:
             bad(i, f"method {method!r} is the name of a baseline; rename it")
-        t = tourist.iat[i]
         if not isinstance(region, str) or region not in regions:
             close = difflib.get_close_matches(str(region), region_ids, n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
@@ -170,23 +155,21 @@ def validate_results(
             bad(i, f"tourist {_show(df['tourist'].iat[i])} is not an integer id")
         else:
             if region not in known:
-                known[region], totals[region] = {}, {}
+                known[region] = {}
                 for k in kinds_held:
                     batch = catalog.tourists(region, k)
-                    for tid, total in zip(batch.tourist_id, batch.scores.sum(axis=1),
-                                          strict=True):
-                        known[region][int(tid)] = k
-                        totals[region][int(tid)] = float(total)
-            kind = known[region].get(int(t))
+                    for tid, most in zip(batch.tourist_id, batch.scores.sum(axis=1), strict=True):
+                        known[region][int(tid)] = (k, float(most))
+            kind, total = known[region].get(int(t), (None, None))
             if kind is None:
                 bad(i, f"tourist {int(t)} of region {region} is not in the catalog "
                        f"(ids {_id_ranges(known[region])})")
         s, sec = score.iat[i], seconds.iat[i]
         if not np.isfinite(s) or s < 0:
             bad(i, f"score {_show(df['score'].iat[i])} is not a finite number >= 0")
-        elif kind is not None and s > totals[region][int(t)] * (1 + 1e-9) + 1e-9:
+        elif total is not None and s > total * (1 + 1e-9) + 1e-9:
             bad(i, f"score {_show(df['score'].iat[i])} is more than tourist {int(t)} can "
-                   f"score in {region} ({totals[region][int(t)]:g}, all its points)")
+                   f"score in {region} ({total:g}, all its points)")
         if not np.isfinite(sec) or not 0 <= sec <= MAX_SECONDS:
             bad(i, f"seconds {_show(df['seconds'].iat[i])} is not a finite number in "
                    f"[0, {MAX_SECONDS:g}]")
@@ -194,18 +177,13 @@ def validate_results(
         if len(problems) >= MAX_REPORTED:
             break
     if not problems:
-        key = pd.DataFrame({"region": df["region"], "tourist": tourist.astype("int64"),
-                            "method": df["method"]})
-        dup = key.duplicated(keep=False).to_numpy()
-        if dup.any():
-            first = {}
-            for i in np.flatnonzero(dup):
-                k = tuple(key.iloc[i])
-                if k in first:
-                    problems.append(f"{_row(df, i)}: duplicates {_row(df, first[k])} "
-                                    f"(region {k[0]}, tourist {k[1]}, method {k[2]})")
-                else:
-                    first[k] = i
+        first: dict[tuple, int] = {}
+        keys = zip(df["region"], tourist.astype("int64"), df["method"], strict=True)
+        for i, (region, tid, method) in enumerate(keys):
+            j = first.setdefault((region, tid, method), i)
+            if j != i:
+                bad(i, f"duplicates {_row(df, j)} (region {region}, tourist {tid}, "
+                       f"method {method})")
                 if len(problems) >= MAX_REPORTED:
                     break
     if problems:
@@ -232,10 +210,10 @@ def validate_results(
     return out.reset_index(drop=True)
 
 
-def _id_ranges(kinds: dict[int, str]) -> str:
+def _id_ranges(held: dict[int, tuple[str, float]]) -> str:
     """``0..64`` or ``0..64, paper 1000..1063``: the ids a region's stored tourists have."""
-    ours = [t for t, k in kinds.items() if k != "paper"]
-    paper = [t for t, k in kinds.items() if k == "paper"]
+    ours = [t for t, (k, _) in held.items() if k != "paper"]
+    paper = [t for t, (k, _) in held.items() if k == "paper"]
     text = f"{min(ours)}..{max(ours)}"
     return text + (f", paper {min(paper)}..{max(paper)}" if paper else "")
 

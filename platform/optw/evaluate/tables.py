@@ -2,13 +2,11 @@
 
 Aggregation follows the paper ("Metrics and Statistical analysis"):
 
-- per region: mean score over its tourists (1 benchmark tourist; the 64 generated = the
-  catalog's validation tourists, or the paper's own sets, kind ``paper``), for the method and
-  for ILS on the same tourists; gap to ILS of those means; for benchmark tourists also the
-  gap to the best-known score;
-- per group and tourist kind: the mean over regions of each column, with a 95% bootstrap CI
-  over regions for the gaps and the time, and a one-sided Wilcoxon p-value (method > ILS)
-  over the per-region scores;
+- per region: mean score over its tourists (the benchmark tourist; the 64 generated ones: our
+  validation tourists or the paper's own sets), for the method and for ILS on the same
+  tourists; gap to ILS of those means; for benchmark tourists also the gap to best-known;
+- per group and tourist kind: the mean over regions of each column, 95% bootstrap CIs over
+  regions for the gaps and the time, a one-sided Wilcoxon p-value (method > ILS);
 - pairwise p-values between all methods (ILS included) over the regions they share.
 """
 
@@ -30,13 +28,12 @@ GROUP_LABEL = {"solomon": "Solomon", "cordeau": "Cordeau", "gavalas": "Gavalas"}
 KIND_LABEL = {"validation": "generated", "paper": "paper", "benchmark": "benchmark"}
 KIND_ORDER = ("validation", "paper", "benchmark")
 REFERENCE_FILE = "paper_benchmark_scores.csv"
+#: The kind of an evaluation's output folder (:mod:`optw.outdir`, marker ``.optw-evaluation``).
+OUT_KIND = "evaluation"
 
 
 class MissingReferenceError(OptwError, FileNotFoundError):
-    """A missing reference file of the paper's scores (a ``FileNotFoundError`` too)."""
-
-
-# ----------------------------------------------------------------------------- reference
+    """A missing reference file of the paper's scores."""
 
 
 def default_reference_path() -> Path:
@@ -48,8 +45,7 @@ def default_reference_path() -> Path:
 
 
 def read_reference(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
-    """A reference CSV of the paper indexed by ``instance``; errors name the file and what is
-    missing."""
+    """A reference CSV of the paper (with ``columns``) indexed by ``instance``."""
     if not path.exists():
         raise MissingReferenceError(f"reference file {path} does not exist (set "
                                     "OPTW_REFERENCE to its folder or pass the path)")
@@ -65,13 +61,9 @@ def read_reference(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
 
 
 def load_best_known(path: Path | str | None = None) -> pd.Series:
-    """Best-known benchmark scores per region from a reference CSV (columns ``instance``,
-    ``best_known``)."""
+    """Best-known benchmark scores per region from a reference CSV."""
     path = Path(path) if path else default_reference_path()
     return read_reference(path, ("best_known",))["best_known"].astype("float64")
-
-
-# ----------------------------------------------------------------------------- tables
 
 
 def pair_with_baseline(results: pd.DataFrame, baseline: pd.DataFrame,
@@ -119,15 +111,16 @@ def region_table(paired: pd.DataFrame, best_known: pd.Series | None = None) -> p
 
 
 def _ordered(df: pd.DataFrame) -> pd.DataFrame:
-    methods = list(dict.fromkeys(df["method"]))
-    order = pd.DataFrame({
-        "_m": df["method"].map({m: i for i, m in enumerate(methods)}),
-        "_k": df["kind"].map({k: i for i, k in enumerate(KIND_ORDER)}),
-        "_g": df["group"].map({g: i for i, g in enumerate(GROUP_ORDER)}),
-    })
-    cols = ["_m", "_k", "_g"] + (["region"] if "region" in df.columns else [])
-    idx = pd.concat([order, df[cols[3:]]], axis=1).sort_values(cols, kind="stable").index
-    return df.loc[idx].reset_index(drop=True)
+    """Rows by method (first seen first), kind, group (the paper's orders) and region."""
+    orders = {"method": list(dict.fromkeys(df["method"])), "kind": KIND_ORDER,
+              "group": GROUP_ORDER}
+
+    def rank(col: pd.Series) -> pd.Series:
+        order = orders.get(col.name)
+        return col if order is None else col.map({v: i for i, v in enumerate(order)})
+
+    keys = [*orders, *(["region"] if "region" in df.columns else [])]
+    return df.sort_values(keys, key=rank, kind="stable").reset_index(drop=True)
 
 
 def summary_table(regions: pd.DataFrame, n_resamples: int = N_RESAMPLES,
@@ -148,7 +141,7 @@ def summary_table(regions: pd.DataFrame, n_resamples: int = N_RESAMPLES,
                 continue
             row[col] = float(vals.mean())
             row[f"{col}_lo"], row[f"{col}_hi"] = bootstrap_ci(vals, n_resamples, seed=seed)
-        row["gap_ils_median"] = float(np.median(g["gap_ils"])) if len(g) else np.nan
+        row["gap_ils_median"] = float(np.median(g["gap_ils"]))
         row["p_better_than_ils"] = wilcoxon_greater(g["model"], g["ils"])
         rows.append(row)
     cols = ["method", "kind", "group", "regions", "tourists", "best_known", "ils", "model",
@@ -168,15 +161,12 @@ def pvalue_table(regions: pd.DataFrame, baseline: str = "ils") -> pd.DataFrame:
         model = sub.pivot(index="region", columns="method", values="model")
         ils = sub.pivot(index="region", columns="method", values="ils")  # paired per method
         methods = [baseline, *dict.fromkeys(sub["method"])]
-
-        def scores(name: str, partner: str, model=model, ils=ils) -> pd.Series:
-            return ils[partner] if name == baseline else model[name]
-
         for a in methods:
             for b in methods:
                 if a == b:
                     continue
-                xa, xb = scores(a, b), scores(b, a)
+                xa = ils[b] if a == baseline else model[a]
+                xb = ils[a] if b == baseline else model[b]
                 ok = xa.notna() & xb.notna()
                 if not ok.any():
                     continue
@@ -203,11 +193,12 @@ def evaluate(results: pd.DataFrame, baseline: pd.DataFrame, best_known: pd.Serie
     }
 
 
-# ----------------------------------------------------------------------------- formatting
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and np.isnan(v))
 
 
 def _cell(v) -> str:
-    if v is None or (isinstance(v, float) and np.isnan(v)):
+    if _missing(v):
         return "-"
     if isinstance(v, (float, np.floating)):
         return f"{v:.4g}" if abs(v) < 1e-3 and v != 0 else f"{v:.2f}"
@@ -215,33 +206,33 @@ def _cell(v) -> str:
 
 
 def to_markdown(df: pd.DataFrame, formats: dict | None = None) -> str:
-    """A GitHub-flavoured Markdown table (no dependency on ``tabulate``)."""
+    """A GitHub-flavoured Markdown table (no dependency on ``tabulate``); ``formats``: column ->
+    format of its present values."""
     formats = formats or {}
     cols = [str(c) for c in df.columns]
     lines = ["| " + " | ".join(c.replace("|", "\\|") for c in cols) + " |",
              "|" + "|".join("---" for _ in cols) + "|"]
     for row in df.itertuples(index=False):
-        cells = []
-        for c, v in zip(cols, row, strict=True):
-            fmt = formats.get(c)
-            missing = v is None or (isinstance(v, float) and np.isnan(v))
-            cells.append(_cell(v) if fmt is None or missing else fmt.format(v))
+        cells = [formats[c].format(v) if c in formats and not _missing(v) else _cell(v)
+                 for c, v in zip(cols, row, strict=True)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def _pct(v: float) -> str:
-    return "-" if np.isnan(v) else f"{v:.2f}%"
+    return "-" if _missing(v) else f"{v:.2f}%"
 
 
-def _ci(lo: float, hi: float, fmt: str = "{:.2f}%") -> str:
-    return "-" if np.isnan(lo) else f"[{fmt.format(lo)}, {fmt.format(hi)}]"
+def _cis(s: pd.DataFrame, col: str, fmt: str = "{:.2f}%") -> list[str]:
+    """``[lo, hi]`` of ``col``'s confidence interval in each row of summary ``s``."""
+    return ["-" if np.isnan(lo) else f"[{fmt.format(lo)}, {fmt.format(hi)}]"
+            for lo, hi in zip(s[f"{col}_lo"], s[f"{col}_hi"], strict=True)]
 
 
 def paper_summary(summary: pd.DataFrame, method: str) -> pd.DataFrame:
     """The paper's group table for one method (rows "Solomon [generated]", ...)."""
     s = summary[summary["method"] == method]
-    out = pd.DataFrame({
+    return pd.DataFrame({
         "instance group": [f"{GROUP_LABEL.get(g, g)} [{KIND_LABEL[k]}]"
                            for g, k in zip(s["group"], s["kind"], strict=True)],
         "regions": s["regions"].to_numpy(),
@@ -249,40 +240,29 @@ def paper_summary(summary: pd.DataFrame, method: str) -> pd.DataFrame:
         "ILS": [_cell(v) for v in s["ils"]],
         "model score": [_cell(v) for v in s["model"]],
         "gap to ILS": [_pct(v) for v in s["gap_ils"]],
-        "gap to ILS [95%CI]": [_ci(a, b) for a, b in zip(s["gap_ils_lo"], s["gap_ils_hi"],
-                                                         strict=True)],
-        "median gap to ILS": [_pct(v) for v in s.get("gap_ils_median", s["gap_ils"] * np.nan)],
+        "gap to ILS [95%CI]": _cis(s, "gap_ils"),
+        "median gap to ILS": [_pct(v) for v in s["gap_ils_median"]],
         "gap to bk": [_pct(v) for v in s["gap_bk"]],
-        "gap to bk [95%CI]": [_ci(a, b) for a, b in zip(s["gap_bk_lo"], s["gap_bk_hi"],
-                                                        strict=True)],
+        "gap to bk [95%CI]": _cis(s, "gap_bk"),
         "time [s]": [f"{v:.3f}" for v in s["seconds"]],
-        "time [95%CI]": [_ci(a, b, "{:.3f}") for a, b in zip(s["seconds_lo"], s["seconds_hi"],
-                                                            strict=True)],
+        "time [95%CI]": _cis(s, "seconds", "{:.3f}"),
         "p (model > ILS)": [f"{v:.2g}" for v in s["p_better_than_ils"]],
     })
-    return out
 
 
 def paper_regions(regions: pd.DataFrame, kind: str) -> pd.DataFrame:
     """Per-region detail for one tourist kind, wide over methods (like the supplement)."""
     sub = regions[regions["kind"] == kind]
-    base_cols = ["group", "region", "best_known", "ils"] if kind == "benchmark" else \
-        ["group", "region", "tourists", "ils"]
-    first = sub.drop_duplicates("region").set_index("region")
-    out = first.reset_index()[base_cols].copy()
+    third = "best_known" if kind == "benchmark" else "tourists"
+    out = sub.drop_duplicates("region")[["group", "region", third, "ils"]].reset_index(drop=True)
     out["group"] = out["group"].map(lambda g: GROUP_LABEL.get(g, g))
     for m in dict.fromkeys(sub["method"]):
         sm = sub[sub["method"] == m].set_index("region")
         out[m] = out["region"].map(sm["model"])
-        out[f"{m} gap to ILS"] = out["region"].map(sm["gap_ils"]).map(_pct_or_dash)
+        out[f"{m} gap to ILS"] = out["region"].map(sm["gap_ils"]).map(_pct)
         if kind == "benchmark":
-            out[f"{m} gap to bk"] = out["region"].map(sm["gap_bk"]).map(_pct_or_dash)
-    out = out.rename(columns={"best_known": "best-known (bk)", "ils": "ILS"})
-    return out
-
-
-def _pct_or_dash(v) -> str:
-    return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.2f}%"
+            out[f"{m} gap to bk"] = out["region"].map(sm["gap_bk"]).map(_pct)
+    return out.rename(columns={"best_known": "best-known (bk)", "ils": "ILS"})
 
 
 def render_markdown(tables: dict[str, pd.DataFrame]) -> dict[str, str]:
@@ -309,19 +289,12 @@ def render_markdown(tables: dict[str, pd.DataFrame]) -> dict[str, str]:
     return docs
 
 
-#: The kind of an evaluation's output folder (:mod:`optw.outdir`, marker ``.optw-evaluation``).
-OUT_KIND = "evaluation"
-
-
 def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path | str,
                  docs: dict[str, str] | None = None, note: str = "",
                  option: str | None = None) -> list[Path]:
     """Write every table as CSV and the Markdown documents (default: :func:`render_markdown`)
-    as the folder ``out_dir``, replaced as a whole (:func:`optw.outdir.replace_dir`): written
-    beside it first and moved into place in one rename, so a failure leaves ``out_dir`` as it
-    was and nothing of an earlier evaluation stays beside the new tables. ``out_dir`` must be
-    new, empty or an earlier evaluation's folder; a file or a folder of other files is an
-    :class:`~optw.outdir.OutDirError` (naming ``option``, e.g. ``--out``, when given)."""
+    as the folder ``out_dir``, replaced as a whole (:func:`optw.outdir.replace_dir`; errors
+    name ``option``, e.g. ``--out``, when given); returns the files written."""
     names = []
     with replace_dir(out_dir, OUT_KIND, note, option=option) as tmp:
         for name, df in tables.items():

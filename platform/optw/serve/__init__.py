@@ -1,14 +1,6 @@
-"""The trip planner: a Ray Serve application that plans itineraries with each region's champion
-model, and the same planner in-process for ``optw plan``.
-
-    from optw.serve import start_planner, stop_planner
-    url = start_planner(port=8000)   # POST {url}/plan, GET {url}/regions, GET {url}/healthz
-
-See ``docs/planner.md``. Modules by concern: :mod:`~optw.serve.request` (parsing and
-validation), :mod:`~optw.serve.preferences` (profiles), :mod:`~optw.serve.models` (the model
-cache), :mod:`~optw.serve.planner` (solving and the answer), :mod:`~optw.serve.settings`
-(the checks of every setting, before Ray starts), :mod:`~optw.serve.app` (Ray Serve).
-Ray and FastAPI are imported only by :mod:`optw.serve.app`, which ``start_planner`` and
+"""The trip planner (``docs/planner.md``): a Ray Serve application that plans itineraries with
+each region's champion model, and the same planner in-process for ``optw plan``. Ray and
+FastAPI are imported only by :mod:`optw.serve.app`, which ``start_planner`` and
 ``stop_planner`` load on first use.
 """
 
@@ -31,15 +23,13 @@ from optw.serve.request import (
 from optw.serve.settings import ServeSettings, serve_settings
 
 __all__ = [
-    "DEFAULT_BEAMS", "DEFAULT_PREFERENCE", "MAX_BEAMS", "MAX_BODY_BYTES", "METHODS",
-    "PREFERENCES", "CheckpointModels", "LoadedModel", "PlanError", "PlanRequest", "Planner",
-    "RegistryModels", "ServeSettings", "build_app", "deploy", "format_time", "parse_request",
-    "parse_time", "preference_scores", "serve_settings", "start_planner", "stop_planner",
+    "DEFAULT_PREFERENCE", "MAX_BODY_BYTES", "METHODS", "PREFERENCES", "CheckpointModels",
+    "LoadedModel", "PlanError", "PlanRequest", "Planner", "RegistryModels", "ServeSettings",
+    "build_app", "deploy", "format_time", "parse_request", "parse_time", "preference_scores",
+    "serve_settings", "start_planner", "stop_planner",
 ]
 
 _LAZY = ("build_app", "deploy", "start_planner", "stop_planner")
-#: The planner's beam bounds, from :mod:`optw.decode.limits` (on first use: it imports torch).
-_LIMITS = {"DEFAULT_BEAMS": "SERVE_BEAMS", "MAX_BEAMS": "MAX_BEAMS"}
 
 
 def __getattr__(name: str) -> Any:
@@ -47,8 +37,4 @@ def __getattr__(name: str) -> Any:
         from optw.serve import app
 
         return getattr(app, name)
-    if name in _LIMITS:
-        from optw.decode import limits
-
-        return getattr(limits, _LIMITS[name])
     raise AttributeError(f"module 'optw.serve' has no attribute {name!r}")

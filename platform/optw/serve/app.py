@@ -1,16 +1,8 @@
-"""The trip planner as a Ray Serve application (FastAPI ingress).
+"""The trip planner as a Ray Serve application (FastAPI ingress): ``POST /plan``,
+``GET /regions``, ``GET /regions/{id}``, ``GET /healthz`` and the planner page ``GET /`` with
+its files at ``GET /static/{name}`` (``docs/planner.md``).
 
-Endpoints: ``POST /plan``, ``GET /regions``, ``GET /regions/{id}``, ``GET /healthz``, and the
-planner page ``GET /`` (``static/index.html``, its script at ``GET /static/{name}``)
-(``docs/planner.md``). Start it with :func:`start_planner` or ``optw serve``::
-
-    from optw.serve import start_planner, stop_planner
-    url = start_planner(port=8000)          # local Ray, returns "http://127.0.0.1:8000"
-    ...
-    stop_planner()
-
-No ``from __future__ import annotations`` here: FastAPI must see the real ``Request`` type of
-the ingress methods' parameters.
+No ``from __future__ import annotations``: FastAPI must see the ``Request`` type itself.
 """
 
 import asyncio
@@ -25,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException
@@ -36,18 +27,7 @@ from optw.serve.errors import PlanError, clip
 from optw.serve.models import RegistryModels
 from optw.serve.planner import Planner
 from optw.serve.request import MAX_BODY_BYTES
-from optw.serve.settings import (
-    DEFAULT_CHECK_INTERVAL,
-    DEFAULT_READY_TIMEOUT,
-    DEFAULT_REGISTRY_TIMEOUT,
-    DEFAULT_REQUEST_TIMEOUT,
-    MAX_ONGOING_REQUESTS,
-    MAX_SOLVE_THREADS,
-    ServeSettings,
-    bounded_int,
-    check_fit,
-    serve_settings,
-)
+from optw.serve.settings import MAX_ONGOING_REQUESTS, ServeSettings, check_fit, serve_settings
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +36,7 @@ app = FastAPI(title="optw trip planner",
               description="Itineraries for tourists from each region's champion model.")
 #: The planner's endpoints, for the 404 and 405 messages.
 ENDPOINTS = ("GET /", "POST /plan", "GET /regions", "GET /regions/{id}", "GET /healthz")
-#: The planner page's files (package data: plain HTML, JS and inline SVG, nothing external).
+#: The planner page's files (plain HTML, JS and inline SVG, nothing external).
 STATIC_DIR = Path(__file__).with_name("static")
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                 ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
@@ -91,29 +71,17 @@ async def _plan_error(_: Request, exc: PlanError) -> JSONResponse:
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     """Starlette's own errors (unknown path 404, wrong method 405, ...) in the planner's
     ``{error, field, status}`` form instead of FastAPI's ``{"detail": ...}``."""
-    path, method = request.url.path, request.method
-    endpoints = ", ".join(ENDPOINTS)
+    path = request.url.path[:200]
     if exc.status_code == 404:
-        err = PlanError(404, "path", f"path: no endpoint {path[:200]!r}; the planner serves "
-                        f"{endpoints}")
+        err = PlanError(404, "path", f"path: no endpoint {path!r}; the planner serves "
+                        f"{', '.join(ENDPOINTS)}")
     elif exc.status_code == 405:
-        allowed = (exc.headers or {}).get("Allow") or (exc.headers or {}).get("allow") or "?"
-        err = PlanError(405, "method", f"method: {method} is not allowed on {path[:200]!r}; "
+        allowed = (exc.headers or {}).get("Allow", "?")
+        err = PlanError(405, "method", f"method: {request.method} is not allowed on {path!r}; "
                         f"use {allowed}")
     else:
         err = PlanError(exc.status_code, None, f"{exc.detail}")
     return JSONResponse(err.to_dict(), status_code=err.status, headers=exc.headers)
-
-
-@app.exception_handler(RequestValidationError)
-async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = exc.errors()
-    loc = [str(x) for x in (errors[0].get("loc", ()) if errors else ()) if x not in ("path",
-                                                                                      "query")]
-    name = ".".join(loc) or None
-    msg = errors[0].get("msg", "invalid request") if errors else "invalid request"
-    err = PlanError(422, name, f"{name or 'request'}: {msg}")
-    return JSONResponse(err.to_dict(), status_code=422)
 
 
 @app.exception_handler(Exception)
@@ -127,36 +95,23 @@ async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
                   ray_actor_options={"num_cpus": 0.5}, health_check_period_s=10)
 @serve.ingress(app)
 class PlannerDeployment:
-    """One replica: the catalog, a per-region model cache and a small solve pool.
+    """One replica: the catalog, a per-region model cache and a pool of ``solve_threads``
+    threads (torch using 1 each). Requests beyond the solve slots wait for one here,
+    asynchronously, so ``/healthz`` and ``/regions`` never wait for a solve."""
 
-    ``settings`` (:meth:`ServeSettings.replica_settings`): ``catalog`` (folder), ``tracking_uri``,
-    ``check_interval`` (s), ``solve_threads`` (concurrent solves, >= 1; torch runs 1 thread
-    each), ``solve_options``, ``registry_timeout`` (s a request may wait for the registry).
-
-    Solves run in the replica's own pool of ``solve_threads`` threads; requests beyond that
-    wait for a slot here (asynchronously), so the event loop that answers ``/healthz`` and
-    ``/regions`` never waits for a solve.
-    """
-
-    def __init__(self, settings: dict[str, Any]):
+    def __init__(self, settings: ServeSettings):
         import torch
 
         from optw.catalog import open_catalog
 
-        # a semaphore of 0 would accept requests and never answer them
-        threads = bounded_int(settings.get("solve_threads", 1), "solve_threads", 1,
-                              MAX_SOLVE_THREADS)
         torch.set_num_threads(1)
-        catalog = open_catalog(settings.get("catalog"))
+        catalog = open_catalog(settings.catalog)
         catalog.region(catalog.list_regions()[0])  # read the node table now, not on a request
-        self.models = RegistryModels(settings.get("tracking_uri"),
-                                     settings.get("check_interval", DEFAULT_CHECK_INTERVAL),
-                                     timeout=settings.get("registry_timeout",
-                                                          DEFAULT_REGISTRY_TIMEOUT))
-        self.planner = Planner(catalog, self.models,
-                               solve_options=settings.get("solve_options"))
-        self.solve_slots = asyncio.Semaphore(threads)
-        self.solver = concurrent.futures.ThreadPoolExecutor(threads,
+        self.models = RegistryModels(settings.tracking_uri, settings.check_interval,
+                                     timeout=settings.registry_timeout)
+        self.planner = Planner(catalog, self.models, solve_options=settings.solve_options)
+        self.solve_slots = asyncio.Semaphore(settings.solve_threads)
+        self.solver = concurrent.futures.ThreadPoolExecutor(settings.solve_threads,
                                                             thread_name_prefix="optw-solve")
         self.in_flight = 0  # /plan requests past parsing: solving or waiting for a slot
         self.started = time.time()
@@ -233,55 +188,30 @@ class PlannerDeployment:
 
 
 def build_app(catalog: str | Path | None = None, tracking_uri: str | None = None, *,
-              check_interval: float = DEFAULT_CHECK_INTERVAL, num_replicas: int = 1,
-              num_cpus: float = 0.5, solve_threads: int = 1,
-              solve_options: dict[str, Any] | None = None,
-              registry_timeout: float = DEFAULT_REGISTRY_TIMEOUT,
-              settings: ServeSettings | None = None) -> serve.Application:
-    """The bound Serve application. The settings are checked (:func:`serve_settings`), and
-    the tracking URI and catalog folder resolved, here in the caller's process, then handed to
-    the replicas explicitly. ``settings`` (already checked) replaces the other arguments."""
+              settings: ServeSettings | None = None, **options: Any) -> serve.Application:
+    """The bound Serve application of checked ``settings``, else of the other arguments
+    (:func:`serve_settings`'s, checked and resolved here, in the caller's process)."""
     if settings is None:
-        settings = serve_settings(
-            catalog=catalog, tracking_uri=tracking_uri, check_interval=check_interval,
-            num_replicas=num_replicas, num_cpus=num_cpus, solve_threads=solve_threads,
-            solve_options=solve_options, registry_timeout=registry_timeout, ray_running=True)
+        settings = serve_settings(catalog=catalog, tracking_uri=tracking_uri, ray_running=True,
+                                  **options)
     return PlannerDeployment.options(
         num_replicas=settings.num_replicas, ray_actor_options={"num_cpus": settings.num_cpus},
-    ).bind(settings.replica_settings())
+    ).bind(settings)
 
 
 _started_ray = False
 
 
-def start_planner(host: str = "127.0.0.1", port: int = 8000, blocking: bool = False, *,
-                  catalog: str | Path | None = None, tracking_uri: str | None = None,
-                  check_interval: float = DEFAULT_CHECK_INTERVAL, num_replicas: int = 1,
-                  num_cpus: float = 0.5, solve_threads: int = 1,
-                  solve_options: dict[str, Any] | None = None, ray_address: str = "local",
-                  ray_cpus: int | None = None, ready_timeout: float = DEFAULT_READY_TIMEOUT,
-                  request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                  registry_timeout: float = DEFAULT_REGISTRY_TIMEOUT) -> str:
-    """Deploy the planner on Ray Serve at ``http://host:port`` and return that URL.
-
-    Every setting is checked first (:func:`optw.serve.settings.serve_settings`: one
-    :class:`~optw.errors.UserError`, a ``ValueError``, naming the parameter, before Ray
-    starts). Starts a local Ray
-    (``ray_address="local"``; ``"auto"`` joins a running cluster) unless Ray is already
-    initialised in this process. ``port=0`` picks a free port. ``blocking`` serves until Ctrl-C,
-    then shuts down. The registry (``tracking_uri``, default ``$MLFLOW_TRACKING_URI`` or the
-    project's sqlite store) and the catalog folder are passed to the replicas explicitly.
-    ``request_timeout``: a request still unanswered after it gets 408; ``registry_timeout``: the
-    longest a request waits for the registry (then the cached model, or 503).
-    """
+def start_planner(host: str = "127.0.0.1", port: int = 8000, blocking: bool = False,
+                  **options: Any) -> str:
+    """Deploy the planner on Ray Serve at ``http://host:port`` (``port=0``: a free one) and
+    return that URL; ``blocking`` serves until Ctrl-C, then shuts down. ``options``:
+    :func:`~optw.serve.settings.serve_settings`'s (``catalog``, ``tracking_uri``,
+    ``ray_address``, ...), all checked before Ray starts. A local Ray is started unless Ray is
+    initialised in this process or ``ray_address`` names a running one."""
     import ray
 
-    settings = serve_settings(
-        host=host, port=port, catalog=catalog, tracking_uri=tracking_uri,
-        check_interval=check_interval, num_replicas=num_replicas, num_cpus=num_cpus,
-        solve_threads=solve_threads, solve_options=solve_options, ray_address=ray_address,
-        ray_cpus=ray_cpus, ready_timeout=ready_timeout, request_timeout=request_timeout,
-        registry_timeout=registry_timeout, ray_running=ray.is_initialized())
+    settings = serve_settings(host=host, port=port, ray_running=ray.is_initialized(), **options)
     return deploy(settings, blocking=blocking)
 
 
@@ -290,10 +220,8 @@ PROXY_START_TIMEOUT_S = 300.0
 
 
 def _allow_slow_proxy_start(seconds: float) -> None:
-    """Give Ray Serve's HTTP proxy ``seconds`` (at least Serve's own 60) to start. Serve waits a
-    fixed 60 s for it, then kills it and fails: on a 2-core machine beside two busy processes
-    its start can take longer. Best effort: the constant is
-    Serve's private one, read at each ``serve.start``."""
+    """Give Ray Serve's HTTP proxy ``seconds`` to start (on a busy machine it can take longer
+    than Serve's fixed 60 s); best effort: Serve's private constant, read at each start."""
     try:
         from ray.serve._private import api as serve_api
     except ImportError:
@@ -305,9 +233,8 @@ def _allow_slow_proxy_start(seconds: float) -> None:
 
 def deploy(settings: ServeSettings, blocking: bool = False,
            names: dict[str, str] | None = None) -> str:
-    """Start Ray (unless initialised) and Serve, and run the planner with checked
-    ``settings``; returns its URL once ``/healthz`` answers (see :func:`start_planner`).
-    ``names``: how errors name the settings (``optw serve`` passes its options)."""
+    """Start Ray (unless initialised) and Serve, run the planner with checked ``settings`` and
+    return its URL once ``/healthz`` answers; ``names``: how errors name the settings."""
     global _started_ray
     import ray
 

@@ -1,13 +1,11 @@
-"""``optw serve`` (the trip planner service) and ``optw plan`` (one itinerary, in-process).
-
-Registered by :mod:`optw.cli` (the ``optw`` console script; ``python -m optw.cli plan ...``
-without it); this module does not import the top-level CLI.
-"""
+"""``optw serve`` (the trip planner service) and ``optw plan`` (one itinerary, in-process)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -47,11 +45,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", default="8000",
                    help="HTTP port 1..65535, 0 = any free port (default 8000)")
-    s.add_argument("--catalog", default=None,
-                   help="catalog folder (default: $OPTW_CATALOG or region_catalog/)")
-    s.add_argument("--tracking-uri", default=None,
-                   help="MLflow store with the registry (default: $MLFLOW_TRACKING_URI or the "
-                   "project's sqlite mlflow.db); must answer within 3 s")
     s.add_argument("--replicas", default="1",
                    help="planner replicas, >= 1, all fitting the CPUs (default 1)")
     s.add_argument("--solve-threads", default="1",
@@ -99,16 +92,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="JSON list with one score per point (instead of --preference)")
     p.add_argument("--checkpoint", default=None,
                    help="model file (default: the registry champion of the region)")
-    p.add_argument("--catalog", default=None,
-                   help="catalog folder (default: $OPTW_CATALOG or region_catalog/)")
-    p.add_argument("--tracking-uri", default=None,
-                   help="MLflow store with the registry (default: $MLFLOW_TRACKING_URI or the "
-                   "project's sqlite mlflow.db); must answer within 3 s")
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
     # a value that starts with "-" and a digit is a value (a negative coordinate or time),
     # not an option: `--start -33.86,151.2` (argparse takes only "-5" and "-1.5" as numbers)
     p._negative_number_matcher = re.compile(r"^-\.?\d")
     p.set_defaults(func=_plan)
+    for parser in (s, p):
+        parser.add_argument("--catalog", default=None,
+                            help="catalog folder (default: $OPTW_CATALOG or region_catalog/)")
+        parser.add_argument("--tracking-uri", default=None,
+                            help="MLflow store with the registry (default: $MLFLOW_TRACKING_URI "
+                            "or the project's sqlite mlflow.db); must answer within 3 s")
 
 
 def _serve(args) -> int:
@@ -130,16 +124,13 @@ def _serve(args) -> int:
     return 0
 
 
-def _number(text: str, option: str, what: str) -> float:
-    import math
-
-    try:  # ASCII only: float() also reads Arabic-Indic and other Unicode digits
+def _number(text: str) -> float | None:
+    """``text`` as a finite number, else None (ASCII only: float() also reads other digits)."""
+    try:
         value = float(text) if text.isascii() else math.nan
     except ValueError:
-        value = math.nan
-    if not math.isfinite(value):
-        raise UserError(f"{option}: expected {what}, got {text!r}")
-    return value
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _request(args) -> dict[str, Any]:
@@ -151,20 +142,17 @@ def _request(args) -> dict[str, Any]:
 
     req: dict[str, Any] = {"region": text(args.region, "--region", "a region id such as t101")}
     if args.start is not None:
-        parts = args.start.split(",")
-        try:
-            if len(parts) != 2:
-                raise ValueError
-            x, y = (_number(v, "--start", "a number") for v in parts)
-        except ValueError:
-            raise UserError(f"--start: expected X,Y (two finite numbers), got "
-                            f"{args.start!r}") from None
-        req["start"] = {"x": x, "y": y}
+        xy = [_number(v) for v in args.start.split(",")]
+        if len(xy) != 2 or None in xy:
+            raise UserError(f"--start: expected X,Y (two finite numbers), got {args.start!r}")
+        req["start"] = {"x": xy[0], "y": xy[1]}
     for key, value, option in (("t_start", args.t_start, "--from"),
                                ("t_end", args.t_end, "--to")):
         if value is not None:
-            req[key] = value if ":" in value else _number(
-                value, option, "minutes (a finite number) or HH:MM")
+            req[key] = value if ":" in value else _number(value)
+            if req[key] is None:
+                raise UserError(f"{option}: expected minutes (a finite number) or HH:MM, got "
+                                f"{value!r}")
     if args.method is not None:
         if args.method not in METHODS:
             raise UserError(f"--method: unknown method {args.method!r}; expected one of "
@@ -187,7 +175,7 @@ def _request(args) -> dict[str, Any]:
             raise UserError(f"--scores: file {path} does not exist")
         try:
             req["scores"] = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError) as exc:
+        except ValueError as exc:  # UnicodeDecodeError too
             raise UserError(f"--scores: {path} is not valid JSON ({exc})") from None
         except OSError as exc:
             raise UserError(f"--scores: cannot read {path} ({exc.strerror or exc})") from None
@@ -215,9 +203,6 @@ def _option_error(exc: Any) -> Exception:
 def _models(args) -> Any:
     """The model source of ``optw plan``: the checkpoint, or the registry (checked to answer
     and to exist before anything is loaded)."""
-    import math
-    import os
-
     from optw.serve.models import CheckpointModels, RegistryModels
     from optw.serve.settings import tracking_store
     from optw.tracking.uri import ENV_URI, sqlite_path
@@ -245,13 +230,13 @@ def _plan(args) -> int:
     from optw.serve.errors import PlanError
     from optw.serve.models import RegistryModels
     from optw.serve.planner import Planner
-    from optw.serve.request import clock_note, coords_of, parse_request
+    from optw.serve.request import clock_note, parse_request
     from optw.serve.settings import open_catalog_checked
 
     data = _request(args)  # the options' own formats
     catalog = open_catalog_checked(args.catalog, "--catalog")
-    if isinstance(data.get("start"), dict) and data["region"] in catalog and coords_of(
-            catalog.region(data["region"])) == "latlon":
+    if isinstance(data.get("start"), dict) and data["region"] in catalog and \
+            catalog.region(data["region"]).coords == "latlon":
         data["start"] = {"lat": data["start"]["x"], "lon": data["start"]["y"]}  # LAT,LON
     try:
         req = parse_request(data, catalog)  # against the region: nothing loaded yet
@@ -272,8 +257,7 @@ def _plan(args) -> int:
     if args.json:
         print(json.dumps(answer, indent=2))
     else:
-        region = catalog.region(req.region.id)
-        print(render_itinerary(answer, region.n_points, clock_note(region)))
+        print(render_itinerary(answer, req.region.n_points, clock_note(req.region)))
     return 0
 
 

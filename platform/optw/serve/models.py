@@ -1,13 +1,6 @@
 """The planner's model cache: one checkpoint for every region (``optw plan --checkpoint``) or
-each region's registry champion, reloaded when the ``champion`` alias moves.
-
-Registry calls (the alias lookup, the download and load of a new version) run in a small thread
-pool, at most one per region at a time. A region with a cached model is served with it at once,
-never waiting for a lookup (the lookup runs in the background and its result serves later
-requests); only a region without one waits, at most ``timeout`` seconds, then gets 503. So a
-registry that is down or hangs never holds a request of a cached region at all.
-
-MLflow and torch are imported when a model is first loaded.
+each region's registry champion, reloaded when the ``champion`` alias moves. MLflow and torch
+are imported when a model is first loaded.
 """
 
 from __future__ import annotations
@@ -22,13 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from optw.serve.errors import PlanError
+from optw.serve.errors import PlanError, clip
 from optw.serve.settings import DEFAULT_CHECK_INTERVAL, DEFAULT_REGISTRY_TIMEOUT
 
 log = logging.getLogger(__name__)
-
-__all__ = ["DEFAULT_CHECK_INTERVAL", "DEFAULT_REGISTRY_TIMEOUT", "CheckpointModels",
-           "LoadedModel", "ModelProvider", "RegistryModels"]
 
 
 @dataclass(frozen=True)
@@ -68,17 +58,16 @@ class _Entry:
 class RegistryModels:
     """Each region's ``models:/optw-<region>@champion``, cached per region.
 
-    The alias is looked up again at most every ``check_interval`` seconds (one cheap registry
-    query, in the background); when it points at another version, that version is loaded
-    (in the background too) and replaces the cached one. Requests never wait for that check:
-    they solve with the cached model. If the registry cannot be reached, a cached model keeps
-    serving. A region without a cached model waits for the registry at most ``timeout``
-    seconds, then gets a 503 :class:`PlanError` (the lookup goes on in the background, and its
-    result serves the next request). ``clock``: the time source of the check interval.
+    Registry calls run in a small thread pool, at most one per region at a time. The alias is
+    looked up again at most every ``check_interval`` seconds, in the background; a new version
+    is loaded there too and then replaces the cached one. A cached model serves at once,
+    whatever the registry does; a region without one waits for the registry at most
+    ``timeout`` seconds, then gets a 503 :class:`PlanError` (the lookup goes on, and its result
+    serves the next request). ``clock``: the time source of the check interval.
     """
 
     def __init__(self, uri: str | None = None, check_interval: float = DEFAULT_CHECK_INTERVAL,
-                 *, timeout: float = DEFAULT_REGISTRY_TIMEOUT, workers: int = 4,
+                 *, timeout: float = DEFAULT_REGISTRY_TIMEOUT,
                  clock: Callable[[], float] = time.monotonic):
         from optw.tracking import tracking_uri
 
@@ -89,27 +78,15 @@ class RegistryModels:
         self._entries: dict[str, _Entry] = {}
         self._guard = threading.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix="optw-registry")
-
-    def _entry(self, region_id: str) -> _Entry:
-        with self._guard:
-            return self._entries.setdefault(region_id, _Entry())
-
-    def _fresh(self, e: _Entry) -> bool:
-        return e.current is not None and self._clock() - e.checked < self.check_interval
+            max_workers=4, thread_name_prefix="optw-registry")
 
     def get(self, region_id: str) -> LoadedModel:
-        """The region's model. A cached model is returned at once, whatever the registry does:
-        when its check is due, the lookup (and the load of a new champion) starts in the
-        background and serves later requests. Only a region without a cached model waits for
-        the registry, at most ``timeout`` seconds (then 503)."""
-        e = self._entry(region_id)
-        current = e.current
-        if current is not None and self._fresh(e):
-            return current
+        """The region's model (see the class docstring)."""
+        with self._guard:
+            e = self._entries.setdefault(region_id, _Entry())
         with e.lock:
-            if (e.current is None or not self._fresh(e)) and (
-                    e.pending is None or e.pending.done()):
+            fresh = e.current is not None and self._clock() - e.checked < self.check_interval
+            if not fresh and (e.pending is None or e.pending.done()):
                 e.pending = self._pool.submit(self._refresh, region_id, e)
             pending, current = e.pending, e.current
         if current is not None:
@@ -128,13 +105,7 @@ class RegistryModels:
         try:
             info = champion(region_id, uri=self.uri)
         except Exception as exc:
-            if e.current is not None:
-                log.warning("registry %s unreachable (%s); serving cached %s version %s",
-                            self.uri, exc, region_id, e.current.version)
-                e.checked = self._clock()
-                return e.current
-            raise PlanError(503, "region", f"region: the model registry {self.uri} is "
-                            f"unavailable ({type(exc).__name__}: {_short(exc)})") from exc
+            return self._cached(e, exc, f"the model registry {self.uri} is unavailable")
         if info is None:
             e.current = None
             raise PlanError(409, "region", f"region: {region_id} has no champion model yet "
@@ -144,18 +115,21 @@ class RegistryModels:
             try:
                 solver = load_solver(name, uri=self.uri)  # into memory; no download left
             except Exception as exc:
-                if e.current is not None:
-                    log.error("cannot load %s (%s); keeping version %s", name, exc,
-                              e.current.version)
-                    e.checked = self._clock()
-                    return e.current
-                raise PlanError(503, "region", f"region: cannot load {name} "
-                                f"({type(exc).__name__}: {_short(exc)})") from exc
+                return self._cached(e, exc, f"cannot load {name}")
             e.current = LoadedModel(solver.model, solver.version, name)
             log.info("loaded %s version %s in %.2f s", name, solver.version,
                      time.perf_counter() - t0)
         e.checked = self._clock()
-        assert e.current is not None
+        return e.current
+
+    def _cached(self, e: _Entry, exc: Exception, failure: str) -> LoadedModel:
+        """After a failed registry call: the cached model (the failure logged), else a 503."""
+        if e.current is None:
+            detail = clip(" ".join(str(exc).split()), 300)
+            raise PlanError(503, "region", f"region: {failure} ({type(exc).__name__}: "
+                            f"{detail})") from exc
+        log.warning("%s (%s); serving the cached version %s", failure, exc, e.current.version)
+        e.checked = self._clock()
         return e.current
 
     def loaded(self) -> dict[str, int | None]:
@@ -166,8 +140,3 @@ class RegistryModels:
     def close(self) -> None:
         """Stop the lookup threads (a lookup in flight ends on MLflow's own HTTP timeout)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _short(exc: Exception, limit: int = 300) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,19 +1,18 @@
 """The trip planner's core, shared by the Ray Serve service and ``optw plan``: it validates a
-request (:mod:`optw.serve.request`), solves it with the region's model (:mod:`optw.serve.models`)
-and shapes the answer (an itinerary checked by the route validator).
-
-Nothing here imports Ray; torch, MLflow and :mod:`optw.decode` are imported when first used.
+request, solves it with the region's model and shapes the answer (an itinerary checked by the
+route validator). Nothing here imports Ray; torch and :mod:`optw.decode` only when used.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from optw.catalog import Catalog
+from optw.catalog import Catalog, Region
 from optw.errors import UserError
 from optw.serve.errors import PlanError
 from optw.serve.models import LoadedModel, ModelProvider
@@ -25,7 +24,6 @@ from optw.serve.request import (
     PlanRequest,
     clock_note,
     clock_origin,
-    coords_of,
     decode_body,
     format_time,
     parse_request,
@@ -35,39 +33,33 @@ from optw.serve.request import (
 log = logging.getLogger(__name__)
 
 
-def node_name(region: Any, node: int, default_start: bool = True) -> str:
-    """A node's name: the region's own (``region.names``; the start and end nodes: its
-    ``start_name`` when the tourist starts there) when it has them, else ``"start"``, ``"end"``
-    or ``"POI <node>"``."""
-    kind = "start" if node == 0 else "end" if node == region.n_nodes - 1 else None
-    if kind is not None:
-        start_name = getattr(region, "start_name", None)
-        return str(start_name) if start_name and default_start else kind
-    names = getattr(region, "names", None)
-    if names is not None and 0 <= node < len(names) and names[node]:
-        return str(names[node])
+def node_name(region: Region, node: int, default_start: bool = True) -> str:
+    """A node's name: the region's own (the start and end nodes: its ``start_name`` when the
+    tourist starts there), else ``"start"``, ``"end"`` or ``"POI <node>"``."""
+    if node in (0, region.n_nodes - 1):
+        kind = "start" if node == 0 else "end"
+        return region.start_name if region.start_name and default_start else kind
+    if region.names is not None and region.names[node]:
+        return region.names[node]
     return f"POI {node}"
 
 
-def node_latlon(region: Any, node: int) -> tuple[float, float] | None:
-    """``(lat, lon)`` of a node of a lat/lon region, else ``None``."""
-    lat, lon = getattr(region, "lat", None), getattr(region, "lon", None)
-    if coords_of(region) != "latlon" or lat is None or lon is None:
-        return None
-    return float(lat[node]), float(lon[node])
+def node_latlon(region: Region, node: int) -> dict[str, float]:
+    """``{"lat", "lon"}`` of a node of a lat/lon region, else ``{}``."""
+    if region.coords != "latlon":
+        return {}
+    return {"lat": float(region.lat[node]), "lon": float(region.lon[node])}
 
-#: Default extra :func:`optw.decode.solve` arguments per request method. Active search is kept
-#: short for a service (8 epochs of 8 sampled routes, then beam search: ~1-2 s on 100 points).
+
+#: Default extra :func:`optw.decode.solve` arguments per request method (a short active search).
 METHOD_OPTIONS: dict[str, dict[str, Any]] = {"active-search": {"epochs": 8, "batch_size": 8}}
 
 
 class Planner:
     """Plans itineraries: validates requests against the catalog and solves them with the
     region's model from ``models``. ``solve_options`` (request method -> extra
-    :func:`optw.decode.solve` arguments) override :data:`METHOD_OPTIONS`. A model used for a
-    region it was not trained on is told to ``warn`` (default: this module's logger, as a
-    warning) once per model and region, in one line naming both
-    (:func:`optw.decode.region_mismatch`)."""
+    :func:`optw.decode.solve` arguments) override :data:`METHOD_OPTIONS`. A model trained on
+    other regions is told to ``warn`` (default: a logged warning) once per model and region."""
 
     def __init__(self, catalog: Catalog, models: ModelProvider, *,
                  solve_options: Mapping[str, Mapping[str, Any]] | None = None,
@@ -83,7 +75,7 @@ class Planner:
         self._checked_lock = threading.Lock()
         self._warn = warn or (lambda message: log.warning("%s", message))
 
-    def _check_region(self, loaded: LoadedModel, region: Any) -> None:
+    def _check_region(self, loaded: LoadedModel, region: Region) -> None:
         """Warn once per model and region when the model was trained on other regions."""
         key = (loaded.source, loaded.version, region.id)
         with self._checked_lock:
@@ -97,20 +89,16 @@ class Planner:
             version = f" version {loaded.version}" if loaded.version is not None else ""
             self._warn(f"{message} (model {loaded.source}{version})")
 
-    # -- regions
     def regions(self) -> list[dict[str, Any]]:
         """One summary per region (id, group, points, benchmark start and times, the day)."""
-        df = self.catalog.regions_table
-        coords = df["coords"] if "coords" in df.columns else ["xy"] * len(df)
         return [{"region": str(r["region"]), "group": str(r["group"]),
                  "points": int(r["points"]), "start": {"x": float(r["start_x"]),
                                                        "y": float(r["start_y"])},
                  "t_start": float(r["t_start"]), "t_end": float(r["t_end"]),
                  "day": [0.0, float(r["t_max"])],
                  "clock_origin": "opening" if r["group"] in OPENING_CLOCK_GROUPS
-                 else "midnight",
-                 "coords": "latlon" if c == "latlon" else "xy"}
-                for (_, r), c in zip(df.iterrows(), coords, strict=True)]
+                 else "midnight", "coords": str(r["coords"])}
+                for _, r in self.catalog.regions_table.iterrows()]
 
     def region(self, region_id: str) -> dict[str, Any]:
         """One region with its points (coordinates, visit duration, time window, score)."""
@@ -124,18 +112,17 @@ class Planner:
                  "closing": float(r.closing[i]), "score": float(r.score[i]),
                  "opening_clock": format_time(float(r.opening[i])),
                  "closing_clock": format_time(float(r.closing[i]))}
-            points.append({**p, **_latlon_dict(node_latlon(r, i))})
+            points.append({**p, **node_latlon(r, i)})
         start = {"x": r.start_xy[0], "y": r.start_xy[1], "name": node_name(r, 0),
-                 **_latlon_dict(node_latlon(r, 0))}
-        return {"region": r.id, "group": r.group, "coords": coords_of(r),
-                "named": getattr(r, "names", None) is not None, "points": points,
+                 **node_latlon(r, 0)}
+        return {"region": r.id, "group": r.group, "coords": r.coords,
+                "named": r.names is not None, "points": points,
                 "start": start, "t_start": r.t_start, "t_end": r.t_end,
                 "t_start_clock": format_time(r.t_start), "t_end_clock": format_time(r.t_end),
                 "day": [0.0, r.t_max], "day_clock": [format_time(0.0), format_time(r.t_max)],
                 "clock_origin": clock_origin(r), "clock_note": clock_note(r),
                 "preferences": {k: v[0] for k, v in PREFERENCES.items()}}
 
-    # -- planning
     def parse(self, body: bytes | Mapping[str, Any]) -> PlanRequest:
         data = decode_body(body) if isinstance(body, (bytes, bytearray)) else body
         return parse_request(data, self.catalog)
@@ -152,9 +139,9 @@ class Planner:
             loaded = self.models.get(req.region.id)
         self._check_region(loaded, req.region)
         t0 = time.perf_counter()
-        n = req.region.n_nodes
         # nobody needs a model for the empty itinerary
-        route = self._route(loaded.model, req) if reachable(req).any() else [0, n - 1]
+        route = (self._route(loaded.model, req) if reachable(req).any()
+                 else [0, req.region.n_nodes - 1])
         tourists = req.tourists()
         check = check_route(req.region, route, tourists, 0)
         try:
@@ -167,7 +154,7 @@ class Planner:
         start = {"x": req.start_xy[0], "y": req.start_xy[1],
                  **_latlon_dict(req.start_latlon)}
         return {
-            "region": req.region.id, "coords": coords_of(req.region), "method": req.method,
+            "region": req.region.id, "coords": req.region.coords, "method": req.method,
             "clock_origin": clock_origin(req.region),
             "beams": req.beams if req.method in BEAM_METHODS else None,
             "preference": req.preference, "model_version": loaded.version,
@@ -189,12 +176,12 @@ class Planner:
                 x, y = float(region.x[node]), float(region.y[node])
                 name, latlon = node_name(region, node), node_latlon(region, node)
             else:
-                (x, y), latlon = req.start_xy, req.start_latlon
+                (x, y), latlon = req.start_xy, _latlon_dict(req.start_latlon)
                 name = node_name(region, node, default_start)
             times = {"arrival": check.arrival[pos], "start": check.start[pos],
                      "leave": check.leave[pos]}
             stops.append({"stop": pos, "node": int(node), "kind": kind, "name": name,
-                          "x": x, "y": y, **_latlon_dict(latlon), **times,
+                          "x": x, "y": y, **latlon, **times,
                           **{f"{k}_clock": format_time(v) for k, v in times.items()},
                           "wait": round(times["start"] - times["arrival"], 2),
                           "score": float(scores[node])})
@@ -223,12 +210,10 @@ def _latlon_dict(latlon: tuple[float, float] | None) -> dict[str, float]:
 def _legs(stops: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The travel between consecutive stops: leave one, arrive at the next (the validator's
     schedule, so ``travel`` is the region's travel time for this start)."""
-    legs = []
-    for a, b in zip(stops, stops[1:], strict=False):
-        legs.append({"leg": a["stop"], "from": a["stop"], "to": b["stop"],
-                     "from_node": a["node"], "to_node": b["node"],
-                     "from_name": a["name"], "to_name": b["name"],
-                     "depart": a["leave"], "arrive": b["arrival"],
-                     "travel": round(b["arrival"] - a["leave"], 2),
-                     "depart_clock": a["leave_clock"], "arrive_clock": b["arrival_clock"]})
-    return legs
+    return [{"leg": a["stop"], "from": a["stop"], "to": b["stop"],
+             "from_node": a["node"], "to_node": b["node"],
+             "from_name": a["name"], "to_name": b["name"],
+             "depart": a["leave"], "arrive": b["arrival"],
+             "travel": round(b["arrival"] - a["leave"], 2),
+             "depart_clock": a["leave_clock"], "arrive_clock": b["arrival_clock"]}
+            for a, b in itertools.pairwise(stops)]

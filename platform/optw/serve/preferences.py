@@ -12,10 +12,6 @@ from optw.serve.errors import PlanError, clip
 DEFAULT_PREFERENCE = "balanced"
 
 
-def _balanced(region: Region) -> np.ndarray:
-    return region.score[1:-1].astype(np.float64)
-
-
 def _by_duration(region: Region, longer: bool) -> np.ndarray:
     d = region.duration[1:-1].astype(np.float64)
     hi = region.s_max_benchmark
@@ -27,7 +23,8 @@ def _by_duration(region: Region, longer: bool) -> np.ndarray:
 
 #: Named preference profiles: region -> one score per point of interest (all >= 0).
 PREFERENCES: dict[str, tuple[str, Callable[[Region], np.ndarray]]] = {
-    "balanced": ("the benchmark's own scores of the points", _balanced),
+    "balanced": ("the benchmark's own scores of the points",
+                 lambda r: r.score[1:-1].astype(np.float64)),
     "long-visits": ("scores grow with visit duration: 1 for the shortest visit, the "
                     "benchmark's top score for the longest",
                     lambda r: _by_duration(r, longer=True)),

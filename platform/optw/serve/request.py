@@ -1,17 +1,9 @@
-"""The planner's request: body decoding, its outer format and validation.
+"""The planner's request (a JSON object, see ``docs/planner.md``): body decoding and validation.
 
-A request (a JSON object, see ``docs/planner.md``)::
-
-    {"region": "t101", "start": {"x": 43, "y": 78}, "t_start": "09:00", "t_end": "18:00",
-     "preference": "balanced", "method": "beam", "beams": 16}
-
-A region with lat/lon coordinates (``region.coords == "latlon"``, a custom region) takes its
-start as ``{"lat": .., "lon": ..}`` instead; it is converted to the region's x/y here
-(:func:`latlon_start`) before the tourist reader sees it.
-
-The planner's own parts are the region, ``"HH:MM"`` times, preference profiles, the method and
-the beam width; the tourist itself (start, times, scores) is read by
-:func:`optw.catalog.read_tourist`, like ``optw solve`` files and the MLflow pyfunc. Errors are
+The planner's own fields are the region, ``"HH:MM"`` times, the preference profile, the method
+and the beam width; the tourist itself (start, times, scores) is read by
+:func:`optw.catalog.read_tourist`, like ``optw solve`` files. A lat/lon region's start
+``{"lat": .., "lon": ..}`` is converted to its x/y first. Errors are
 :class:`~optw.serve.errors.PlanError` (HTTP status, the offending field, a message naming it).
 """
 
@@ -51,21 +43,12 @@ FIELDS = ("region", "start", "t_start", "t_end", "scores", "preference", "method
 TOURIST_KEYS = ("start", "t_start", "t_end", "scores")
 #: ASCII digits only: ``\d`` alone also takes Arabic-Indic and other Unicode digits.
 _HHMM = re.compile(r"^\s*(\d{1,2}):([0-5]\d)\s*$", re.ASCII)
-#: JSON integers longer than this are out of range of every field (a float holds at most 309
-#: digits); they are read as :class:`HugeInt`, not refused as malformed JSON.
+#: JSON integers longer than this (out of range of every field) are read as :class:`HugeInt`.
 MAX_INT_DIGITS = 400
 
 
 def _invalid(exc: TouristError) -> PlanError:
     return PlanError(422, exc.field, exc.message)
-
-
-def coords_of(region: Region) -> str:
-    """``"latlon"`` for a region with lat/lon coordinates, else ``"xy"`` (benchmarks)."""
-    return "latlon" if getattr(region, "coords", "xy") == "latlon" else "xy"
-
-
-# ----------------------------------------------------------------------------- lat/lon
 
 
 #: Accepted latitudes and longitudes (degrees).
@@ -97,16 +80,6 @@ def latlon_start(value: Any, region: Region) -> tuple[float, float] | None:
             _degrees(value["lon"], "start.lon", LON_RANGE))
 
 
-def _xy_start(value: Any, region: Region) -> None:
-    """A lat/lon start given to an x/y region: :class:`PlanError` 422 naming ``start``."""
-    if isinstance(value, Mapping) and {"lat", "lon"} & set(value):
-        raise PlanError(422, "start", f"start: region {region.id} has x/y coordinates, not "
-                        "lat/lon; expected {\"x\": number, \"y\": number} or [x, y]")
-
-
-# ----------------------------------------------------------------------------- times
-
-
 def parse_time(value: Any, name: str) -> tuple[float, bool]:
     """Minutes from a number or an ``"HH:MM"`` string -> (minutes, given as a clock time)."""
     if isinstance(value, str):
@@ -127,10 +100,9 @@ OPENING_CLOCK_GROUPS = ("solomon", "cordeau")
 
 
 def clock_origin(region: Region) -> str:
-    """What 0 minutes (and so ``"00:00"``) is in ``region``: ``"midnight"`` (the Gavalas
-    regions, custom regions: ``"09:00"`` is 9 am) or ``"opening"`` (Solomon and Cordeau
-    regions: the depot's opening, so ``"09:00"`` is 540 minutes after it opens)."""
-    return "opening" if getattr(region, "group", None) in OPENING_CLOCK_GROUPS else "midnight"
+    """What 0 minutes (``"00:00"``) is in ``region``: ``"midnight"`` (the Gavalas and custom
+    regions) or ``"opening"`` (Solomon and Cordeau regions: the depot's opening)."""
+    return "opening" if region.group in OPENING_CLOCK_GROUPS else "midnight"
 
 
 def clock_note(region: Region) -> str | None:
@@ -147,9 +119,6 @@ def format_time(minutes: float) -> str:
     total = int(round(minutes))
     sign = "-" if total < 0 else ""
     return f"{sign}{abs(total) // 60:02d}:{abs(total) % 60:02d}"
-
-
-# ----------------------------------------------------------------------------- requests
 
 
 @dataclass(frozen=True)
@@ -175,9 +144,8 @@ class PlanRequest:
 
 
 class HugeInt(int):
-    """A JSON integer of more than :data:`MAX_INT_DIGITS` digits (``beams`` = 10^5000 is valid
-    JSON, out of range): an int beyond any bound, shown short (Python refuses to print ints
-    of over 4300 digits)."""
+    """A JSON integer of more than :data:`MAX_INT_DIGITS` digits (valid JSON, out of range):
+    an int beyond any bound, shown short (Python refuses to print ints of over 4300 digits)."""
 
     digits: str
 
@@ -214,27 +182,17 @@ def decode_body(body: bytes) -> dict[str, Any]:
     return data
 
 
-def _beams(value: Any) -> int:
-    from optw.decode.limits import check_beams
-
-    try:
-        return check_beams(value, "beams")
-    except ValueError as exc:
-        raise PlanError(422, "beams", str(exc)) from None
-
-
 def _check_day(name: str, v: float, region: Region) -> None:
-    lo, hi = 0.0, region.t_max
-    if not lo <= v <= hi:
+    if not 0.0 <= v <= region.t_max:
         clock = f" ({format_time(v)})" if abs(v) < 1e6 else ""
-        raise PlanError(422, name, f"{name}: {v:g}{clock} is outside the day of "
-                        f"region {region.id}, [{lo:g}, {hi:g}] minutes ({format_time(lo)}-"
-                        f"{format_time(hi)})")
+        raise PlanError(422, name, f"{name}: {v:g}{clock} is outside the day of region "
+                        f"{region.id}, [0, {region.t_max:g}] minutes (00:00-"
+                        f"{format_time(region.t_max)})")
 
 
 def parse_request(data: Mapping[str, Any], catalog: Catalog) -> PlanRequest:
     """Validate a decoded request against the catalog; raises :class:`PlanError`."""
-    from optw.decode.limits import SERVE_BEAMS
+    from optw.decode.limits import SERVE_BEAMS, check_beams
 
     unknown = sorted(str(k) for k in set(data) - set(FIELDS))
     if unknown:  # each key cut short: a 200 KB key is not echoed back
@@ -256,19 +214,23 @@ def parse_request(data: Mapping[str, Any], catalog: Catalog) -> PlanRequest:
     if method not in METHODS:
         raise PlanError(422, "method", f"method: unknown method {describe(method)}; expected "
                         f"one of {list(METHODS)}")
-    beams = _beams(data.get("beams", SERVE_BEAMS))
+    try:
+        beams = check_beams(data.get("beams", SERVE_BEAMS), "beams")
+    except ValueError as exc:
+        raise PlanError(422, "beams", str(exc)) from None
     if data.get("scores") is not None and data.get("preference") is not None:
         raise PlanError(422, "scores", "scores: give either scores or preference, not both")
 
     fields = {k: data[k] for k in TOURIST_KEYS if k in data}
-    latlon = None
-    if coords_of(region) == "latlon":
-        latlon = latlon_start(fields.get("start"), region)
+    start, latlon = fields.get("start"), None
+    if region.coords == "latlon":
+        latlon = latlon_start(start, region)
         if latlon is not None:
             x, y = region.to_xy(*latlon)
             fields["start"] = {"x": float(x), "y": float(y)}
-    else:
-        _xy_start(fields.get("start"), region)
+    elif isinstance(start, Mapping) and {"lat", "lon"} & set(start):
+        raise PlanError(422, "start", f"start: region {region.id} has x/y coordinates, not "
+                        "lat/lon; expected {\"x\": number, \"y\": number} or [x, y]")
     clock = False
     for key in ("t_start", "t_end"):
         if isinstance(fields.get(key), str):
@@ -288,8 +250,8 @@ def parse_request(data: Mapping[str, Any], catalog: Catalog) -> PlanRequest:
             raise PlanError(422, name, f"{name}: ({latlon[0]:g}, {latlon[1]:g}) is too far "
                             f"from region {region.id} ({exc.message})") from None
         raise _invalid(exc) from None
-    if latlon is None and coords_of(region) == "latlon":
-        latlon = _latlon_of(region, tourist.start_xy)
+    if latlon is None and region.coords == "latlon":  # no start given: the region's own
+        latlon = float(region.lat[0]), float(region.lon[0])
     for name, v in (("t_start", tourist.t_start), ("t_end", tourist.t_end)):
         _check_day(name, v, region)
 
@@ -305,15 +267,6 @@ def parse_request(data: Mapping[str, Any], catalog: Catalog) -> PlanRequest:
     return PlanRequest(region=region, start_xy=tourist.start_xy, t_start=tourist.t_start,
                        t_end=tourist.t_end, scores=scores, preference=preference, method=method,
                        beams=beams, clock=clock, start_latlon=latlon)
-
-
-def _latlon_of(region: Region, xy: tuple[float, float]) -> tuple[float, float]:
-    """``(lat, lon)`` of a start given in x/y (the region's own default start: its node 0)."""
-    lat, lon = getattr(region, "lat", None), getattr(region, "lon", None)
-    if lat is not None and lon is not None and xy == region.start_xy:
-        return float(lat[0]), float(lon[0])
-    la, lo = region.to_latlon(*xy)
-    return float(la), float(lo)
 
 
 def reachable(req: PlanRequest) -> np.ndarray:

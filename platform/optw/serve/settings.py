@@ -1,35 +1,19 @@
-"""The planner's settings, checked before Ray or any work starts.
-
-``optw serve`` and :func:`optw.serve.start_planner` go through :func:`serve_settings`; ``optw
-plan`` uses the same checks for its options. Every bad value is one
-:class:`~optw.errors.UserError`, a ``ValueError`` (or, for a
-store that cannot be reached, a :class:`~optw.tracking.TrackingUnavailableError`) whose message
-starts with the option's name (``--port`` on the command line, ``port`` from Python) and says
-which values are valid. Nothing here imports Ray, torch or MLflow, and nothing is written.
-
-Valid values (``docs/planner.md``):
-
-- ``port`` 0..65535, 0 = any free port (picked here); the port must be free on ``host`` when a
-  local Ray is started; ``host`` a non-empty address that this machine can listen on;
-- ``num_replicas`` >= 1 and ``solve_threads`` 1..:data:`MAX_SOLVE_THREADS`, all replicas
-  fitting the local Ray's CPUs (``num_cpus`` each, a finite number >= 0);
-- ``check_interval`` finite seconds in 0..86400 (0: ask the registry on every request; a
-  lookup never holds a request longer than ``registry_timeout``);
-- ``registry_timeout`` 0.1..600 s, ``request_timeout`` 1..3600 s, ``ready_timeout`` 1..3600 s;
-- ``catalog`` a built catalog with at least one region; ``tracking_uri`` reachable
-  (:func:`optw.tracking.check_tracking_uri`); ``ray_address`` ``local``, ``auto`` or a
-  reachable ``host:port`` / ``ray://host:port``.
+"""The planner's settings, checked before Ray or any work starts (their valid values:
+``docs/planner.md``). ``optw serve``, ``optw plan`` and :func:`optw.serve.start_planner` go
+through these checks: every bad value is one :class:`~optw.errors.UserError` (or, for a store
+that cannot be reached, a :class:`~optw.tracking.TrackingUnavailableError`) whose message
+starts with the option's or parameter's name. Nothing is started or written here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import math
 import os
 import re
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,17 +22,14 @@ from optw.serve.errors import clip
 
 #: Solves at once per replica (``solve_threads``), each in its own worker thread.
 MAX_SOLVE_THREADS = 16
-#: Requests a replica accepts at once (the deployment's ``max_ongoing_requests``). Well above
-#: the solve slots: requests beyond them wait for a slot inside the replica, not in Ray Serve's
-#: queue in front of it, so ``/healthz``, ``/regions`` and bad requests are never queued behind
-#: solves (behind 30 concurrent solves ``/healthz`` would wait about 24 s).
+#: Requests a replica accepts at once: well above the solve slots, so that plans wait for a
+#: slot inside the replica and ``/healthz`` and bad requests are never queued behind them.
 MAX_ONGOING_REQUESTS = 1024
 MAX_REPLICAS = 1024
 #: Seconds between two checks of a region's champion alias.
 DEFAULT_CHECK_INTERVAL = 2.0
 MAX_CHECK_INTERVAL = 86400.0
-#: Longest a request waits for the registry (alias lookup and model download) before it is
-#: answered with the cached model or, without one, with 503.
+#: Longest a request of a region without a cached model waits for the registry (then 503).
 DEFAULT_REGISTRY_TIMEOUT = 10.0
 #: End-to-end limit of one HTTP request (Ray Serve answers 408 after it).
 DEFAULT_REQUEST_TIMEOUT = 300.0
@@ -66,9 +47,9 @@ SERVE_FLAGS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ServeSettings:
-    """Checked settings of one planner deployment (see the module docstring)."""
+    """Checked settings of one planner deployment."""
 
     host: str
     port: int
@@ -78,7 +59,7 @@ class ServeSettings:
     num_replicas: int = 1
     num_cpus: float = 0.5
     solve_threads: int = 1
-    solve_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    solve_options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     ray_address: str = "local"
     ray_cpus: int | None = None
     ready_timeout: float = DEFAULT_READY_TIMEOUT
@@ -90,21 +71,10 @@ class ServeSettings:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    def replica_settings(self) -> dict[str, Any]:
-        """What each replica receives (plain values)."""
-        return {"catalog": self.catalog, "tracking_uri": self.tracking_uri,
-                "check_interval": self.check_interval, "solve_threads": self.solve_threads,
-                "solve_options": {k: dict(v) for k, v in self.solve_options.items()},
-                "registry_timeout": self.registry_timeout}
 
-
-# ----------------------------------------------------------------------------- numbers
-
-
-def bounded_int(value: Any, name: str, lo: int, hi: int, what: str = "an integer") -> int:
-    """``value`` (an int, or its decimal text from the command line, ASCII digits) within
-    ``lo..hi``; :class:`~optw.errors.UserError` naming ``name`` otherwise. (Not to be confused with
-    :func:`optw.train.config.integer`, the predicate "an int that is not a bool".)"""
+def bounded_int(value: Any, name: str, lo: int, hi: int, what: str) -> int:
+    """``value`` (an int, or its ASCII decimal text) within ``lo..hi``; else a UserError
+    naming ``name``."""
     out: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         out = value
@@ -115,7 +85,7 @@ def bounded_int(value: Any, name: str, lo: int, hi: int, what: str = "an integer
     return out
 
 
-def seconds(value: Any, name: str, lo: float, hi: float, what: str = "seconds") -> float:
+def seconds(value: Any, name: str, lo: float, hi: float, what: str) -> float:
     """``value`` (a number, or its text) as a finite float within ``[lo, hi]``."""
     out: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -139,13 +109,9 @@ def text(value: Any, name: str, what: str) -> str:
     return value
 
 
-# ----------------------------------------------------------------------------- resources
-
-
 def open_catalog_checked(path: str | Path | None, name: str):
     """The built catalog at ``path`` (default ``$OPTW_CATALOG`` or ``region_catalog/``), its
-    node table read; :class:`~optw.errors.UserError` naming the option and the folder
-    otherwise."""
+    node table read; else a UserError naming the option and the folder."""
     from optw.catalog import default_catalog_dir, open_catalog
 
     if path is not None and not str(path).strip():
@@ -164,19 +130,17 @@ def open_catalog_checked(path: str | Path | None, name: str):
     return catalog
 
 
-def tracking_store(uri: str | None, name: str, timeout: float = CHECK_TIMEOUT) -> str:
-    """The resolved tracking URI, checked to answer within ``timeout`` s
-    (:func:`optw.tracking.check_tracking_uri`); the error starts with ``name``, or with
-    ``$MLFLOW_TRACKING_URI`` when the URI came from there."""
+def tracking_store(uri: str | None, name: str) -> str:
+    """The resolved tracking URI, checked to answer within :data:`CHECK_TIMEOUT`; the error
+    starts with ``name``, or with ``$MLFLOW_TRACKING_URI`` when the URI came from there."""
     from optw.tracking.uri import ENV_URI, TrackingUnavailableError, check_tracking_uri
     from optw.tracking.uri import tracking_uri as resolve
 
     if uri is not None:
         text(uri, name, "a tracking URI such as http://127.0.0.1:5000 or sqlite:///PATH")
     label = name if uri else (f"${ENV_URI}" if os.environ.get(ENV_URI) else name)
-    resolved = resolve(uri)
     try:
-        return check_tracking_uri(resolved, timeout=timeout)
+        return check_tracking_uri(resolve(uri), timeout=CHECK_TIMEOUT)
     except TrackingUnavailableError as exc:
         raise TrackingUnavailableError(f"{label}: {exc}") from None
 
@@ -207,8 +171,8 @@ def check_fit(num_replicas: int, num_cpus: float, total: float, names: Mapping[s
 
 
 def _bind(host: str, port: int, names: Mapping[str, str]) -> int:
-    """Bind ``host:port`` once (0: any free port) and return the port: fails, naming the
-    option, when the host is not an address of this machine or the port is taken."""
+    """Bind ``host:port`` once and return the port (0: a free one); a UserError naming the
+    option when the host is not an address of this machine or the port is taken."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as exc:
@@ -273,14 +237,10 @@ def serve_settings(*, host: Any = "127.0.0.1", port: Any = 8000,
                    names: Mapping[str, str] | None = None,
                    ray_running: bool = False) -> ServeSettings:
     """Check every setting of a planner deployment (cheap ones first, then the catalog, the
-    tracking store, the Ray address and the port) and return them resolved. ``names`` maps a
-    parameter to the name errors use (``optw serve`` passes :data:`SERVE_FLAGS`).
-    ``ray_running``: Ray is already initialised in this process (no CPU or port check here;
-    :func:`optw.serve.app.start_planner` checks the CPUs once connected)."""
-    n = {k: (names or {}).get(k, k) for k in (
-        "host", "port", "catalog", "tracking_uri", "check_interval", "num_replicas", "num_cpus",
-        "solve_threads", "solve_options", "ray_address", "ray_cpus", "ready_timeout",
-        "request_timeout", "registry_timeout")}
+    tracking store, the Ray address and the port) and return them resolved. ``names``: the
+    name errors use for a parameter (``optw serve``: :data:`SERVE_FLAGS`). ``ray_running``:
+    Ray is initialised in this process (the CPUs are checked once connected, the port not)."""
+    n = {f.name: (names or {}).get(f.name, f.name) for f in dataclasses.fields(ServeSettings)}
     host = text(host, n["host"], "an address to listen on, such as 127.0.0.1 or 0.0.0.0")
     port = bounded_int(port, n["port"], 0, 65535, "a TCP port (0: any free port)")
     replicas = bounded_int(num_replicas, n["num_replicas"], 1, MAX_REPLICAS, "a number of replicas")
