@@ -1,10 +1,6 @@
-"""Static HTML reports of platform jobs, read from MLflow (``optw report``).
-
-A report is one folder: ``index.html`` (inline CSS, no scripts, nothing fetched from the
-network) and ``plots/*.png`` (matplotlib, Agg). See ``docs/report.md``.
-
-    from optw.report import write_report
-    index = write_report(parent_run_id, "runs/optw-smoke/report")
+"""Static HTML reports of platform jobs, read from MLflow (``optw report``): a folder of
+``index.html`` (inline CSS, no scripts, nothing from the network) and ``plots/*.png``. See
+``docs/report.md``.
 """
 
 from optw.report.build import ARTIFACT_DIR, INDEX, write_and_log_report, write_report

@@ -38,10 +38,7 @@ def _report(args) -> int:
         check_report_dir(args.out, "--out")
     uri = check_tracking_uri(args.tracking_uri, existing=True)
     run_id = args.run or find_parent_run(args.job, uri)
-    out = args.out
-    if out is None:
-        job = args.job or load_job(run_id, uri).job_name
-        out = report_dir(job)
+    out = args.out or report_dir(args.job or load_job(run_id, uri).job_name)
     index = write_report(run_id, out, uri, "--out" if args.out is not None else None)
     print(f"wrote {index}")
     print(f"open file://{index.resolve()}")

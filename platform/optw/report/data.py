@@ -1,8 +1,6 @@
-"""What a job report shows, read from MLflow: the parent run, its children, their metric
-histories, the job's tables and the children's evaluation rows.
-
-Everything is read through the tracking store's public API (``MlflowClient``); a job that
-failed half-way gives a report with what exists (missing tables are empty frames).
+"""What a job report shows, read from MLflow through ``MlflowClient``: the parent run, its
+children, their metric histories, the job's tables and the children's evaluation rows. A job that
+failed half-way gives a report of what exists.
 """
 
 from __future__ import annotations
@@ -15,16 +13,15 @@ from pathlib import Path
 import pandas as pd
 
 from optw.errors import OptwError, UserError
-from optw.tracking.runs import PARENT_TAG
+from optw.evaluate.tables import GROUP_ORDER
+from optw.tracking.runs import PARENT_TAG, run_url
 from optw.tracking.uri import get_client, tracking_uri
 
-#: Metric histories read from each child run (step = epoch): the training reward (logged
-#: every few epochs), the greedy validation scores and the gap to ILS (at each validation;
-#: a fine-tuning run validates at epoch 0 too, before its first epoch).
+#: Metric histories read from each child run (step = epoch); a fine-tuning run validates at
+#: epoch 0 too, before its first epoch.
 CURVE_METRICS = ("mean_reward", "val_score", "benchmark_score", "val_gap_ils")
 #: Tables of the parent run read from ``tables/<name>.csv``.
 JOB_TABLES = ("summary", "regions", "pvalues", "beam_sweep")
-GROUP_ORDER = ("solomon", "cordeau", "gavalas")
 _GROUP_BY_ID = ((re.compile(r"^pr\d"), "cordeau"), (re.compile(r"^(c|r|rc)\d"), "solomon"),
                 (re.compile(r"^t\d"), "gavalas"))
 
@@ -50,10 +47,6 @@ class ChildRun:
     params: dict[str, str] = field(default_factory=dict)  # e.g. init_from, train.val_tourists
     methods: list[str] = field(default_factory=list)  # of its evaluation rows
 
-    @property
-    def label(self) -> str:
-        return f"{self.stage}/{self.key}"
-
 
 @dataclass
 class JobData:
@@ -63,7 +56,6 @@ class JobData:
     parent_run_id: str
     experiment_id: str
     experiment_name: str
-    run_name: str
     status: str
     start_time: int | None
     end_time: int | None
@@ -78,9 +70,7 @@ class JobData:
 
     def run_url(self, run_id: str) -> str | None:
         """The run's page in the MLflow UI for an http(s) store, else ``None``."""
-        if not self.uri.startswith(("http://", "https://")):
-            return None
-        return f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
+        return run_url(self.uri, self.experiment_id, run_id)
 
     def groups(self) -> list[str]:
         """Groups present, in the paper's order (others after, sorted)."""
@@ -89,6 +79,13 @@ class JobData:
             present |= set(self.tables["regions"]["group"].dropna().astype(str))
         return sorted(present, key=lambda g: (GROUP_ORDER.index(g) if g in GROUP_ORDER
                                               else len(GROUP_ORDER), g))
+
+
+def region_groups(regions: pd.DataFrame | None) -> dict[str, str]:
+    """Region -> group of a job's regions table (empty without one)."""
+    if regions is None or not {"region", "group"} <= set(regions.columns):
+        return {}
+    return dict(zip(regions["region"].astype(str), regions["group"].astype(str), strict=True))
 
 
 def group_of(key: str, known: dict[str, str]) -> str:
@@ -130,13 +127,10 @@ def find_parent_run(job: str | None = None, uri: str | None = None) -> str:
 
 
 def _read_csv(client, run_id: str, path: str, tmp: Path) -> pd.DataFrame | None:
+    """The run's artifact ``path`` as a table, or None when it is missing or unreadable."""
     try:
-        local = client.download_artifacts(run_id, path, str(tmp))
-    except Exception:  # noqa: BLE001 - a missing artifact is an empty table
-        return None
-    try:
-        return pd.read_csv(local)
-    except (OSError, ValueError, pd.errors.EmptyDataError):
+        return pd.read_csv(client.download_artifacts(run_id, path, str(tmp)))
+    except Exception:  # noqa: BLE001 - a missing or unreadable artifact is no table
         return None
 
 
@@ -151,34 +145,33 @@ def _history(client, run_id: str, metric: str) -> pd.DataFrame:
 
 def load_job(parent_run_id: str, uri: str | None = None) -> JobData:
     """Read the parent run ``parent_run_id`` and everything of its job from the store."""
-    uri = tracking_uri(uri)
-    client = get_client(uri)
     from mlflow.exceptions import MlflowException
 
+    uri = tracking_uri(uri)
+    client = get_client(uri)
     try:
         parent = client.get_run(parent_run_id)
     except MlflowException:
         raise RunNotFoundError(f"no run {parent_run_id!r} in {uri}") from None
     if PARENT_TAG in parent.data.tags:
         raise UserError(f"run {parent_run_id} is a child run; pass its parent "
-                         f"{parent.data.tags[PARENT_TAG]}")
+                        f"{parent.data.tags[PARENT_TAG]}")
     exp = client.get_experiment(parent.info.experiment_id)
     found = client.search_runs([exp.experiment_id],
                                filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
                                order_by=["attributes.start_time ASC"], max_results=5000)
-    tables: dict[str, pd.DataFrame] = {}
     evaluation = []
     children: list[ChildRun] = []
     with tempfile.TemporaryDirectory(prefix="optw-report-") as tmp:
-        for name in JOB_TABLES:
-            df = _read_csv(client, parent_run_id, f"tables/{name}.csv", Path(tmp))
-            if df is not None:
-                tables[name] = df
+        read = {name: _read_csv(client, parent_run_id, f"tables/{name}.csv", Path(tmp))
+                for name in JOB_TABLES}
+        tables = {name: df for name, df in read.items() if df is not None}
+        known = region_groups(tables.get("regions"))
         for run in found:
             tags = dict(run.data.tags)
             key = tags.get("region", run.info.run_name or run.info.run_id)
             child = ChildRun(run.info.run_id, tags.get("stage", ""), key, run.info.status, tags,
-                             params=dict(run.data.params))
+                             group=group_of(key, known), params=dict(run.data.params))
             for metric in CURVE_METRICS:
                 if metric in run.data.metrics:
                     child.curves[metric] = _history(client, run.info.run_id, metric)
@@ -186,27 +179,18 @@ def load_job(parent_run_id: str, uri: str | None = None) -> JobData:
                 files = client.list_artifacts(run.info.run_id, "evaluation")
             except Exception:  # noqa: BLE001 - no evaluation folder
                 files = []
-            for f in files:
-                if f.path.endswith(".csv"):
-                    df = _read_csv(client, run.info.run_id, f.path, Path(tmp))
-                    if df is not None and len(df):
-                        evaluation.append(df.assign(stage=child.stage, model=key))
-                        if "method" in df.columns:
-                            child.methods += [str(m) for m in dict.fromkeys(df["method"])]
+            for path in [f.path for f in files if f.path.endswith(".csv")]:
+                df = _read_csv(client, run.info.run_id, path, Path(tmp))
+                if df is not None and len(df):
+                    evaluation.append(df.assign(stage=child.stage, model=key))
+                    if "method" in df.columns:
+                        child.methods += [str(m) for m in dict.fromkeys(df["method"])]
             children.append(child)
-    known: dict[str, str] = {}
-    if "regions" in tables and {"region", "group"} <= set(tables["regions"].columns):
-        known = dict(zip(tables["regions"]["region"].astype(str),
-                         tables["regions"]["group"].astype(str), strict=True))
-    for child in children:
-        child.group = group_of(child.key, known)
     eval_df = pd.concat(evaluation, ignore_index=True) if evaluation else pd.DataFrame(
         columns=["region", "tourist", "kind", "method", "score", "seconds", "stage", "model"])
-    if len(eval_df):
-        eval_df["region"] = eval_df["region"].astype(str)
-        eval_df["group"] = eval_df["region"].map(lambda r: group_of(r, known))
+    eval_df["region"] = eval_df["region"].astype(str)
     return JobData(uri=uri, parent_run_id=parent_run_id, experiment_id=exp.experiment_id,
-                   experiment_name=exp.name, run_name=parent.info.run_name or "",
-                   status=parent.info.status, start_time=parent.info.start_time,
-                   end_time=parent.info.end_time, tags=dict(parent.data.tags),
-                   children=children, tables=tables, evaluation=eval_df)
+                   experiment_name=exp.name, status=parent.info.status,
+                   start_time=parent.info.start_time, end_time=parent.info.end_time,
+                   tags=dict(parent.data.tags), children=children, tables=tables,
+                   evaluation=eval_df)

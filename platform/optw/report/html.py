@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Mapping
 from html import escape
 from typing import Any
 
@@ -29,7 +30,6 @@ h3{font-size:1.05em;margin:18px 0 6px}
 figure{margin:10px 0 18px;background:#fff;border:1px solid #e1e6eb;padding:8px;
 display:inline-block;max-width:100%}
 figure img{max-width:100%;height:auto;display:block}
-figcaption{font-size:.85em;color:#555;margin-top:4px}
 table{border-collapse:collapse;font-size:.85em;background:#fff;margin:6px 0 14px}
 th,td{border:1px solid #d5dde5;padding:3px 8px;text-align:right;white-space:nowrap}
 th{background:#eef2f6}
@@ -51,16 +51,14 @@ def _fmt(v: Any, digits: int = 2) -> str:
     if isinstance(v, int) and not isinstance(v, bool):
         return str(v)
     if isinstance(v, float):
-        if v != 0 and abs(v) < 10 ** -digits:
-            return f"{v:.2g}"
-        return f"{v:.{digits}f}"
+        return f"{v:.2g}" if v != 0 and abs(v) < 10 ** -digits else f"{v:.{digits}f}"
     return str(v)
 
 
-def _num(row: pd.Series, col: str) -> float:
-    v = row.get(col, math.nan)
+def _num(row: Mapping[str, Any] | pd.Series, col: str) -> float:
+    """``row[col]`` as a float; NaN when it is missing or not a number."""
     try:
-        return float(v)
+        return float(row.get(col, math.nan))
     except (TypeError, ValueError):
         return math.nan
 
@@ -92,70 +90,69 @@ def table(df: pd.DataFrame, left: tuple[str, ...] = (), raw: tuple[str, ...] = (
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
+def _details(summary: str, body: str) -> str:
+    return f"<details><summary>{summary}</summary>{body}</details>"
+
+
+def _section(anchor: str, title: str, note: str, *body: str) -> str:
+    """A section of the page: its heading, the note under it (if any), then ``body``."""
+    head = f'<section id="{anchor}"><h2>{title}</h2>'
+    return "\n".join([head + (f'<p class="note">{note}</p>' if note else ""), *body,
+                      "</section>"])
+
+
 def summary_tables(summary: pd.DataFrame, groups: list[str]) -> str:
     """One table per group from ``tables/summary.csv``: means over regions with 95%
     bootstrap CIs and the Wilcoxon p-value against ILS."""
     out = []
     for g in groups:
-        sub = summary[summary["group"].astype(str) == g]
-        if sub.empty:
-            continue
-        rows = []
-        for _, r in sub.iterrows():
-            rows.append({
-                "method": r["method"], "tourists": KIND_LABEL.get(r["kind"], r["kind"]),
-                "regions": r.get("regions"), "n tourists": r.get("tourists"),
-                "best-known": _num(r, "best_known"), "ILS": _num(r, "ils"),
-                "model": _num(r, "model"),
-                "gap to ILS % [95% CI]": _with_ci(r, "gap_ils"),
-                "gap to best-known % [95% CI]": _with_ci(r, "gap_bk"),
-                "time s [95% CI]": _with_ci(r, "seconds", digits=4),
-                "p (model > ILS)": _fmt(_num(r, "p_better_than_ils"), 3),
-            })
-        out.append(f"<h3>{escape(g)}</h3>" + table(pd.DataFrame(rows),
-                                                    left=("method", "tourists")))
+        rows = [{
+            "method": r["method"], "tourists": KIND_LABEL.get(r["kind"], r["kind"]),
+            "regions": r.get("regions"), "n tourists": r.get("tourists"),
+            "best-known": _num(r, "best_known"), "ILS": _num(r, "ils"),
+            "model": _num(r, "model"),
+            "gap to ILS % [95% CI]": _with_ci(r, "gap_ils"),
+            "gap to best-known % [95% CI]": _with_ci(r, "gap_bk"),
+            "time s [95% CI]": _with_ci(r, "seconds", digits=4),
+            "p (model > ILS)": _fmt(_num(r, "p_better_than_ils"), 3),
+        } for _, r in summary[summary["group"].astype(str) == g].iterrows()]
+        if rows:
+            out.append(f"<h3>{escape(g)}</h3>" + table(pd.DataFrame(rows),
+                                                        left=("method", "tourists")))
     return "\n".join(out)
 
 
 def against_paper_section(regions: pd.DataFrame | None) -> str:
     """Ours beside the paper's columns (:mod:`optw.evaluate.paper`): group table, then the
     per-region tables folded; a note when there is nothing to compare or no paper table."""
-    from optw.evaluate.paper import (
-        KINDS,
-        against_paper,
-        group_view,
-        load_paper_scores,
-        ours_from_regions,
-        region_view,
-    )
+    from optw.evaluate import paper
 
-    if regions is None or not regions["kind"].isin(KINDS).any():
+    if regions is None or not regions["kind"].isin(paper.KINDS).any():
         return ('<p class="note">No results on the paper\'s tourists or the benchmark '
                 "tourists.</p>")
     try:
-        paper = load_paper_scores()
+        scores = paper.load_paper_scores()
     except (OSError, ValueError) as exc:
         return f'<p class="note">No paper tables to compare with: {escape(str(exc))}</p>'
-    tables = against_paper(ours_from_regions(regions), paper)
+    tables = paper.against_paper(paper.ours_from_regions(regions), scores)
     if tables["paper_groups"].empty:
         return ('<p class="note">No region and method of this job has a number in the '
                 "paper's tables.</p>")
-    parts = [table(group_view(tables["paper_groups"]),
+    parts = [table(paper.group_view(tables["paper_groups"]),
                    left=("tourists", "group", "ours", "paper column"))]
-    for kind in KINDS:
+    for kind in paper.KINDS:
         if (tables["paper_regions"]["kind"] == kind).any():
-            parts.append(f"<details><summary>Per region, {escape(KIND_LABEL[kind])} tourists"
-                         "</summary>" + table(region_view(tables["paper_regions"], kind),
-                                              left=("group", "region", "exact"))
-                         + "</details>")
+            parts.append(_details(f"Per region, {escape(KIND_LABEL[kind])} tourists",
+                                  table(paper.region_view(tables["paper_regions"], kind),
+                                        left=("group", "region", "exact"))))
     return "\n".join(parts)
 
 
 def _mlflow_links(data: JobData) -> str:
     """How to open the runs in MLflow: links for a server, the ``mlflow ui`` command else."""
-    if data.run_url(data.parent_run_id):
-        url = escape(data.run_url(data.parent_run_id) or "")
-        return (f'<p>Parent run: <a href="{url}">{escape(data.parent_run_id)}</a> '
+    url = data.run_url(data.parent_run_id)
+    if url:
+        return (f'<p>Parent run: <a href="{escape(url)}">{escape(data.parent_run_id)}</a> '
                 f"(experiment {escape(data.experiment_name)}, id "
                 f"{escape(data.experiment_id)}) on <code>{escape(data.uri)}</code>.</p>")
     db = sqlite_path(data.uri)
@@ -176,26 +173,21 @@ def runs_table(data: JobData) -> str:
         url = data.run_url(c.run_id)
         rid = (f'<a href="{escape(url)}">{escape(c.run_id)}</a>' if url
                else f"<code>{escape(c.run_id)}</code>")
-        try:
-            val = float(c.tags.get("val_score", "nan"))
-        except ValueError:
-            val = math.nan
         rows.append({"stage": c.stage, "model": c.key, "group": c.group,
                      "status": f'<span class="status-{escape(c.status)}">'
                                f"{escape(c.status)}</span>",
-                     "val_score": val, "version": c.tags.get("version", "") or "–",
-                     "run": rid})
+                     "val_score": _num(c.tags, "val_score"),
+                     "version": c.tags.get("version", "") or "–", "run": rid})
     if not rows:
         return '<p class="note">No child runs.</p>'
     return table(pd.DataFrame(rows), left=("stage", "model", "group", "status", "run"),
                  raw=("status", "run"))
 
 
-def _figure(src: str | None, alt: str, caption: str = "") -> str:
+def _figure(src: str | None, alt: str) -> str:
     if not src:
         return f'<p class="note">{escape(alt)}: no data.</p>'
-    cap = f"<figcaption>{escape(caption)}</figcaption>" if caption else ""
-    return f'<figure><img src="{escape(src)}" alt="{escape(alt)}">{cap}</figure>'
+    return f'<figure><img src="{escape(src)}" alt="{escape(alt)}"></figure>'
 
 
 def _when(ms: int | None) -> str:
@@ -204,54 +196,47 @@ def _when(ms: int | None) -> str:
     return dt.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _curves_section(figures: dict[str, str | None], groups: list[str]) -> list[str]:
+def _curves_section(figures: dict[str, str | None], groups: list[str]) -> str:
     """Learning curves: the global models', then the models trained from scratch per group."""
-    parts = ['<section id="curves"><h2>Learning curves</h2>'
-             '<p class="note">Per model, over epochs: the training reward (mean over the '
-             "epoch's sampled routes, logged every few epochs) and, at each validation, the "
-             "mean greedy score on the validation tourists, the benchmark tourist's greedy "
-             "score and the gap to ILS on the validation tourists (negative: better than "
-             "ILS). Models with fewer than two points are left out.</p>"]
-    shown = False
-    for key, alt in [("curves_global", "learning curves of the global models"),
-                     *((f"curves_{g}", f"learning curves {g}") for g in groups)]:
-        if figures.get(key):
-            parts.append(_figure(figures[key], alt))
-            shown = True
-    if not shown:
-        parts.append('<p class="note">No model logged a curve of two or more epochs.</p>')
-    parts.append("</section>")
-    return parts
+    keys = [("curves_global", "learning curves of the global models"),
+            *((f"curves_{g}", f"learning curves {g}") for g in groups)]
+    shown = [_figure(figures[key], alt) for key, alt in keys if figures.get(key)]
+    return _section(
+        "curves", "Learning curves",
+        "Per model, over epochs: the training reward (mean over the epoch's sampled routes, "
+        "logged every few epochs) and, at each validation, the mean greedy score on the "
+        "validation tourists, the benchmark tourist's greedy score and the gap to ILS on the "
+        "validation tourists (negative: better than ILS). Models with fewer than two points "
+        "are left out.",
+        *(shown or ['<p class="note">No model logged a curve of two or more epochs.</p>']))
 
 
-def _finetune_section(figures: dict[str, str | None], points: pd.DataFrame | None,
-                      ) -> list[str]:
-    """Fine-tuning: every region before (the model it starts from) and after."""
+def _finetune_section(figures: dict[str, str | None], points: pd.DataFrame | None) -> str:
+    """Fine-tuning: every region before (the model it starts from) and after; "" when the
+    job fine-tuned nothing (``points`` None)."""
     if points is None:
-        return []
-    parts = ['<section id="finetune"><h2>Fine-tuning: before and after</h2>'
-             '<p class="note">Each fine-tuned region: the validation of the model it starts '
-             "from (its group's global model), made by the fine-tuning run before its first "
-             "epoch, and the fine-tuned model's last validation: greedy decoding of the same "
-             "validation tourists, as the gap to ILS on them (negative: better than ILS). "
-             "The cross is the job's evaluation of the fine-tuned model (beam search on the "
-             "evaluation's validation tourists), as in the gaps per region below.</p>"]
+        return ""
     if not figures.get("finetune"):
-        parts.append('<p class="note">No fine-tuning run logged a validation before its first '
-                     "epoch and after it.</p>")
+        body = ['<p class="note">No fine-tuning run logged a validation before its first '
+                "epoch and after it.</p>"]
     else:
-        parts.append(_figure(figures["finetune"], "fine-tuning before and after"))
-        gap = bool(len(points)) and points["metric"].iloc[0] == "val_gap_ils"
+        gap = points["metric"].iloc[0] == "val_gap_ils"
         what = "gap to ILS %" if gap else "mean score"
         shown = points.rename(columns={
             "start": "started from", "before": f"{what} before", "after": f"{what} after",
             "after_epoch": "after epoch", "evaluated": "evaluated gap %"})
         drop = ["metric", "val_tourists"] + ([] if gap else ["evaluated gap %"])
-        parts.append("<details><summary>Per region</summary>"
-                     + table(shown.drop(columns=drop),
-                             left=("region", "group", "started from")) + "</details>")
-    parts.append("</section>")
-    return parts
+        body = [_figure(figures["finetune"], "fine-tuning before and after"),
+                _details("Per region", table(shown.drop(columns=drop),
+                                             left=("region", "group", "started from")))]
+    return _section(
+        "finetune", "Fine-tuning: before and after",
+        "Each fine-tuned region: the validation of the model it starts from (its group's "
+        "global model), made by the fine-tuning run before its first epoch, and the "
+        "fine-tuned model's last validation: greedy decoding of the same validation tourists, "
+        "as the gap to ILS on them (negative: better than ILS). The cross is the job's "
+        "evaluation of the fine-tuned model (beam search on the evaluation's validation "
+        "tourists), as in the gaps per region below.", *body)
 
 
 def render(data: JobData, figures: dict[str, str | None], groups: list[str],
@@ -267,68 +252,58 @@ def render(data: JobData, figures: dict[str, str | None], groups: list[str],
         f"config {t.get('config_hash', '?')}", f"catalog v{t.get('catalog_version', '?')}",
         f"status {data.status}", f"started {_when(data.start_time)}",
         f"ended {_when(data.end_time)}", f"{len(data.children)} model(s)"])
-    parts = [
+    nav = [("curves", "Learning curves"), ("finetune", "Fine-tuning"),
+           ("gaps", "Gaps per region"), ("time", "Time vs score"), ("tables", "Group tables"),
+           ("paper", "Against the paper"), ("runs", "MLflow runs")]
+    if finetune is None:
+        nav.remove(("finetune", "Fine-tuning"))
+    regions = data.tables.get("regions")
+    gaps = []
+    for kind in KIND_ORDER:  # the paper's tourists only for a job evaluated on them
+        if kind != "paper" or f"gaps_{kind}" in figures:
+            gaps += [f"<h3>{KIND_LABEL[kind]} tourists</h3>",
+                     _figure(figures.get(f"gaps_{kind}"), f"gaps {KIND_LABEL[kind]}")]
+    if regions is not None and regions.get("best_known", pd.Series(dtype=float)).isna().all():
+        gaps.append('<p class="note">No best-known scores (no reference file when the job '
+                    "ran): gaps to best-known are left out.</p>")
+    timing = [_figure(figures.get("time_score"), "time vs score")]
+    if time_points is not None and len(time_points):
+        points = time_points.drop(columns=["order"], errors="ignore")
+        timing.append(_details("Points", table(points, left=("group", "method", "setting"))))
+    summary, pvalues = data.tables.get("summary"), data.tables.get("pvalues")
+    tables = [summary_tables(summary, groups) if summary is not None and len(summary) else
+              '<p class="note">No summary table (the job logged no evaluation).</p>']
+    if regions is not None and len(regions):
+        tables.append(_details("Per-region table",
+                               table(regions, left=("method", "kind", "group", "region"))))
+    if pvalues is not None and len(pvalues):
+        tables.append(_details("Pairwise p-values",
+                               table(pvalues, left=("kind", "from", "to"))))
+    return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         '<link rel="icon" href="data:,">', f"<title>{escape(title)}</title>",
         f"<style>{CSS}</style></head><body>",
         f"<header><h1>{escape(title)}</h1><div class=\"meta\">{meta}</div></header>",
-        '<nav><a href="#curves">Learning curves</a>'
-        + ('<a href="#finetune">Fine-tuning</a>' if finetune is not None else "")
-        + '<a href="#gaps">Gaps per region</a>'
-        '<a href="#time">Time vs score</a><a href="#tables">Group tables</a>'
-        '<a href="#paper">Against the paper</a><a href="#runs">MLflow runs</a></nav><main>',
-    ]
-    parts += _curves_section(figures, groups)
-    parts += _finetune_section(figures, finetune)
-    parts.append('<section id="gaps"><h2>Gaps per region</h2>'
-                 '<p class="note">Gap = (reference − model) / reference × 100 on the mean '
-                 "score over a region's tourists; generated = the catalog's validation "
-                 "tourists; paper = the paper's own generated tourists.</p>")
-    regions = data.tables.get("regions")
-    for kind in KIND_ORDER:
-        if kind == "paper" and f"gaps_{kind}" not in figures:
-            continue  # shown only for a job evaluated on the paper's sets
-        parts.append(f"<h3>{KIND_LABEL[kind]} tourists</h3>")
-        parts.append(_figure(figures.get(f"gaps_{kind}"), f"gaps {KIND_LABEL[kind]}"))
-    if regions is not None and regions.get("best_known", pd.Series(dtype=float)).isna().all():
-        parts.append('<p class="note">No best-known scores (no reference file when the job '
-                     "ran): gaps to best-known are left out.</p>")
-    parts.append("</section>")
-    parts.append('<section id="time"><h2>Score against inference time</h2>'
-                 '<p class="note">Beam widths from the job\'s beam sweep on each region\'s '
-                 "benchmark tourist, active search from the evaluation rows; means over the "
-                 "group's regions.</p>")
-    parts.append(_figure(figures.get("time_score"), "time vs score"))
-    if time_points is not None and len(time_points):
-        pts = time_points.drop(columns=["order"], errors="ignore")
-        parts.append("<details><summary>Points</summary>"
-                     + table(pts, left=("group", "method", "setting")) + "</details>")
-    parts.append("</section>")
-    parts.append('<section id="tables"><h2>Group tables</h2>'
-                 '<p class="note">Means over regions; 95% bootstrap confidence intervals '
-                 "over regions; p: one-sided Wilcoxon signed-rank test (model > ILS).</p>")
-    summary = data.tables.get("summary")
-    if summary is not None and len(summary):
-        parts.append(summary_tables(summary, groups))
-    else:
-        parts.append('<p class="note">No summary table (the job logged no evaluation).</p>')
-    if regions is not None and len(regions):
-        parts.append("<details><summary>Per-region table</summary>"
-                     + table(regions, left=("method", "kind", "group", "region"))
-                     + "</details>")
-    pvalues = data.tables.get("pvalues")
-    if pvalues is not None and len(pvalues):
-        parts.append("<details><summary>Pairwise p-values</summary>"
-                     + table(pvalues, left=("kind", "from", "to")) + "</details>")
-    parts.append("</section>")
-    parts.append('<section id="paper"><h2>Against the paper</h2>'
-                 '<p class="note">Ours beside the paper\'s columns of the same name: the '
-                 "paper's own tourists against its generated-instance table, the benchmark "
-                 "tourist against its benchmark table; diff = (ours − paper) / paper × 100 "
-                 "(positive: ours higher); 'not exact': regions whose paper set is the CPU "
-                 "approximation.</p>" + against_paper_section(regions) + "</section>")
-    parts.append('<section id="runs"><h2>MLflow runs</h2>' + _mlflow_links(data)
-                 + runs_table(data) + "</section>")
-    parts.append("</main></body></html>")
-    return "\n".join(parts)
+        "<nav>" + "".join(f'<a href="#{a}">{text}</a>' for a, text in nav) + "</nav><main>",
+        _curves_section(figures, groups),
+        _finetune_section(figures, finetune),
+        _section("gaps", "Gaps per region",
+                 "Gap = (reference − model) / reference × 100 on the mean score over a "
+                 "region's tourists; generated = the catalog's validation tourists; paper = "
+                 "the paper's own generated tourists.", *gaps),
+        _section("time", "Score against inference time",
+                 "Beam widths from the job's beam sweep on each region's benchmark tourist, "
+                 "active search from the evaluation rows; means over the group's regions.",
+                 *timing),
+        _section("tables", "Group tables",
+                 "Means over regions; 95% bootstrap confidence intervals over regions; p: "
+                 "one-sided Wilcoxon signed-rank test (model > ILS).", *tables),
+        _section("paper", "Against the paper",
+                 "Ours beside the paper's columns of the same name: the paper's own tourists "
+                 "against its generated-instance table, the benchmark tourist against its "
+                 "benchmark table; diff = (ours − paper) / paper × 100 (positive: ours "
+                 "higher); 'not exact': regions whose paper set is the CPU approximation.",
+                 against_paper_section(regions)),
+        _section("runs", "MLflow runs", "", _mlflow_links(data), runs_table(data)),
+        "</main></body></html>"])

@@ -1,7 +1,5 @@
-"""The report's figures as PNG files (matplotlib's Agg renderer, no pyplot state).
-
-Each function writes one file and returns its path, or ``None`` when there is nothing to
-plot (so the page never links to a missing image).
+"""The report's figures as PNG files (matplotlib's Agg renderer, no pyplot state). Each figure
+function writes one file and returns its path, or ``None`` when there is nothing to plot.
 """
 
 from __future__ import annotations
@@ -10,6 +8,7 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -17,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from optw.evaluate.tables import KIND_LABEL
-from optw.report.data import ChildRun, JobData, group_of
+from optw.report.data import ChildRun, JobData, group_of, region_groups
 
 DPI = 110
 STAGE_ORDER = {"global": 0, "scratch": 1, "finetune": 2}
@@ -35,12 +34,19 @@ def method_colors(methods: Sequence[str]) -> dict[str, str]:
     return {m: _PALETTE[i % len(_PALETTE)] for i, m in enumerate(dict.fromkeys(methods))}
 
 
+def _legend(fig: Figure, axes, loc: str, ncols: int = 1) -> None:
+    """One legend for the figure: each label of ``axes`` once, in order."""
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, h)
+    fig.legend(list(handles.values()), list(handles), loc=loc,
+               ncols=min(ncols, len(handles)), fontsize=8, frameon=False)
+
+
 def _save(fig: Figure, path: Path) -> Path:
     fig.savefig(path, dpi=DPI, format="png", bbox_inches="tight")
     return path
-
-
-# ----------------------------------------------------------------------------- learning curves
 
 
 def _points(run: ChildRun, metric: str) -> pd.DataFrame | None:
@@ -49,11 +55,10 @@ def _points(run: ChildRun, metric: str) -> pd.DataFrame | None:
     return df if df is not None and len(df) else None
 
 
-def has_curve(run: ChildRun) -> bool:
-    """Whether ``run`` has a learning curve to draw: a training or validation history of at
-    least two epochs (a single point is no curve)."""
-    return any(df is not None and len(df) >= 2
-               for df in (_points(run, m) for m in ("mean_reward", "val_score")))
+def has_curve(run: ChildRun, metrics: tuple[str, ...] = ("mean_reward", "val_score")) -> bool:
+    """Whether ``run`` has a history of at least two epochs of one of ``metrics`` (a single
+    point is no curve)."""
+    return any(len(run.curves.get(m, ())) >= 2 for m in metrics)
 
 
 _CURVE_STYLES = {
@@ -67,15 +72,14 @@ _CURVE_STYLES = {
 
 
 def learning_curves(runs: list[ChildRun], path: Path, title: str) -> Path | None:
-    """One column per model of ``runs`` (those with a curve, :func:`has_curve`): its training
-    reward per logged epoch and its validation scores (greedy, the validation tourists and the
-    benchmark tourist) over epochs; below, where two or more validations logged one, the gap
-    to ILS on the validation tourists. None when no model has a curve."""
+    """A panel per model of ``runs`` that has a curve: its training reward and validation
+    scores (greedy: validation tourists, benchmark tourist) over epochs and below, where two
+    or more validations logged one, the gap to ILS on the validation tourists."""
     runs = sorted((r for r in runs if has_curve(r)),
                   key=lambda r: (STAGE_ORDER.get(r.stage, 9), r.key))
     if not runs:
         return None
-    with_gap = any((g := _points(r, "val_gap_ils")) is not None and len(g) >= 2 for r in runs)
+    with_gap = any(has_curve(r, ("val_gap_ils",)) for r in runs)
     ncols = min(4, len(runs))
     nrows = math.ceil(len(runs) / ncols)
     per = 2 if with_gap else 1
@@ -89,60 +93,43 @@ def learning_curves(runs: list[ChildRun], path: Path, title: str) -> Path | None
         row, col = divmod(i, ncols)
         ax = axes[row * per, col]
         for metric, style in _CURVE_STYLES.items():
-            df = _points(run, metric)
-            if df is not None:
+            if (df := _points(run, metric)) is not None:
                 ax.plot(df["step"], df["value"], **style)
         ax.set_title(f"{run.key} ({run.stage})", fontsize=10)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("score", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
+        _panel(ax, "score")
         if with_gap:
             gx = axes[row * per + 1, col]
-            g = _points(run, "val_gap_ils")
-            if g is not None:
+            if (g := _points(run, "val_gap_ils")) is not None:
                 gx.plot(g["step"], g["value"], color="#2ca02c", marker="o", ms=3.5, lw=1.6,
                         label="validation: gap to ILS [%]")
                 gx.axhline(0, color="k", lw=0.7)
-            gx.set_ylabel("gap to ILS [%]", fontsize=8)
-            gx.tick_params(labelsize=7)
-            gx.grid(alpha=0.3)
-            gx.set_xlabel("epoch", fontsize=8)
+            _panel(gx, "gap to ILS [%]")
             gx.sharex(ax)
-        else:
-            ax.set_xlabel("epoch", fontsize=8)
+        axes[row * per + per - 1, col].set_xlabel("epoch", fontsize=8)
     for i in range(len(runs), nrows * ncols):
         row, col = divmod(i, ncols)
         for k in range(per):
             axes[row * per + k, col].set_visible(False)
-    handles, labels = [], []
-    for ax in axes.flat:
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)),
-               fontsize=8, frameon=False)
+    _legend(fig, axes.flat, "outside lower center", 4)
     fig.suptitle(title, fontsize=11)
     return _save(fig, path)
 
 
-# ----------------------------------------------------------------------------- fine-tuning
+def _panel(ax, ylabel: str) -> None:
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
 
 
 def finetune_points(children: list[ChildRun], regions: pd.DataFrame | None = None,
                     ) -> pd.DataFrame:
-    """Per fine-tuned region: its validation before fine-tuning (the run's validation at epoch
-    0, i.e. the model it starts from) and after (its last validation), as the gap to ILS
-    (``val_gap_ils``) or, where no gap was logged, the mean greedy score (``val_score``);
-    and, from the job's regions table, the evaluation's gap to ILS of the fine-tuned model on
-    the validation tourists. Columns ``region, group, start, metric, before, after,
-    after_epoch, evaluated, val_tourists``; regions without a validation at epoch 0 and after
-    it are left out."""
+    """Per fine-tuned region with a validation at epoch 0 (the model it starts from) and later:
+    the first and last as the gap to ILS (``val_gap_ils``, else the mean greedy score) and the
+    job's evaluated gap of the fine-tuned model (:func:`_evaluated_gap`). Columns ``region,
+    group, start, metric, before, after, after_epoch, evaluated, val_tourists``."""
     rows = []
-    for run in children:
-        if run.stage != "finetune":
-            continue
+    for run in (c for c in children if c.stage == "finetune"):
         for metric in ("val_gap_ils", "val_score"):
             df = run.curves.get(metric)
             if df is None or not (df["step"] == 0).any() or not (df["step"] > 0).any():
@@ -175,10 +162,8 @@ def _evaluated_gap(run: ChildRun, regions: pd.DataFrame | None) -> float:
 
 
 def finetune_chart(points: pd.DataFrame, groups: list[str], path: Path) -> Path | None:
-    """One chart of every fine-tuned region's validation before fine-tuning (the model it
-    starts from, e.g. its group's global model) and after (the fine-tuned model): one panel
-    per group, one row per region, an arrow from before to after; the evaluation's gap (beam
-    search, the evaluation's validation tourists) as a cross where the job evaluated it."""
+    """Every fine-tuned region's validation before fine-tuning and after: a panel per group, a
+    row per region, an arrow from before to after, the evaluated gap as a cross."""
     if points.empty:
         return None
     gap = points["metric"].iloc[0] == "val_gap_ils"
@@ -191,7 +176,7 @@ def finetune_chart(points: pd.DataFrame, groups: list[str], path: Path) -> Path 
     for ax, g in zip(axes, present, strict=True):
         sub = points[points["group"] == g].sort_values("region")
         y = np.arange(len(sub))
-        for yi, (b, a) in zip(y, zip(sub["before"], sub["after"], strict=True), strict=True):
+        for yi, b, a in zip(y, sub["before"], sub["after"], strict=True):
             ax.annotate("", xy=(a, yi), xytext=(b, yi),
                         arrowprops=dict(arrowstyle="->", color="#999999", lw=1.0,
                                         shrinkA=3, shrinkB=3))
@@ -216,14 +201,7 @@ def finetune_chart(points: pd.DataFrame, groups: list[str], path: Path) -> Path 
                      fontsize=10)
         ax.set_xlabel("gap to ILS [%] (lower is better)" if gap
                       else "mean validation score (higher is better)", fontsize=8)
-    handles, labels = [], []
-    for ax in axes:
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="outside lower center", ncols=min(3, len(labels)),
-               fontsize=8, frameon=False)
+    _legend(fig, axes, "outside lower center", 3)
     n = ", ".join(sorted(set(points["val_tourists"].astype(str)) - {""}))
     which = f"first {n} validation tourists" if n else "validation tourists"
     what = "gap to ILS" if gap else "mean score"
@@ -232,16 +210,11 @@ def finetune_chart(points: pd.DataFrame, groups: list[str], path: Path) -> Path 
     return _save(fig, path)
 
 
-# ----------------------------------------------------------------------------- gaps per region
-
-
 def region_gaps(regions: pd.DataFrame, kind: str, groups: list[str], colors: dict[str, str],
                 path: Path) -> Path | None:
     """Dot plot per region (rows, grouped by group) of the gap to ILS and, where the reference
     has them, the gap to the best-known score, one marker per method."""
     sub = regions[regions["kind"] == kind]
-    if sub.empty:
-        return None
     order = [(g, r) for g in groups
              for r in sorted(sub.loc[sub["group"] == g, "region"].astype(str).unique())]
     if not order:
@@ -269,32 +242,23 @@ def region_gaps(regions: pd.DataFrame, kind: str, groups: list[str], colors: dic
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(labelsize=8)
         start = 0
-        for g in groups:  # shaded bands and labels per group
+        for i, g in enumerate(groups):  # every other group's rows shaded
             n = sum(1 for gg, _ in order if gg == g)
-            if not n:
-                continue
-            if groups.index(g) % 2:
+            if n and i % 2:
                 ax.axhspan(start - 0.5, start + n - 0.5, color="#f0f0f0", zorder=0)
             start += n
     axes[0].set_yticks(range(len(order)), [f"{r} ({g})" for g, r in order])
     axes[0].invert_yaxis()
-    handles, labels = axes[-1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)),
-               fontsize=8, frameon=False)
+    _legend(fig, axes[-1:], "outside lower center", 4)
     fig.suptitle(f"Gap per region, {KIND_LABEL.get(kind, kind)} tourists\n"
                  "(negative: better than the reference)", fontsize=10)
     return _save(fig, path)
 
 
-# ----------------------------------------------------------------------------- time vs score
-
-
 def time_score_points(data: JobData) -> pd.DataFrame:
-    """Per (group, method, setting): mean inference seconds and mean score (and the mean gap
-    to ILS where the regions table has ILS scores) on the benchmark tourists.
-
-    Beam widths come from the job's ``beam_sweep`` table; active search (methods ending in
-    ``_as``) and greedy rows from the evaluation rows."""
+    """Per (group, method, setting) on the benchmark tourists: mean inference seconds, mean
+    score and mean gap to ILS (where the regions table has ILS scores). Beam widths come from
+    the job's ``beam_sweep`` table, active search (methods ``*_as``) from the evaluation rows."""
     parts = []
     sweep = data.tables.get("beam_sweep")
     if sweep is not None and len(sweep):
@@ -302,26 +266,22 @@ def time_score_points(data: JobData) -> pd.DataFrame:
                          setting=sweep["beams"].map(lambda b: f"beams={int(b)}"),
                          order=sweep["beams"].astype(float))
         parts.append(s[["region", "method", "setting", "order", "score", "seconds"]])
-    ev = data.evaluation
-    if len(ev):
-        bench = ev[ev["kind"] == "benchmark"]
-        act = bench[bench["method"].astype(str).str.endswith("_as")]
-        if len(act):
-            a = act.assign(method=act["method"].str[:-3] + " + active search",
-                           setting="active search", order=np.inf)
-            parts.append(a[["region", "method", "setting", "order", "score", "seconds"]])
+    bench = data.evaluation[data.evaluation["kind"] == "benchmark"]
+    act = bench[bench["method"].astype(str).str.endswith("_as")]
+    if len(act):
+        a = act.assign(method=act["method"].str[:-3] + " + active search",
+                       setting="active search", order=np.inf)
+        parts.append(a[["region", "method", "setting", "order", "score", "seconds"]])
     if not parts:
         return pd.DataFrame(columns=["group", "method", "setting", "order", "regions", "score",
                                      "seconds", "gap_ils"])
     pts = pd.concat(parts, ignore_index=True)
-    known: dict[str, str] = {}
     ils: dict[str, float] = {}
     regions = data.tables.get("regions")
     if regions is not None and len(regions):
         b = regions[regions["kind"] == "benchmark"].drop_duplicates("region")
         ils = dict(zip(b["region"].astype(str), b["ils"], strict=True))
-        known = dict(zip(regions["region"].astype(str), regions["group"].astype(str),
-                         strict=True))
+    known = region_groups(regions)
     pts["group"] = pts["region"].map(lambda r: group_of(r, known))
     pts["ils"] = pts["region"].map(ils).astype(float)
     pts["gap_ils"] = (pts["ils"] - pts["score"]) / pts["ils"] * 100.0
@@ -368,13 +328,7 @@ def time_score(points: pd.DataFrame, groups: list[str], colors: dict[str, str],
         ax.grid(alpha=0.3, which="both")
         ax.tick_params(labelsize=7)
     axes[0].set_ylabel(ylabel, fontsize=8)
-    handles, labels = [], []
-    for ax in axes:
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="outside right upper", fontsize=8, frameon=False)
+    _legend(fig, axes, "outside right upper")
     fig.suptitle("Score against inference time (benchmark tourists; labels: beam width)",
                  fontsize=10)
     return _save(fig, path)

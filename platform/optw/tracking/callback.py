@@ -1,8 +1,7 @@
 """``MlflowCallback``: training metrics, validation results and final files into an MLflow run.
 
-The callback only reads from the training loop (data flows into tracking, never back): it never
-sets ``ctx.stop``, and by default a tracking failure is logged as a warning and retried at the
-next flush instead of ending a long training run.
+It only reads from the training loop (never sets ``ctx.stop``); by default a tracking failure is
+a warning, retried at the next flush, instead of the end of a long training run.
 """
 
 from __future__ import annotations
@@ -20,26 +19,18 @@ from optw.train.callbacks import Callback, TrainContext
 
 log = logging.getLogger(__name__)
 
-EPOCH_METRICS = ("mean_reward", "imitation_loss", "loss", "entropy", "lr", "epochs_per_s")
-VALIDATION_METRICS = ("val_score", "benchmark_score", "val_seconds")
 MAX_METRICS_PER_BATCH = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
 
 
 class MlflowCallback(Callback):
     """Log a training run into the existing MLflow run ``run_id`` (made by the driver).
 
-    - ``on_epoch_end``: every ``log_every`` epochs (and the first and last), all numeric
-      metrics (``mean_reward, loss, entropy, lr, epochs_per_s``) at ``step = ctx.epoch``;
-      points are buffered and sent with one ``log_batch`` once ``flush_every`` points are
-      waiting or ``flush_seconds`` have passed;
-    - ``on_validation``: the validation metrics (``val_score, benchmark_score, val_seconds``),
-      sent at once together with the buffer;
-    - ``on_train_end``: remaining points, ``best_val_score``, the config (``config_path`` if
-      given, and ``config.json`` dumped from ``ctx.config``) and the final checkpoint
-      (``ctx.last_checkpoint``) as artifacts under ``checkpoints/``.
-
-    Picklable (the client is made lazily per process), so it can be built in the driver and
-    shipped to a Ray worker. ``strict=True`` raises tracking errors instead of warning.
+    Every ``log_every`` epochs (and the first and last) the numeric epoch metrics at step
+    ``ctx.epoch``, buffered and sent in one ``log_batch`` once ``flush_every`` points wait or
+    ``flush_seconds`` passed; validation metrics at once; at the end ``best_val_score``, the
+    config (``config_path`` and ``config.json``) and the final checkpoint (``checkpoints/``).
+    Picklable (a client per process), so it ships to a Ray worker. ``strict`` raises tracking
+    errors instead of warning.
     """
 
     def __init__(self, run_id: str, *, uri: str | None = None, log_every: int = 10,
@@ -64,33 +55,23 @@ class MlflowCallback(Callback):
         self._failures = 0
         self._retry_at = 0.0
 
-    # -------------------------------------------------------------------------- buffering
-
-    def _add(self, metrics: dict[str, Any], step: int) -> int:
+    def _add(self, metrics: dict[str, Any], step: int) -> None:
+        """Buffer the finite numeric values (numpy / torch scalars too) of ``metrics``."""
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        n = 0
         for key, value in metrics.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                try:  # numpy / torch scalars
-                    value = float(value)
-                except (TypeError, ValueError):
-                    continue
-            value = float(value)
-            if math.isinf(value):
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
                 continue
-            self._buffer.append(Metric(key=metric_key(key), value=value, timestamp=ts, step=step))
-            n += 1
-        if len(self._buffer) > self.max_buffer:  # tracking down for long: keep the newest
-            del self._buffer[: len(self._buffer) - self.max_buffer]
-        return n
+            if not math.isinf(value):
+                self._buffer.append(Metric(metric_key(key), value, ts, step))
+        del self._buffer[:-self.max_buffer]  # tracking down for long: keep the newest
 
     def flush(self, force: bool = False) -> bool:
-        """Send buffered points now (one ``log_batch`` per 1000); True if nothing is left.
-
-        After a failure, further tries wait ``max(flush_seconds, 30)`` s (unless ``force``), so
-        a dead server costs the training loop one timeout, not one per epoch."""
+        """Send buffered points now; True if nothing is left. After a failure, tries wait
+        ``max(flush_seconds, 30)`` s (unless ``force``): one timeout, not one per epoch."""
         now = time.monotonic()
         self._last_flush = now
         if not self._buffer:
@@ -117,8 +98,6 @@ class MlflowCallback(Callback):
             log.warning("MlflowCallback: could not %s for run %s (%s: %s); %d points buffered",
                         what, self.run_id, type(exc).__name__, exc, len(self._buffer))
 
-    # -------------------------------------------------------------------------- hooks
-
     def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
         epoch = int(ctx.epoch)
         self._last_epoch = (epoch, dict(metrics))
@@ -138,7 +117,6 @@ class MlflowCallback(Callback):
         if self._last_epoch is not None and self._last_epoch[0] != self._logged_epoch:
             epoch, metrics = self._last_epoch
             self._add(metrics, epoch)
-            self._logged_epoch = epoch
         if ctx.best_validation is not None:
             self._add({"best_val_score": ctx.best_validation}, int(ctx.epoch))
         self.flush(force=True)
@@ -153,9 +131,8 @@ class MlflowCallback(Callback):
                 except TypeError:
                     text = json.dumps({"config": str(ctx.config)}, indent=2)
                 client.log_text(self.run_id, text, "config.json")
-            checkpoint = ctx.last_checkpoint
-            if self.log_checkpoint and checkpoint is not None:
-                checkpoint = Path(checkpoint)
+            if self.log_checkpoint and ctx.last_checkpoint is not None:
+                checkpoint = Path(ctx.last_checkpoint)
                 if checkpoint.is_file():
                     client.log_artifact(self.run_id, str(checkpoint), "checkpoints")
                 else:

@@ -17,6 +17,7 @@ _BAD = re.compile(r"[^\w\-. /:]")
 
 
 def _name(text: Any) -> str:
+    """``text`` as a metric or artifact name (other characters become ``_``)."""
     return _BAD.sub("_", str(text)).strip() or "_"
 
 
@@ -53,10 +54,8 @@ def log_tables(run_id: str, tables: Mapping[str, Any], *, uri: str | None = None
 def evaluation_metrics(table, name: str, *, method_col: str = "method",
                        score_col: str = "score", gap_col: str = "gap",
                        seconds_col: str = "seconds") -> dict[str, float]:
-    """``{"<name>/<method>/mean_score": ..., ".../mean_gap": ..., ".../mean_seconds": ...}``.
-
-    One row per solved tourist; without a ``method`` column all rows are method ``all``. Gap
-    and seconds are included when their columns exist; NaNs are ignored."""
+    """``{"<name>/<method>/mean_score": ..., ".../mean_gap": ..., ".../mean_seconds": ...}`` of
+    a table of one row per tourist (method ``all`` without a method column), NaNs ignored."""
     if score_col not in table.columns:
         raise ValueError(f"evaluation table {name!r} has no {score_col!r} column "
                          f"(columns: {list(table.columns)})")
@@ -77,14 +76,14 @@ def evaluation_metrics(table, name: str, *, method_col: str = "method",
 def log_evaluation(run_id: str, table, name: str, *, uri: str | None = None,
                    step: int = 0, method_col: str = "method", score_col: str = "score",
                    gap_col: str = "gap") -> dict[str, float]:
-    """Log per-method mean score / gap / seconds as metrics and the table as
-    ``evaluation/<name>.csv`` + ``.md``; returns the metrics."""
+    """Log :func:`evaluation_metrics` and the table as ``evaluation/<name>.csv`` + ``.md``;
+    returns the metrics."""
     from mlflow.entities import Metric
 
     metrics = evaluation_metrics(table, name, method_col=method_col, score_col=score_col,
                                  gap_col=gap_col)
-    ts = int(time.time() * 1000)
     if metrics:
+        ts = int(time.time() * 1000)
         get_client(uri).log_batch(
             run_id, metrics=[Metric(k, v, ts, step) for k, v in metrics.items()])
     log_tables(run_id, {name: table}, uri=uri, artifact_dir="evaluation")

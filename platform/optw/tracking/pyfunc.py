@@ -1,24 +1,14 @@
-"""The registered artifact: an MLflow pyfunc model that carries one region's checkpoint.
+"""The registered artifact: an MLflow pyfunc model ("models from code", nothing pickled) that
+carries one region's checkpoint: ``MLmodel`` (config ``region``, ``catalog_version``, ...),
+``_model_code.py`` (``set_model(OptwSolverModel())``) and, as artifacts, the checkpoint and
+``region.json`` (the region's data, so serving needs no catalog).
 
-Layout of a saved model (``mlflow.pyfunc`` "models from code", no pickled Python objects)::
-
-    MLmodel                 flavor python_function, config {region, catalog_version, ...}
-    _model_code.py          entry point: ``set_model(OptwSolverModel())``
-    artifacts/<name>.pt     the checkpoint (optw.model format)
-    artifacts/region.json   the region's data, so serving needs no catalog (when available)
-
-Loading needs ``optw`` installed (``pip install -e .``); ``optw.model`` and ``optw.decode`` are
-imported only when the model is first used, so this module imports without them.
-
-Input of ``predict``: a DataFrame or a list of tourist dicts ``{start: [x, y], t_start, t_end,
-scores, tourist}`` (missing keys take the region's benchmark values; ``scores`` has one value per
-node, or per point of interest without the start/end nodes; ``start_xy`` is accepted for
-``start``), each read and checked by :func:`optw.catalog.read_tourists`. Params: ``method``
-(default ``beam``), ``beams`` (default :data:`optw.decode.limits.SERVE_BEAMS`). Output: a
-DataFrame with ``tourist, route, score, seconds`` per tourist, ``tourist`` echoing the given id
-(e.g. ``"alice"``; the position in the input when none is given); ``solve`` returns ``Solution``
-objects whose ``tourist`` is that id. Torch runs with the cores other work leaves free
-(:func:`optw.threads.default_threads`) unless ``threads`` is given, restored after the call.
+``predict`` takes a DataFrame or a list of tourist dicts ``{start: [x, y], t_start, t_end,
+scores, tourist}`` (checked by :func:`optw.catalog.read_tourists`; missing keys take the
+region's benchmark values), params ``method`` (``beam``) and ``beams``
+(:data:`optw.decode.limits.SERVE_BEAMS`), and returns a DataFrame ``tourist, route, score,
+seconds`` echoing the given ids (the positions when none is given). Loading needs ``optw``
+installed; the model and decoder are imported on first use.
 """
 
 from __future__ import annotations
@@ -27,7 +17,6 @@ import dataclasses
 import importlib.metadata
 import json
 import logging
-import math
 import numbers
 import tempfile
 import warnings
@@ -54,9 +43,6 @@ class MissingCheckpointError(OptwError, FileNotFoundError):
     """A checkpoint file to register or bundle that does not exist (names the path)."""
 
 
-# ----------------------------------------------------------------------------- region / tourists
-
-
 def region_to_json(region) -> str:
     """A catalog ``Region`` as JSON (arrays with their dtype), for the model's artifacts."""
     out: dict[str, Any] = {}
@@ -71,6 +57,7 @@ def region_to_json(region) -> str:
 
 
 def region_from_json(text: str):
+    """The ``Region`` of :func:`region_to_json`'s text."""
     from optw.catalog import Region
 
     data = json.loads(text)
@@ -102,9 +89,8 @@ def _alias(rec: Any) -> Any:
 
 
 def tourists_from_records(region: Region, data: Any) -> TouristBatch:
-    """A :class:`~optw.catalog.TouristBatch` of ``region`` (the tourists and the ids to show)
-    from a ``Tourists`` batch or records (see the module docstring). Raises
-    :class:`~optw.catalog.TouristError` naming the tourist and the field."""
+    """The :class:`~optw.catalog.TouristBatch` of ``region`` (tourists and their ids) of a
+    ``Tourists`` batch or records; a :class:`~optw.catalog.TouristError` names a bad one."""
     from optw.catalog import TouristBatch, Tourists, read_tourists
 
     if isinstance(data, Tourists):
@@ -114,26 +100,13 @@ def tourists_from_records(region: Region, data: Any) -> TouristBatch:
     return read_tourists([_alias(r) for r in _records(data)], region, defaults=True)
 
 
-#: The columns of :meth:`OptwSolverModel.predict`'s DataFrame.
-OUTPUT_COLUMNS = ["tourist", "route", "score", "seconds"]
-
-
-def solutions_frame(solutions):
-    """``list[Solution]`` -> DataFrame ``tourist, route, score, seconds`` (JSON-friendly
-    cells; ``tourist`` is each solution's id, as given)."""
-    rows = [{"tourist": _plain(getattr(s, "tourist", None)),
-             "route": [int(v) for v in getattr(s, "route", [])],
-             "score": float(getattr(s, "score", math.nan)),
-             "seconds": float(getattr(s, "seconds", math.nan))} for s in solutions]
-    return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
-
-
-def _plain(value: Any) -> Any:
-    """A numpy integer id as a Python int (JSON-friendly); strings and ints as they are."""
-    return int(value) if isinstance(value, numbers.Integral) else value
-
-
-# ----------------------------------------------------------------------------- the model
+def solutions_frame(solutions) -> pd.DataFrame:
+    """``list[Solution]`` -> DataFrame ``tourist, route, score, seconds`` (JSON-friendly cells:
+    a numpy integer id becomes an int)."""
+    rows = [{"tourist": int(s.tourist) if isinstance(s.tourist, numbers.Integral) else s.tourist,
+             "route": [int(v) for v in s.route], "score": float(s.score),
+             "seconds": float(s.seconds)} for s in solutions]
+    return pd.DataFrame(rows, columns=["tourist", "route", "score", "seconds"])
 
 
 class OptwSolverModel(mlflow.pyfunc.PythonModel):
@@ -176,10 +149,8 @@ class OptwSolverModel(mlflow.pyfunc.PythonModel):
         return self._region
 
     def check_region(self) -> str | None:
-        """The warning (:func:`optw.decode.region_mismatch`) when the model was trained on
-        other regions than this model's region, logged once per model and region (the first
-        call; later calls return it without logging again); None when it was trained there or
-        its file does not say."""
+        """The warning (:func:`optw.decode.region_mismatch`) when the model was trained on other
+        regions than its region, logged on the first call only; None when it was not."""
         from optw.decode import region_mismatch
 
         warning = region_mismatch(self.model, self.region)
@@ -192,10 +163,8 @@ class OptwSolverModel(mlflow.pyfunc.PythonModel):
     def solve(self, tourists: Any, method: str = DEFAULT_METHOD, beams: int | None = None,
               threads: int | None = None):
         """``optw.decode.solve`` for these tourists -> ``list[Solution]`` (``tourist``: the
-        given id). ``beams`` defaults to :data:`~optw.decode.limits.SERVE_BEAMS` and is checked
-        here, at the model's edge (:func:`~optw.decode.limits.check_beams`); ``threads`` (torch
-        threads for this call) to the cores other work leaves free. A model trained on other
-        regions logs one warning (:meth:`check_region`)."""
+        given id); ``beams`` (default SERVE_BEAMS) is checked here, at the model's edge.
+        ``threads``: torch threads for this call (default: the cores other work leaves free)."""
         import torch
 
         from optw.decode import METHODS, solve
@@ -223,12 +192,10 @@ class OptwSolverModel(mlflow.pyfunc.PythonModel):
 
     def predict(self, context, model_input: pd.DataFrame,
                 params: dict[str, Any] | None = None) -> pd.DataFrame:
-        """Solve each tourist (a DataFrame row; a list of dicts works too) -> DataFrame
-        ``tourist, route, score, seconds``. The DataFrame hint tells MLflow not to coerce the
-        input."""
+        """:meth:`solve` each tourist (DataFrame rows or a list of dicts) -> DataFrame
+        ``tourist, route, score, seconds``; only an absent (None) param takes its default."""
         params = params or {}
         method = params.get("method")
-        # only an absent (None) parameter takes the default: beams=0 is an error, not 16
         sols = self.solve(model_input, method=DEFAULT_METHOD if method is None else method,
                           beams=params.get("beams"))
         return solutions_frame(sols)
@@ -247,11 +214,9 @@ def _requirements() -> list[str]:
 
 def save_pyfunc(path: str | Path, region_id: str, checkpoint: str | Path, *,
                 region=None, config: Mapping[str, Any] | None = None) -> Path:
-    """Write the pyfunc model folder for ``region_id`` at ``path`` (which must not exist).
-
-    ``region`` (a catalog ``Region``) is bundled as ``region.json`` when given. ``config`` adds
-    entries to the model config (``MLmodel``), e.g. ``catalog_version`` and ``config_hash``.
-    """
+    """Write the pyfunc model folder for ``region_id`` at ``path`` (which must not exist), with
+    ``region`` bundled as ``region.json`` when given and ``config``'s scalars added to the
+    model config (e.g. ``catalog_version``, ``config_hash``)."""
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import ParamSchema, ParamSpec
 

@@ -1,14 +1,9 @@
 """Model registry: one registered model ``optw-<region>`` per region, a version per trained model.
 
-Rules:
-
-- :func:`register_version` logs the checkpoint as a pyfunc model under the run
-  (``model/<region>``) and creates a new version with the given tags (stored as strings);
-- it is idempotent per run: if a version of the region's model already comes from ``run_id``
-  (a retried Ray task), that version is returned and no second one is made;
-- the alias ``champion`` moves to the new version only when its ``val_score`` is strictly
-  higher than the current champion's (or there is no champion); equal or worse leaves it.
-  A champion without a readable ``val_score`` counts as the worst possible.
+:func:`register_version` logs the checkpoint as a pyfunc model under the run (``model/<region>``)
+and makes a version with the given tags, once per run (a retried Ray task gets the existing
+version). The alias ``champion`` moves to a new version only when its ``val_score`` is strictly
+higher than the champion's (a champion without a readable ``val_score`` is the worst possible).
 """
 
 from __future__ import annotations
@@ -88,8 +83,7 @@ def versions_for_run(region: str, run_id: str, *, uri: str | None = None) -> lis
     return sorted(int(mv.version) for mv in found)
 
 
-def champion(region: str, *, uri: str | None = None,
-             alias: str = CHAMPION) -> VersionInfo | None:
+def champion(region: str, *, uri: str | None = None) -> VersionInfo | None:
     """``(version, tags)`` of the region's champion, or ``None`` (no model or no champion)."""
     from mlflow.exceptions import MlflowException
 
@@ -101,22 +95,19 @@ def champion(region: str, *, uri: str | None = None,
         if _not_found(exc):
             return None
         raise
-    if alias not in aliases:
+    if CHAMPION not in aliases:
         return None
-    mv = client.get_model_version(name, str(aliases[alias]))
+    mv = client.get_model_version(name, str(aliases[CHAMPION]))
     return VersionInfo(int(mv.version), dict(mv.tags))
 
 
 def find_champion_with(region: str, config_hash: str, catalog_version: int | str, *,
                        uri: str | None = None) -> VersionInfo | None:
     """The champion if it was trained with this config hash on this catalog version, else
-    ``None``: a re-run can skip a region whose champion is already what it would train."""
+    ``None`` (a re-run skips a region whose champion is what it would train)."""
     champ = champion(region, uri=uri)
-    if champ is None:
-        return None
-    tags = champ.tags
-    if tags.get("config_hash") == str(config_hash) and \
-            tags.get("catalog_version") == str(catalog_version):
+    if champ is not None and champ.tags.get("config_hash") == str(config_hash) \
+            and champ.tags.get("catalog_version") == str(catalog_version):
         return champ
     return None
 
@@ -126,38 +117,30 @@ def set_champion(region: str, version: int, *, uri: str | None = None) -> None:
     get_client(uri).set_registered_model_alias(model_name(region), CHAMPION, str(version))
 
 
-def _maybe_promote(region: str, version: int, tags: Mapping[str, str], uri: str | None) -> bool:
+def _maybe_promote(region: str, version: int, tags: Mapping[str, str], uri: str | None) -> None:
     current = champion(region, uri=uri)
-    if current is not None and current.version == version:
-        return False
     new = _score(tags)
     if current is not None:
         old = _score(current.tags)
-        if new is None or (old is not None and not new > old):
-            return False
+        if current.version == version or new is None or (old is not None and not new > old):
+            return
     set_champion(region, version, uri=uri)
     log.info("%s: version %d is the new champion (val_score %s, was %s)", model_name(region),
              version, new, None if current is None else current.tags.get("val_score"))
-    return True
 
 
 def register_version(region: str, checkpoint_path: str | Path, run_id: str,
                      tags: Mapping[str, Any] | None = None, *, uri: str | None = None,
                      bundle_region: bool = True, region_data=None) -> int:
-    """Register the checkpoint trained in ``run_id`` as a new version of ``optw-<region>``.
-
-    ``tags`` should hold ``mode, profile, epochs, val_score, config_hash, catalog_version``
-    (``val_score``, higher is better, decides the ``champion`` alias). The artifact is a pyfunc
-    model (see :mod:`optw.tracking.pyfunc`); with ``bundle_region`` the region's data
-    (``region_data``, a catalog ``Region``, else read from the catalog if it can be opened) is
-    stored with it, so serving needs no catalog. Returns the version number.
-    """
+    """Register the checkpoint trained in ``run_id`` as a version of ``optw-<region>``; returns
+    its number. ``tags`` should hold ``mode, profile, epochs, val_score, config_hash,
+    catalog_version``. With ``bundle_region`` the region's data (``region_data``, else the
+    catalog's if it opens) is stored in the pyfunc model, so serving needs no catalog."""
     from optw.tracking.pyfunc import save_pyfunc
 
     uri = tracking_uri(uri)
     client = get_client(uri)
     name = model_name(region)
-    checkpoint = Path(checkpoint_path)
     tags = {k: str(v) for k, v in (tags or {}).items()}
     tags.setdefault("region", region)
     _ensure_model(client, name, region)
@@ -166,16 +149,12 @@ def register_version(region: str, checkpoint_path: str | Path, run_id: str,
         version = existing[0]
         log.info("%s: run %s already registered as version %d", name, run_id, version)
     else:
-        if not checkpoint.is_file():
-            from optw.tracking.pyfunc import MissingCheckpointError
-
-            raise MissingCheckpointError(f"checkpoint {checkpoint} not found")
-        region_obj = None
-        if bundle_region:
-            region_obj = region_data if region_data is not None else _region(region)
+        if bundle_region and region_data is None:
+            region_data = _catalog_region(region)
         artifact_path = f"{ARTIFACT_DIR}/{region}"
         with tempfile.TemporaryDirectory(prefix="optw-pyfunc-") as tmp:
-            local = save_pyfunc(Path(tmp) / "model", region, checkpoint, region=region_obj,
+            local = save_pyfunc(Path(tmp) / "model", region, checkpoint_path,
+                                region=region_data if bundle_region else None,
                                 config={k: tags[k] for k in ("config_hash", "catalog_version")
                                         if k in tags})
             client.log_artifacts(run_id, str(local), artifact_path)
@@ -191,27 +170,22 @@ def register_version(region: str, checkpoint_path: str | Path, run_id: str,
     return version
 
 
-def _region(region: str):
+def _catalog_region(region: str):
+    """The catalog's region, or None without a catalog (then it is read where it is served)."""
     try:
         from optw.catalog import open_catalog
 
         return open_catalog().region(region)
-    except Exception as exc:  # no catalog here: the model will read it where it is served
+    except Exception as exc:
         log.debug("region %s not bundled with the model (%s)", region, exc)
         return None
 
 
-# ----------------------------------------------------------------------------- loading
-
-
 class RegionSolver:
-    """A registered model, downloaded and ready to solve tourists of its region.
-
-    ``solve(tourists, method='beam', beams=SERVE_BEAMS) -> list[Solution]`` accepts a
-    ``Tourists`` batch, one tourist dict, a list of them or a DataFrame; ``predict`` is the
-    pyfunc's (DataFrame out). ``beams`` defaults to :data:`optw.decode.limits.SERVE_BEAMS`.
-    ``version`` is the registry version (``None`` when loaded from a path); ``local_path`` the
-    model's folder, ``None`` when it was loaded into memory from a download since deleted.
+    """A registered model, ready to solve tourists of its region (a ``Tourists`` batch, a
+    tourist dict, a list of them or a DataFrame): ``solve`` -> ``list[Solution]``, ``predict``
+    -> the pyfunc's DataFrame. ``version``: the registry version (``None`` for a path);
+    ``local_path``: the model's folder (``None`` when loaded into memory, the download deleted).
     """
 
     def __init__(self, impl, *, version: int | None, name: str | None, model_uri: str,
@@ -235,11 +209,6 @@ class RegionSolver:
     def model(self):
         return self.impl.model
 
-    def load(self) -> RegionSolver:
-        """Load the torch model and the region now (instead of on the first solve)."""
-        _ = self.impl.model, self.impl.region
-        return self
-
     def solve(self, tourists: Any, method: str = "beam", beams: int = SERVE_BEAMS):
         return self.impl.solve(tourists, method=method, beams=beams)
 
@@ -253,15 +222,11 @@ class RegionSolver:
 
 def load_solver(model_uri: str, *, uri: str | None = None, dst_path: str | Path | None = None,
                 load: bool = True) -> RegionSolver:
-    """Download and open a registered model, e.g. ``models:/optw-c101@champion``,
-    ``models:/optw-c101/3``, a ``runs:/`` or artifact URI, or a local model folder.
-
-    Resolves against ``uri`` (default :func:`tracking_uri`) without touching MLflow's global
-    state. Files: with ``dst_path`` the model is downloaded there and stays (``local_path``);
-    without it, into a temporary folder that is deleted before this returns, the torch model
-    and the region loaded into memory first (``local_path`` is then ``None``), so nothing is
-    left behind. ``load=False`` (open lazily) needs the files to stay: without ``dst_path`` the
-    temporary folder is then removed when the solver is garbage-collected (or at exit)."""
+    """Open a registered model (``models:/optw-c101@champion``, ``models:/optw-c101/3``), a
+    ``runs:/`` or artifact URI or a local model folder, resolved against ``uri``. With
+    ``dst_path`` the download stays there; without it the model and region are loaded into
+    memory and the temporary download deleted at once, or, with ``load=False`` (open lazily),
+    when the solver is garbage-collected."""
     import mlflow.artifacts
 
     uri = tracking_uri(uri)
@@ -312,5 +277,6 @@ def _open(local: str, meta: dict[str, Any], load: bool) -> RegionSolver:
     import mlflow.pyfunc
 
     impl = mlflow.pyfunc.load_model(local).unwrap_python_model()
-    solver = RegionSolver(impl, local_path=local, **meta)
-    return solver.load() if load else solver
+    if load:  # now, instead of on the first solve
+        _ = impl.model, impl.region
+    return RegionSolver(impl, local_path=local, **meta)

@@ -1,8 +1,7 @@
 """Experiments and runs: one experiment per job, a parent run per job, a child per (stage, region).
 
-Runs are addressed by ``run_id`` only and logged through ``MlflowClient``, never through the
-fluent ``mlflow.start_run`` state, so a run made in the driver can be logged to from a Ray
-worker: pass the :class:`JobRun` (a small frozen dataclass) or the child's ``run_id``.
+Runs are addressed by ``run_id`` through ``MlflowClient``, never the fluent ``mlflow.start_run``
+state, so a run made in the driver is logged to from a Ray worker (pass the :class:`JobRun`).
 """
 
 from __future__ import annotations
@@ -33,9 +32,6 @@ MAX_PER_BATCH = 100  # params or tags per log_batch call
 _BAD_KEY = re.compile(r"[^\w\-. /]")
 
 
-# ----------------------------------------------------------------------------- config
-
-
 def _plain(value: Any) -> Any:
     """JSON-friendly copy: dataclasses/mappings -> dict, sequences -> list, paths -> str."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -59,8 +55,7 @@ def _plain(value: Any) -> Any:
 
 
 def config_dict(config: Any) -> dict[str, Any]:
-    """A config (dict, dataclass such as ``TrainConfig``, or object with ``to_dict``) as a plain
-    nested dict."""
+    """A config (dict, dataclass or object with ``to_dict``) as a plain nested dict."""
     if config is None:
         return {}
     plain = _plain(config)
@@ -88,10 +83,8 @@ def flatten_config(config: Any, sep: str = ".") -> dict[str, str]:
 
 
 def config_hash(config: Any, exclude: Iterable[str] = ()) -> str:
-    """Stable 16-hex-digit SHA-256 of the config (key order does not matter).
-
-    ``exclude`` lists top-level or dotted keys left out (e.g. output folders) so that they do not
-    make an otherwise identical re-run look new."""
+    """Stable 16-hex-digit SHA-256 of the config (key order does not matter), without the
+    top-level or dotted keys in ``exclude`` (e.g. output folders)."""
     data = config_dict(config)
     for key in exclude:
         *path, last = key.split(".")
@@ -107,8 +100,7 @@ def config_hash(config: Any, exclude: Iterable[str] = ()) -> str:
 @functools.lru_cache(maxsize=1)
 def git_commit(root: Path = PROJECT_ROOT) -> str:
     """``$OPTW_GIT_COMMIT``, else ``git rev-parse HEAD`` in the project, else ``'unknown'``."""
-    env = os.environ.get("OPTW_GIT_COMMIT")
-    if env:
+    if env := os.environ.get("OPTW_GIT_COMMIT"):
         return env
     try:
         res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
@@ -127,28 +119,21 @@ def run_params(config: Any, commit: str | None = None) -> dict[str, str]:
     return params
 
 
-# ----------------------------------------------------------------------------- logging helpers
-
-
-def _key(key: str) -> str:
-    return _BAD_KEY.sub("_", key)[:250]
-
-
 def metric_key(key: Any) -> str:
     """A metric/param/tag name MLflow accepts (other characters become ``_``)."""
-    return _key(str(key))
+    return _BAD_KEY.sub("_", str(key))[:250]
 
 
 def log_params(run_id: str, params: Mapping[str, Any], uri: str | None = None) -> None:
-    """Log params in batches of 100; keys already logged keep their value (a retried task may
-    log again: same values are skipped, a changed value is reported, never raised)."""
+    """Log params in batches; a key already logged keeps its value (a retried task logs again:
+    a changed value is a warning, never an error)."""
     from mlflow.entities import Param
 
     client = get_client(uri)
     existing = client.get_run(run_id).data.params
     todo = {}
     for k, v in params.items():
-        k, v = _key(str(k)), str(v)[:MAX_PARAM_VALUE]
+        k, v = metric_key(k), str(v)[:MAX_PARAM_VALUE]
         if k not in existing:
             todo[k] = v
         elif existing[k] != v:
@@ -162,28 +147,22 @@ def log_params(run_id: str, params: Mapping[str, Any], uri: str | None = None) -
 def set_tags(run_id: str, tags: Mapping[str, Any], uri: str | None = None) -> None:
     from mlflow.entities import RunTag
 
-    items = [RunTag(_key(str(k)), str(v)[:8000]) for k, v in tags.items()]
+    items = [RunTag(metric_key(k), str(v)[:8000]) for k, v in tags.items()]
     for i in range(0, len(items), MAX_PER_BATCH):
         get_client(uri).log_batch(run_id, tags=items[i:i + MAX_PER_BATCH])
 
 
-# ----------------------------------------------------------------------------- experiments/runs
-
-
 def experiment_id(name: str, uri: str | None = None) -> str:
-    """Id of experiment ``name``, created (or restored from deleted) if needed.
-
-    Against a sqlite store its artifacts go to ``file://<db folder>/mlartifacts/<name>`` (the
-    project's ``mlartifacts/`` for the default store); a server uses its own artifact root."""
+    """Id of experiment ``name``, created (or restored from deleted) if needed; against a
+    sqlite store its artifacts go to ``mlartifacts/<name>`` beside the database."""
     from mlflow.exceptions import MlflowException
 
     client = get_client(uri)
     exp = client.get_experiment_by_name(name)
     if exp is None:
         root = artifact_root(uri)
-        location = None
-        if root is not None:
-            location = (root / re.sub(r"[^A-Za-z0-9_.-]+", "_", name)).as_uri()
+        location = None if root is None else (
+            root / re.sub(r"[^A-Za-z0-9_.-]+", "_", name)).as_uri()
         try:
             return client.create_experiment(name, artifact_location=location)
         except MlflowException:  # created meanwhile by another process
@@ -193,6 +172,13 @@ def experiment_id(name: str, uri: str | None = None) -> str:
     if exp.lifecycle_stage == "deleted":
         client.restore_experiment(exp.experiment_id)
     return exp.experiment_id
+
+
+def run_url(uri: str, experiment_id: str, run_id: str) -> str | None:
+    """A run's page in the MLflow UI of an http(s) store, else ``None``."""
+    if not uri.startswith(("http://", "https://")):
+        return None
+    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,10 +200,7 @@ class JobRun:
     @property
     def url(self) -> str | None:
         """The run's page in the MLflow UI when the store is a server (else ``None``)."""
-        if not self.tracking_uri.startswith(("http://", "https://")):
-            return None
-        return (f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}"
-                f"/runs/{self.run_id}")
+        return run_url(self.tracking_uri, self.experiment_id, self.run_id)
 
     def finish(self, status: str = "FINISHED") -> None:
         end_run(self.run_id, status, self.tracking_uri)
@@ -233,10 +216,8 @@ class JobRun:
 def start_job_run(job_name: str, config: Any, tags: Mapping[str, Any] | None = None, *,
                   run_name: str | None = None, uri: str | None = None,
                   check: bool = True) -> JobRun:
-    """Parent run of a job in experiment ``job_name``, with the job's config as params.
-
-    Checks the store first (``check``) so an unreachable server fails the job at once. Use as
-    a context manager to end the run FINISHED/FAILED, or call ``finish()``."""
+    """Parent run of a job in experiment ``job_name``, with the job's config as params; checks
+    the store first (``check``). A context manager ends it FINISHED/FAILED, else ``finish()``."""
     uri = check_tracking_uri(uri) if check else tracking_uri(uri)
     commit = git_commit()
     params = run_params(config, commit)
@@ -268,18 +249,13 @@ def find_child_run(parent_run_id: str, stage: str, region: str,
 def start_child_run(parent: JobRun | str, stage: str, region: str, config: Any = None,
                     tags: Mapping[str, Any] | None = None, *, uri: str | None = None,
                     reuse: bool = True) -> str:
-    """Child run ``<stage>/<region>`` of ``parent``; returns its run_id.
-
-    Params: the flattened ``config`` (the region's effective config; the job's if omitted is
-    the caller's business) + git commit + catalog version + config hash. With ``reuse`` an
-    existing child for the same (parent, stage, region) is returned (and set RUNNING again)
-    instead of a second one, so a retried task keeps logging to the same run.
-    """
+    """Child run ``<stage>/<region>`` of ``parent`` with :func:`run_params` of ``config``;
+    returns its run_id. With ``reuse`` an existing child for the same (parent, stage, region)
+    is returned (set RUNNING again), so a retried task keeps logging to the same run."""
+    parent_id, commit, job = parent, None, None
     if isinstance(parent, JobRun):
-        parent_id, uri, commit = parent.run_id, uri or parent.tracking_uri, parent.git_commit
-        job = parent.job_name
-    else:
-        parent_id, commit, job = parent, None, None
+        parent_id, commit, job = parent.run_id, parent.git_commit, parent.job_name
+        uri = uri or parent.tracking_uri
     client = get_client(uri)
     run_id = find_child_run(parent_id, stage, region, uri) if reuse else None
     if run_id is not None:
@@ -304,9 +280,8 @@ def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None) -> No
 
 def log_demonstrations(run_id: str, demos: Mapping[str, Any], source: str,
                        uri: str | None = None) -> None:
-    """Log a run's demonstrations (``{region: Demonstrations}``) as its MLflow training input:
-    a dataset of (region, tourist, score, route) rows whose source is the store they came
-    from."""
+    """Log ``{region: Demonstrations}`` as the run's training input: a dataset of (region,
+    tourist, score, route) rows whose source is the store they came from."""
     import mlflow.data
     import pandas as pd
     from mlflow.entities import DatasetInput, InputTag

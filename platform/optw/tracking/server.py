@@ -1,7 +1,5 @@
-"""A local MLflow tracking server over the project's store (one worker, proxied artifacts).
-
-``python -m optw.tracking.server [--host H] [--port P]`` (what ``make mlflow-server`` runs)
-replaces itself with :func:`server_command`; then ``export MLFLOW_TRACKING_URI=http://H:P``.
+"""A local MLflow tracking server over the project's store (one worker, proxied artifacts):
+``python -m optw.tracking.server [--host H] [--port P]`` (``make mlflow-server``).
 """
 
 from __future__ import annotations
@@ -30,20 +28,14 @@ def server_command(host: str = "127.0.0.1", port: int = 5000, *,
                    backend_store_uri: str | None = None,
                    artifacts_destination: str | Path | None = None, workers: int = 1,
                    serve_artifacts: bool = True) -> list[str]:
-    """The ``mlflow server`` command line (MLflow 3.x flags), run through ``env`` to switch off
-    the server's job runner; one uvicorn worker by default.
-
-    Backend: ``backend_store_uri`` (default the project's ``sqlite:///<project>/mlflow.db``).
-    Artifacts: with ``serve_artifacts`` (default) the server proxies them (new experiments get
-    ``mlflow-artifacts:/``, clients need no file access, e.g. Ray workers on other nodes) into
-    ``artifacts_destination`` (default ``mlartifacts/`` beside the database); without it
-    clients write straight to that folder.
-    """
+    """The ``mlflow server`` command line (MLflow 3.x flags) over ``backend_store_uri`` (default
+    the project's sqlite store). With ``serve_artifacts`` the server proxies artifacts (clients,
+    e.g. Ray workers on other nodes, need no file access) into ``artifacts_destination``
+    (default ``mlartifacts/`` beside the database); without it clients write there directly."""
     backend = backend_store_uri or default_tracking_uri()
     dest = Path(artifacts_destination) if artifacts_destination else \
         (artifact_root(backend) or Path.cwd() / ARTIFACTS_DIR)
-    # MLflow 3 servers also start a GenAI job runner with 7 huey consumers (~1.5 GB): not
-    # needed for tracking and the registry, so it is switched off.
+    # the GenAI job runner of MLflow 3 servers is not needed for tracking and the registry
     cmd = ["env", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false",
            sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
            "--host", host, "--port", str(port), "--workers", str(workers)]
@@ -64,8 +56,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def wait_for_server(uri: str, timeout: float = 60.0, proc: subprocess.Popen | None = None,
                     ) -> None:
-    """Poll ``uri`` until it answers; raise ``TrackingUnavailableError`` after ``timeout`` s
-    (or at once if ``proc`` exited)."""
+    """Poll ``uri`` until it answers; raise TrackingUnavailableError after ``timeout`` s (at
+    once if ``proc`` exited)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -83,8 +75,8 @@ def wait_for_server(uri: str, timeout: float = 60.0, proc: subprocess.Popen | No
 
 
 def stop_server(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    """SIGTERM the server's process group (uvicorn and its worker), SIGKILL after
-    ``timeout`` s. The group is the one :func:`local_server` started, nothing else."""
+    """SIGTERM the server's own process group (uvicorn and its worker), SIGKILL after
+    ``timeout`` s."""
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):

@@ -1,11 +1,9 @@
 """Where tracking data goes: the tracking URI, a fail-fast reachability check, cached clients.
 
-Default store: ``sqlite:///<project>/mlflow.db`` with artifacts under ``<project>/mlartifacts``
-(both git-ignored). ``$MLFLOW_TRACKING_URI`` overrides it, e.g. ``http://127.0.0.1:5000`` for
-the local server (``make mlflow-server``) or the server on a Ray cluster's head node.
-
-Every function takes an optional ``uri``; ``None`` means :func:`tracking_uri`. Nothing here sets
-MLflow's process-global tracking URI, so a Ray worker can log to the store the driver named.
+Default store: ``sqlite:///<project>/mlflow.db``, artifacts in ``<project>/mlartifacts``;
+``$MLFLOW_TRACKING_URI`` overrides it (e.g. a server). Every function takes an optional ``uri``
+(``None``: :func:`tracking_uri`); MLflow's process-global URI is never set, so a Ray worker logs
+to the store the driver named.
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 ENV_URI = "MLFLOW_TRACKING_URI"
-DB_NAME = "mlflow.db"
 ARTIFACTS_DIR = "mlartifacts"
 
 log = logging.getLogger(__name__)
@@ -45,24 +42,19 @@ def default_tracking_uri() -> str:
 
 def tracking_uri(uri: str | None = None) -> str:
     """``uri`` if given, else ``$MLFLOW_TRACKING_URI``, else :func:`default_tracking_uri`."""
-    if uri:
-        return uri
-    return os.environ.get(ENV_URI) or default_tracking_uri()
+    return uri or os.environ.get(ENV_URI) or default_tracking_uri()
 
 
 def sqlite_path(uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` URI (``None`` for other schemes or in-memory)."""
-    match = re.match(r"^sqlite:///(.*)$", uri)
-    if not match:
-        return None
-    path = match.group(1).split("?", 1)[0]
+    match = re.match(r"^sqlite:///([^?]*)", uri)
+    path = match.group(1) if match else ""
     return Path(path) if path and path != ":memory:" else None
 
 
 def artifact_root(uri: str | None = None) -> Path | None:
-    """Folder for artifacts of experiments created against a sqlite store: ``mlartifacts``
-    beside the database (``<project>/mlartifacts`` for the default). ``None`` for servers,
-    which choose their own (``--default-artifact-root``)."""
+    """Artifact folder of experiments created against a sqlite store: ``mlartifacts`` beside
+    the database. ``None`` for servers, which choose their own."""
     db = sqlite_path(tracking_uri(uri))
     return db.resolve().parent / ARTIFACTS_DIR if db is not None else None
 
@@ -78,30 +70,23 @@ def quiet() -> None:
 
 def check_tracking_uri(uri: str | None = None, timeout: float = 3.0,
                        existing: bool = False) -> str:
-    """Fail fast, with one clear message, when the store cannot be used; return the URI.
-    ``existing``: a command that only reads (``optw report``) refuses a sqlite file that does
-    not exist, instead of creating an empty store there.
-
-    - ``http(s)://``: GET ``/health`` (then the REST API) with a short timeout;
-    - ``sqlite:///``: the database's folder exists and is writable (the file, if present, too);
-    - ``file:`` or a plain path: the folder (or its parent) is writable;
-    - other schemes (postgresql, databricks, ...) are passed through unchecked.
-    """
+    """Return the URI, or raise :class:`TrackingUnavailableError` (one clear message) when the
+    store cannot be used: a server must answer within ``timeout``; a sqlite database's folder
+    (and file) and a file store's folder must be writable; other schemes pass unchecked.
+    ``existing`` refuses a missing sqlite file (a command that only reads)."""
     uri = tracking_uri(uri)
     scheme = urllib.parse.urlparse(uri).scheme
     if scheme in ("http", "https"):
         _check_http(uri, timeout)
-    elif scheme == "sqlite":
-        db = sqlite_path(uri)
-        if db is not None:
-            if existing and not db.exists():
-                raise TrackingUnavailableError(
-                    f"tracking store {uri}: {db} does not exist (nothing was tracked there; "
-                    f"set {ENV_URI} or --tracking-uri to the store a job wrote)")
-            _check_writable(db.parent, uri)
-            if db.exists() and not (db.is_file() and os.access(db, os.R_OK | os.W_OK)):
-                raise TrackingUnavailableError(
-                    f"tracking store {uri}: {db} is not a readable and writable file")
+    elif scheme == "sqlite" and (db := sqlite_path(uri)) is not None:
+        if existing and not db.exists():
+            raise TrackingUnavailableError(
+                f"tracking store {uri}: {db} does not exist (nothing was tracked there; "
+                f"set {ENV_URI} or --tracking-uri to the store a job wrote)")
+        _check_writable(db.parent, uri)
+        if db.exists() and not (db.is_file() and os.access(db, os.R_OK | os.W_OK)):
+            raise TrackingUnavailableError(
+                f"tracking store {uri}: {db} is not a readable and writable file")
     elif scheme in ("", "file"):
         path = Path(urllib.parse.urlparse(uri).path if scheme else uri)
         _check_writable(path if path.exists() else path.parent, uri)
@@ -109,9 +94,8 @@ def check_tracking_uri(uri: str | None = None, timeout: float = 3.0,
 
 
 def check_cluster_tracking(uri: str, nodes: int) -> str:
-    """On a Ray cluster of ``nodes`` nodes the store must be reachable from all of them: an
-    MLflow server (``http(s)://``) or a database server. A sqlite file or a file store is on
-    one node's disk: refused with ``TrackingUnavailableError`` naming the setting."""
+    """On a Ray cluster of ``nodes`` nodes the store must be reachable from all of them: a
+    sqlite file or a file store (one node's disk) is refused, naming the setting."""
     scheme = urllib.parse.urlparse(uri).scheme
     kind = {"sqlite": "a sqlite file", "file": "a file store", "": "a file store"}.get(scheme)
     if kind is not None:
@@ -124,10 +108,9 @@ def check_cluster_tracking(uri: str, nodes: int) -> str:
 
 
 def check_artifact_location(uri: str, experiment: str, nodes: int) -> None:
-    """On a cluster the artifacts of ``experiment`` must not go to a path on one machine's
-    disk: a server without ``--serve-artifacts`` gives new experiments its local folder, and
-    an experiment made earlier against the sqlite file keeps its ``file://`` location.
-    Proxied (``mlflow-artifacts:``) and object-store locations pass."""
+    """On a cluster the artifacts of ``experiment`` must not go to a folder on one machine's
+    disk (a server without ``--serve-artifacts``, or an experiment made against a sqlite file);
+    proxied (``mlflow-artifacts:``) and object-store locations pass."""
     exp = get_client(uri).get_experiment_by_name(experiment)
     if exp is None:
         return
@@ -141,34 +124,23 @@ def check_artifact_location(uri: str, experiment: str, nodes: int) -> None:
 
 
 def _check_http(uri: str, timeout: float) -> None:
-    base = uri.rstrip("/")
+    """GET ``/health``, else (none behind a proxy or prefix) the REST API, where a 4xx still
+    means the server is there (credentials are MLflow's business)."""
     hint = (f"start it (`make mlflow-server`, see docs/tracking.md) or unset {ENV_URI} to use "
             "the local sqlite store")
-    try:
-        with urllib.request.urlopen(f"{base}/health", timeout=timeout) as resp:
-            if resp.status == 200:
+    for path in ("/health", "/api/2.0/mlflow/experiments/search?max_results=1"):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + path, timeout=timeout):
                 return
-    except urllib.error.HTTPError as exc:
-        if exc.code >= 500:
-            raise TrackingUnavailableError(
-                f"MLflow tracking server {uri} answers /health with HTTP {exc.code}") from None
-        # No /health behind this path (proxy, prefix): try the REST API below.
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise TrackingUnavailableError(
-            f"MLflow tracking server {uri} is unreachable ({reason}); {hint}") from None
-    try:
-        url = f"{base}/api/2.0/mlflow/experiments/search?max_results=1"
-        with urllib.request.urlopen(url, timeout=timeout):
-            return
-    except urllib.error.HTTPError as exc:
-        if exc.code < 500:  # 401/403: the server is there, credentials are MLflow's business
-            return
-        raise TrackingUnavailableError(
-            f"MLflow tracking server {uri} answers the REST API with HTTP {exc.code}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise TrackingUnavailableError(
-            f"MLflow tracking server {uri} is unreachable ({exc}); {hint}") from None
+        except urllib.error.HTTPError as exc:
+            if exc.code >= 500:
+                raise TrackingUnavailableError(f"MLflow tracking server {uri} answers "
+                                               f"{path} with HTTP {exc.code}") from None
+            if path != "/health":
+                return
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise TrackingUnavailableError(f"MLflow tracking server {uri} is unreachable "
+                                           f"({getattr(exc, 'reason', exc)}); {hint}") from None
 
 
 def _check_writable(folder: Path, uri: str) -> None:
@@ -182,8 +154,7 @@ def _check_writable(folder: Path, uri: str) -> None:
             f"tracking store {uri}: folder {folder} is not writable ({exc.strerror})") from None
 
 
-#: Every MLflow HTTP call ends within about this many seconds (MLflow's defaults retry for
-#: minutes); set the variables yourself to change them.
+#: MLflow's HTTP limits unless set: a call ends within about a minute, not after minutes of retries.
 HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "30", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
                "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 
@@ -199,8 +170,6 @@ def _client(uri: str) -> MlflowClient:
 
 
 def get_client(uri: str | None = None) -> MlflowClient:
-    """One cached ``MlflowClient`` per URI and process (tracking and registry on the same store).
-
-    Cheap to call from every function and every Ray task; the first call per process opens the
-    store (for sqlite: creates or migrates the database)."""
+    """One cached ``MlflowClient`` per URI and process (tracking and registry on the same
+    store); the first call opens the store (sqlite: creates or migrates the database)."""
     return _client(tracking_uri(uri))
