@@ -91,3 +91,19 @@ def test_demonstrations_check_their_lengths():
                  np.zeros((2, 4)))
     with pytest.raises(ValueError, match="one of each per tourist"):
         Demonstrations(t, [[0, 3]], np.zeros(2))
+
+
+def test_reinforce_on_demonstration_tourists_with_their_routes(tiny_catalog):
+    """With demo_tourists, REINFORCE epochs draw their tourists from the demonstrations and
+    each one's ILS route joins its sampled routes (one rollout, given and sampled routes): the
+    run trains with finite losses; demonstrations that nothing uses are refused."""
+    from optw.train import MetricsHistory
+
+    base = dict(regions=["pr99"], epochs=3, batch_size=4, tourists_per_epoch=2, val_every=0,
+                val_tourists=2, checkpoint_every=0, threads=1, device="cpu", seed=4,
+                demos=8)
+    hist = MetricsHistory()
+    result = train(TrainConfig(**base, demo_tourists=True), tiny_catalog, [hist])
+    assert result.epochs == 3 and all(np.isfinite(m["loss"]) for m in hist.epochs)
+    with pytest.raises(ValueError, match="demonstrations are used by"):
+        TrainConfig(**base)

@@ -246,8 +246,8 @@ RECIPES: dict[str, dict[str, Any]] = {
     "fast": {"tourists_per_epoch": 1, "batch_size": 8, "lr": 1e-3, "lr_min": 1e-5,
              "lr_schedule": "cosine"},
     "imitate": {"tourists_per_epoch": 1, "batch_size": 8, "lr": 1e-3, "lr_min": 1e-5,
-                "lr_schedule": "cosine", "demos": 512, "imitation_epochs": 200,
-                "imitation_batch": 32, "imitation_lr": 1e-3},
+                "lr_schedule": "cosine", "demos": 512, "imitation_epochs": 100,
+                "imitation_batch": 16, "imitation_lr": 1e-3},
 }
 
 #: Settings added after the first release, with the defaults that keep the paper's behaviour.

@@ -34,6 +34,7 @@ from optw.train.step import (
     diverging,
     imitation_step,
     make_optimizer,
+    named_demos,
     reinforce_step,
 )
 
@@ -269,9 +270,9 @@ def train(
         else:
             # 1. a region and K tourists for it (or, mixing regions, a region per tourist;
             # or K demonstrations, whose routes join the samples)
-            acts, route_ids = None, ids
+            acts, route_ids, names = None, ids, []
             if config.demo_tourists:
-                instances, demo_acts, _ = demo_batch(demos, regions, K, np_rng, device)
+                instances, demo_acts, names = demo_batch(demos, regions, K, np_rng, device)
                 route_ids = torch.arange(K, device=device).repeat_interleave(B + 1)
                 acts = torch.full((K * (B + 1), demo_acts.shape[1]), -1, dtype=torch.long,
                                   device=device)
@@ -297,7 +298,7 @@ def train(
                 from optw.train.graphed import GraphedStep  # CUDA only
 
                 graphed = GraphedStep(model, optimizer, config, ids)
-            with diverging(model, epoch + 1, lr):
+            with diverging(model, epoch + 1, lr), named_demos(names, B + 1):
                 rl, grad_norm = (graphed(instances, lr) if mode == "graph" else reinforce_step(
                     model, optimizer, instances, route_ids, gen, config, lr, mode, acts))
             loss = rl.loss

@@ -116,6 +116,20 @@ def demo_batch(demos: Mapping[str, Demonstrations], regions: list[Region], k: in
     return inst, demo_actions(routes, sizes, inst.n_nodes, device), names
 
 
+@contextmanager
+def named_demos(names: list[tuple[str, int]], routes_per_demo: int = 1) -> Iterator[None]:
+    """A rollout following demonstrations ``names[i]`` (region, tourist), each the first of
+    ``routes_per_demo`` routes: a demonstration the environment does not admit is a
+    :class:`UserError` naming its region and tourist."""
+    try:
+        yield
+    except ForcedActionError as exc:
+        region, tourist = names[exc.route // routes_per_demo]
+        raise UserError(f"demonstration of {region} tourist {tourist}: node {exc.node} at "
+                        f"step {exc.step} is not admissible (a stale or corrupt "
+                        "demonstration store?)") from None
+
+
 def imitation_step(model: PointerNet, optimizer: torch.optim.Optimizer, instances: Instances,
                    acts: torch.Tensor, names: list[tuple[str, int]], config: TrainConfig,
                    ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,13 +139,8 @@ def imitation_step(model: PointerNet, optimizer: torch.optim.Optimizer, instance
     demonstration the environment does not admit is a :class:`UserError` naming its region
     and tourist."""
     ids = torch.arange(acts.shape[0], device=acts.device)
-    try:
+    with named_demos(names):
         out = rollout(model, instances, ids, actions=acts)
-    except ForcedActionError as exc:
-        region, tourist = names[exc.route]
-        raise UserError(f"demonstration of {region} tourist {tourist}: node {exc.node} at "
-                        f"step {exc.step} is not admissible (a stale or corrupt "
-                        "demonstration store?)") from None
     loss = -(out.log_prob / (out.lengths - 1).clamp(min=1)).mean()
     for group in optimizer.param_groups:
         group["lr"] = config.imitation_lr
