@@ -5,15 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from optw.errors import UserError
-
-#: Values of ``catalog build --device``.
-DEVICES = ("auto", "cpu", "cuda", "cuda:N")
-_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,27 +70,29 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _add(args) -> int:
+    from optw.catalog.custom import clock
     from optw.catalog.store import add_region, open_catalog
 
     region = add_region(args.region, args.points, args.travel_times, args.speed_kmh,
                         args.group, args.catalog, args.replace)
     cat = open_catalog(args.catalog)
-    summary = {"region": region.id, "group": region.group, "points": region.n_points,
-               "coords": region.coords, "metric": region.metric,
-               "travel_matrix": region.travel is not None, "speed_kmh": region.speed_kmh,
-               "start": region.start_name, "t_start": region.t_start, "t_end": region.t_end,
-               "t_max": region.t_max, "s_max": region.s_max,
-               "score_kind": region.default_score_kind,
-               "validation_tourists": len(cat.validation(region.id)), "catalog": str(cat.path)}
+    n_val = len(cat.validation(region.id))
     if args.json:
-        print(dumps(summary))
+        print(dumps({
+            "region": region.id, "group": region.group, "points": region.n_points,
+            "coords": region.coords, "metric": region.metric,
+            "travel_matrix": region.travel is not None, "speed_kmh": region.speed_kmh,
+            "start": region.start_name, "t_start": region.t_start, "t_end": region.t_end,
+            "t_max": region.t_max, "s_max": region.s_max,
+            "score_kind": region.default_score_kind, "validation_tourists": n_val,
+            "catalog": str(cat.path)}))
     else:
         print(f"Added region {region.id} (group {region.group}): {region.n_points} points, "
               f"{region.coords} coordinates, travel times "
               f"{'from the matrix' if region.travel is not None else region.metric}"
               f"{f' at {region.speed_kmh:g} km/h' if region.speed_kmh else ''}, day "
-              f"{_clock(region.t_start)}-{_clock(region.t_end)} from {region.start_name!r}, "
-              f"{summary['validation_tourists']} validation tourists; catalog {cat.path}")
+              f"{clock(region.t_start)}-{clock(region.t_end)} from {region.start_name!r}, "
+              f"{n_val} validation tourists; catalog {cat.path}")
     return 0
 
 
@@ -104,11 +102,6 @@ def _remove(args) -> int:
     remove_region(args.region, args.catalog)
     print(f"removed region {args.region} from {args.catalog or default_catalog_dir()}")
     return 0
-
-
-def _clock(minutes: float) -> str:
-    m = int(round(minutes))
-    return f"{m // 60:02d}:{m % 60:02d}"
 
 
 def _finite(value: Any) -> Any:
@@ -123,29 +116,26 @@ def _finite(value: Any) -> Any:
 
 
 def dumps(obj: Any) -> str:
-    """Valid JSON always: non-finite numbers (never stored by a current catalog, whose inputs
-    are bounded) become ``null`` instead of ``Infinity``/``NaN``."""
+    """Valid JSON always: non-finite numbers become ``null``, not ``Infinity``/``NaN``."""
     return json.dumps(_finite(obj), allow_nan=False)
 
 
-def _check_out(out: Path | None) -> None:
-    """``--out`` must be new, empty, a catalog folder or one of only catalog files
-    (:func:`~optw.catalog.store.check_catalog_dir`): never a file or a folder of other files."""
-    from optw.catalog.store import check_catalog_dir
-
-    if out is not None:
-        check_catalog_dir(out, "--out")
-
-
 def _build(args) -> int:
-    from optw.catalog.store import Catalog, CatalogError, build_catalog, default_catalog_dir
+    from optw.catalog.paper_sets import check_device
+    from optw.catalog.store import (
+        Catalog,
+        CatalogError,
+        build_catalog,
+        check_catalog_dir,
+        default_catalog_dir,
+    )
 
-    if not _DEVICE_RE.match(args.device):
-        raise UserError(f"--device {args.device!r}: expected one of {', '.join(DEVICES)}")
+    check_device(args.device)
     if args.device != "auto" and not args.paper_sets:
         raise UserError(f"--device {args.device}: only --paper-sets draws on a device; add "
                         "--paper-sets or leave --device out")
-    _check_out(args.out)
+    if args.out is not None:
+        check_catalog_dir(args.out, "--out")
     if args.if_missing:
         try:
             cat = Catalog(args.out)
@@ -172,20 +162,16 @@ def _build(args) -> int:
     return 0
 
 
-def _rows(cat, group=None, subset=False) -> list[dict]:
-    df = cat.regions_table
-    ids = cat.list_regions(group, subset)
-    n_val = int(cat.manifest["validation_size"])
-    return [
-        {
-            "region": rid, "group": df.at[rid, "group"], "points": int(df.at[rid, "points"]),
-            "t_start": float(df.at[rid, "t_start"]), "t_end": float(df.at[rid, "t_end"]),
-            "t_max": float(df.at[rid, "t_max"]), "s_max": float(df.at[rid, "s_max"]),
-            "score_kind": df.at[rid, "score_kind"], "subset": bool(df.at[rid, "paper_subset"]),
-            "validation_tourists": n_val,
-        }
-        for rid in ids
-    ]
+def _row(cat, rid: str) -> dict:
+    """A region's line of ``catalog list``."""
+    r = cat.regions_table.loc[rid]
+    return {
+        "region": rid, "group": r["group"], "points": int(r["points"]),
+        "t_start": float(r["t_start"]), "t_end": float(r["t_end"]), "t_max": float(r["t_max"]),
+        "s_max": float(r["s_max"]), "score_kind": r["score_kind"],
+        "subset": bool(r["paper_subset"]),
+        "validation_tourists": int(cat.manifest["validation_size"]),
+    }
 
 
 def format_table(rows: list[dict], columns: list[str]) -> str:
@@ -205,53 +191,51 @@ def _list(args) -> int:
     from optw.catalog.store import open_catalog
 
     cat = open_catalog(args.catalog)
-    rows = _rows(cat, args.group, args.subset)
+    rows = [_row(cat, rid) for rid in cat.list_regions(args.group, args.subset)]
     if args.json:
         for r in rows:
             print(dumps(r))
         return 0
     print(format_table(rows, ["region", "group", "points", "t_start", "t_end", "t_max",
                               "s_max", "score_kind", "subset", "validation_tourists"]))
-    counts = {}
-    for r in rows:
-        counts[r["group"]] = counts.get(r["group"], 0) + 1
+    counts = Counter(r["group"] for r in rows)
     print(f"\n{len(rows)} regions: " + ", ".join(f"{n} {g}" for g, n in counts.items()))
     return 0
 
 
-def _show(args) -> int:
+def _tourist_summary(batch) -> dict:
+    """Count and min/median/max times of a batch of tourists, their mean point score."""
     import numpy as np
 
+    def spread(v: np.ndarray) -> list[float]:
+        return [float(v.min()), float(np.median(v)), float(v.max())]
+
+    return {"tourists": len(batch), "t_start": spread(batch.t_start),
+            "t_end": spread(batch.t_end), "mean_score": float(batch.scores[:, 1:-1].mean())}
+
+
+def _show(args) -> int:
+    from optw.catalog.custom import clock
     from optw.catalog.store import open_catalog
 
     cat = open_catalog(args.catalog)
     region = cat.region(args.region)
-    row = next(r for r in _rows(cat) if r["region"] == args.region)
+    row = _row(cat, args.region)
     row.update(t_day=region.t_day, start=list(region.start_xy), decimals=region.decimals,
                source_file=region.source_file, source_sha256=region.source_hash)
     if region.is_custom:
         row.update(coords=region.coords, metric=region.metric, speed_kmh=region.speed_kmh,
                    travel_matrix=region.travel is not None, start_name=region.start_name)
-    def summary(batch) -> dict:
-        return {
-            "tourists": len(batch),
-            "t_start": [float(batch.t_start.min()), float(np.median(batch.t_start)),
-                        float(batch.t_start.max())],
-            "t_end": [float(batch.t_end.min()), float(np.median(batch.t_end)),
-                      float(batch.t_end.max())],
-            "mean_score": float(batch.scores[:, 1:-1].mean()),
-        }
-
-    sets = {"validation": summary(cat.validation(args.region))}
-    if cat.has_paper_sets:
-        sets["paper"] = {**summary(cat.tourists(args.region, "paper")),
+    sets = {"validation": _tourist_summary(cat.validation(args.region))}
+    if cat.has_paper_sets and not region.is_custom:
+        sets["paper"] = {**_tourist_summary(cat.tourists(args.region, "paper")),
                          "exact": cat.paper_exact(args.region)}
     latlon = region.coords == "latlon"
     if latlon:
         lat, lon = region.to_latlon(*region.start_xy)
         row.update(start_latlon=[round(lat, 6), round(lon, 6)],
                    origin=[round(v, 6) for v in region.origin],
-                   day=f"{_clock(region.t_start)}-{_clock(region.t_end)}")
+                   day=f"{clock(region.t_start)}-{clock(region.t_end)}")
     if args.json:
         print(dumps({**row, **sets}))
         return 0
@@ -270,8 +254,8 @@ def _show(args) -> int:
     for name, s in sets.items():
         flag = "" if s.get("exact", True) else " (CPU approximation, not exact)"
         if latlon:
-            times = (f"start min/median/max {' '.join(map(_clock, s['t_start']))}; end "
-                     f"{' '.join(map(_clock, s['t_end']))}")
+            times = (f"start min/median/max {' '.join(map(clock, s['t_start']))}; end "
+                     f"{' '.join(map(clock, s['t_end']))}")
         else:
             times = f"T_start min/median/max {s['t_start']}; T_end {s['t_end']}"
         print(f"{name + ' tourists':>20}: {s['tourists']}; {times}; mean point score "

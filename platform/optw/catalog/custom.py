@@ -1,19 +1,11 @@
 """Custom regions ("bring your own region"): a points file (CSV or GeoJSON) and an optional
-travel-time matrix (CSV) -> a :class:`~optw.catalog.region.Region` (``docs/custom-regions.md``).
-
-Points: one place per CSV row / GeoJSON Point feature, columns (properties) ``name``, ``lat`` +
-``lon`` (GeoJSON: the geometry) or ``x`` + ``y``, ``visit_minutes``, ``opens``, ``closes``,
-``score``. The FIRST row / feature is the default start (= end) place: its ``opens``/``closes``
-are the day (``t_start``, ``t_end``), its ``visit_minutes`` and ``score`` empty or 0. Times are
-``"HH:MM"`` or minutes since midnight; ``closes`` is the LATEST START of a visit.
-
-Travel times: great-circle distance ÷ ``speed_kmh`` (lat/lon) or Euclidean distance (x/y, in
-minutes), rounded DOWN to :data:`CUSTOM_DECIMALS` decimals; a matrix (rows and columns labelled
-by place name, or by node index 0 = start place, 1..N = points in file order) replaces them
-between the places it lists.
-
-Every problem raises :class:`CustomRegionError` (a ``ValueError``) naming the file, the row
-(1-based data row; ``feature N`` in GeoJSON) and the field.
+travel-time matrix (CSV) -> a :class:`~optw.catalog.region.Region` (formats in
+``docs/custom-regions.md``). The first place is the start (= end) place, its opening hours the
+day; ``closes`` is the LATEST START of a visit. Travel times are great-circle (lat/lon, at
+``speed_kmh``) or Euclidean (x/y, in minutes) rounded DOWN to :data:`CUSTOM_DECIMALS`
+decimals, except between the places a matrix lists. Every number must be finite and bounded;
+every problem is a :class:`CustomRegionError` naming the file, the row (1-based data row;
+``feature N`` in GeoJSON) and the field.
 """
 
 from __future__ import annotations
@@ -22,8 +14,9 @@ import csv
 import io
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +43,11 @@ ALIASES = {"latitude": "lat", "longitude": "lon", "lng": "lon", "duration": "vis
 RESERVED_NAMES = ("start", "end")
 #: Latest time of day accepted ("47:59": places open past midnight); also the longest visit.
 MAX_MINUTES = 48 * 60 - 1
-#: Largest |x| and |y| of planar points, in minutes of travel from the origin (about 69 days).
+#: Largest |x| and |y| of planar points, in minutes of travel from the origin.
 MAX_XY = 1e5
-#: Longest travel time of a matrix entry, in minutes (larger values are refused: an entry
-#: that should never be travelled is better left out of a route by its time windows).
+#: Longest travel time of a matrix entry, in minutes (a pair that should never be travelled
+#: is better left out of a route by its time windows).
 MAX_TRAVEL_MINUTES = 1e5
-# Every number that enters is finite and bounded: coordinates (lat/lon by their ranges, x/y by
-# MAX_XY), times and visits by MAX_MINUTES, scores by SCORE_LIMIT (as in tourist files), travel
-# times by MAX_TRAVEL_MINUTES, speed by MAX_SPEED_KMH.
 _HHMM = re.compile(r"^(\d{1,2}):(\d{2})$")
 
 
@@ -78,20 +68,77 @@ class CustomRegionError(UserError):
         super().__init__(f"{where}: {problem}" if where else problem)
 
 
+def _blank(v: Any) -> bool:
+    return v is None or (isinstance(v, str) and not v.strip())
+
+
+def _number(v: Any, fail: Callable[[str], CustomRegionError]) -> float:
+    """``v`` (a number or numeric text) as a finite float, else ``fail(problem)`` raised."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise fail(f"expected a number, got {describe(v)}")
+    try:
+        out = float(v)
+    except (ValueError, OverflowError):
+        raise fail(f"non-numeric value {v!r}") from None
+    if not math.isfinite(out):
+        raise fail(f"non-finite value {v!r}")
+    return out
+
+
+def clock(minutes: float) -> str:
+    """``minutes`` since midnight as ``HH:MM``."""
+    m = int(round(minutes))
+    return f"{m // 60:02d}:{m % 60:02d}"
+
+
 @dataclass
 class _Record:
-    """One place as read: raw field values, its position and how to name it."""
+    """One place as read: its file, position (``unit`` ``row``, CSV ``line``), raw values."""
 
+    path: Path
     row: int
-    line: int | None
-    unit: str
+    unit: str  # "row" | "feature"
     values: dict[str, Any]
+    line: int | None = None
     geometry: tuple[float, float] | None = None  # GeoJSON (lat, lon)
+
+    def error(self, field: str | None, problem: str) -> CustomRegionError:
+        return CustomRegionError(self.path, self.row, field, problem, self.unit, self.line)
+
+    def number(self, field: str, limit: float | None = None, what: str = "value") -> float:
+        """The number ``field`` (required); with ``limit``: ``|value| <= limit``."""
+        v = self.values.get(field)
+        if _blank(v):
+            raise self.error(field, "missing value")
+        out = _number(v, partial(self.error, field))
+        if limit is not None and abs(out) > limit:
+            raise self.error(field, f"{what} {out:g} is outside [-{limit:g}, {limit:g}]")
+        return out
+
+    def time(self, field: str) -> float:
+        """The time ``field``: ``"HH:MM"`` or minutes, in ``[0, MAX_MINUTES]``."""
+        v = self.values.get(field)
+        if _blank(v):
+            raise self.error(field, "missing value (a time \"HH:MM\" or minutes since midnight)")
+        m = _HHMM.match(v.strip()) if isinstance(v, str) else None
+        if m:
+            h, mi = int(m.group(1)), int(m.group(2))
+            if mi > 59 or h * 60 + mi > MAX_MINUTES:
+                raise self.error(field, f"bad time {v!r} (HH:MM up to 47:59)")
+            return float(h * 60 + mi)
+        if isinstance(v, str) and ":" in v:
+            raise self.error(field, f"bad time {v!r} (expected \"HH:MM\" or minutes)")
+        t = self.number(field)
+        if t < 0:
+            raise self.error(field, f"negative time {t:g}")
+        if t > MAX_MINUTES:
+            raise self.error(field, f"time {t:g} is after 47:59 ({MAX_MINUTES} minutes)")
+        return t
 
 
 @dataclass(frozen=True)
 class PlaceRows:
-    """Parsed places (index 0 = start place) and their coordinates."""
+    """Parsed places (index 0 = start place), their coordinates and records."""
 
     names: list[str]
     coords: str  # "latlon" | "xy"
@@ -104,21 +151,15 @@ class PlaceRows:
     records: list[_Record]
 
 
-def check_id(value: str, what: str = "region") -> str:
-    """``value`` if it is a safe identifier (:data:`SAFE_ID`), else :class:`CustomRegionError`."""
-    if not isinstance(value, str) or not SAFE_ID.match(value):
-        raise CustomRegionError(None, None, what, f"{what} {value!r} is not a safe identifier: "
-                                "1-40 characters, a lower-case letter first, then lower-case "
-                                "letters, digits, '_' or '-'")
-    return value
-
-
 def check_region_id(region_id: str, group: str, groups: Iterable[str] = ()) -> None:
-    """A custom region id and group: safe identifiers; the id must not be (or look like) a
-    benchmark region, nor be a group name (a benchmark group, ``custom``, ``group`` or one of
-    ``groups``, the catalog's); the group must not be a benchmark group."""
-    check_id(region_id, "region")
-    check_id(group, "group")
+    """A custom region id and group: safe identifiers (:data:`SAFE_ID`); the id must not be
+    (or look like) a benchmark region, nor be a group name (a benchmark group, ``custom``,
+    ``group`` or one of ``groups``, the catalog's); the group must not be a benchmark group."""
+    for what, value in (("region", region_id), ("group", group)):
+        if not isinstance(value, str) or not SAFE_ID.match(value):
+            raise CustomRegionError(None, None, what, f"{what} {value!r} is not a safe "
+                                    "identifier: 1-40 characters, a lower-case letter first, "
+                                    "then lower-case letters, digits, '_' or '-'")
     if region_id in {*GROUPS, CUSTOM_GROUP, group, *groups}:
         raise CustomRegionError(None, None, "region", f"region id {region_id!r} is a group "
                                 "name; choose an id that names no group (groups and regions "
@@ -132,18 +173,24 @@ def check_region_id(region_id: str, group: str, groups: Iterable[str] = ()) -> N
                                 f"custom regions use another group (default {CUSTOM_GROUP!r})")
 
 
-# ----------------------------------------------------------------------------- reading
-
-
 def _read_text(path: Path) -> str:
+    if not path.is_file():
+        raise CustomRegionError(path, None, None, "file not found")
     try:
         return path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise CustomRegionError(path, None, None, f"not UTF-8 text ({exc.reason} at byte "
                                 f"{exc.start})") from None
-    except OSError as exc:  # a folder, no permission
+    except OSError as exc:  # no permission
         raise CustomRegionError(path, None, None, f"cannot read it ({exc.strerror or exc})"
                                 ) from None
+
+
+def _csv_rows(path: Path) -> list[tuple[int, list[str]]]:
+    """The non-blank rows of a CSV file, cells stripped, with their line numbers."""
+    reader = csv.reader(io.StringIO(_read_text(path)))
+    rows = [(reader.line_num, [c.strip() for c in r]) for r in reader]
+    return [(no, r) for no, r in rows if any(r)]
 
 
 def _canon(header: str) -> str:
@@ -151,10 +198,8 @@ def _canon(header: str) -> str:
     return ALIASES.get(key, key)
 
 
-def _csv_records(path: Path, text: str) -> list[_Record]:
-    reader = csv.reader(io.StringIO(text))
-    rows = [(reader.line_num, r) for r in reader]
-    rows = [(no, r) for no, r in rows if any(c.strip() for c in r)]
+def _csv_records(path: Path) -> list[_Record]:
+    rows = _csv_rows(path)
     if not rows:
         raise CustomRegionError(path, None, None, "the file is empty (a header row and one row "
                                 "per place expected)")
@@ -162,28 +207,35 @@ def _csv_records(path: Path, text: str) -> list[_Record]:
         raise CustomRegionError(path, None, None, "the file has a header but no rows (one row "
                                 "per place expected: the start place, then the points of "
                                 "interest)")
-    head_line, header = rows[0]
-    keys = [_canon(h) for h in header]
-    seen = set()
-    for k in keys:
-        if k and k in seen:
+    keys = [_canon(h) for h in rows[0][1]]
+    for j, k in enumerate(keys):
+        if k and k in keys[:j]:
             raise CustomRegionError(path, None, k, f"column {k!r} appears twice in the header")
-        seen.add(k)
     out = []
     for i, (no, cells) in enumerate(rows[1:], 1):
         if len(cells) > len(keys):
             raise CustomRegionError(path, i, None, f"{len(cells)} cells, but the header has "
                                     f"{len(keys)} columns", line=no)
-        values = {k: (cells[j].strip() if j < len(cells) else "") for j, k in enumerate(keys)
-                  if k}
-        out.append(_Record(i, no, "row", values))
+        values = {k: (cells[j] if j < len(cells) else "") for j, k in enumerate(keys) if k}
+        out.append(_Record(path, i, "row", values, no))
+    header = set(keys)
+    if {"lat", "lon"} & header and {"x", "y"} & header:
+        raise CustomRegionError(path, None, "x", "mixed coordinates: the header has lat/lon "
+                                "AND x/y columns; give one pair")
+    for need in ("name", "visit_minutes", "opens", "closes", "score"):
+        if need not in header:
+            raise CustomRegionError(path, None, need, f"missing column {need!r}; columns are "
+                                    f"{', '.join(COLUMNS)}")
+    if not ({"lat", "lon"} <= header or {"x", "y"} <= header):
+        raise CustomRegionError(path, None, "lat", "missing coordinate columns: lat and lon "
+                                "(degrees) or x and y (minutes)")
     return out
 
 
-def _geojson_records(path: Path, text: str) -> list[_Record]:
+def _geojson_records(path: Path) -> list[_Record]:
     try:
-        doc = load_json(text)
-    except ValueError as exc:
+        doc = load_json(_read_text(path))
+    except UserError as exc:
         raise CustomRegionError(path, None, None, str(exc)) from None
     if not isinstance(doc, dict) or doc.get("type") != "FeatureCollection" \
             or not isinstance(doc.get("features"), list):
@@ -191,91 +243,31 @@ def _geojson_records(path: Path, text: str) -> list[_Record]:
                                 "with a list of features")
     out = []
     for i, feat in enumerate(doc["features"], 1):
+        rec = _Record(path, i, "feature", {})
         if not isinstance(feat, dict) or feat.get("type") != "Feature":
-            raise CustomRegionError(path, i, "type", "not a GeoJSON Feature", unit="feature")
+            raise rec.error("type", "not a GeoJSON Feature")
         props = feat.get("properties") or {}
         if not isinstance(props, dict):
-            raise CustomRegionError(path, i, "properties", "properties must be an object",
-                                    unit="feature")
-        values = {}
+            raise rec.error("properties", "properties must be an object")
         for k, v in props.items():
             key = _canon(str(k))
-            if key in values:
-                raise CustomRegionError(path, i, key, f"property {key!r} given twice",
-                                        unit="feature")
-            values[key] = v
-        if "lat" in values or "lon" in values:
-            raise CustomRegionError(path, i, "lat" if "lat" in values else "lon",
-                                    "GeoJSON places take lat/lon from the Point geometry, not "
-                                    "from properties", unit="feature")
-        geom, geometry = feat.get("geometry"), None
+            if key in rec.values:
+                raise rec.error(key, f"property {key!r} given twice")
+            rec.values[key] = v
+        if "lat" in rec.values or "lon" in rec.values:
+            raise rec.error("lat" if "lat" in rec.values else "lon", "GeoJSON places take "
+                            "lat/lon from the Point geometry, not from properties")
+        geom = feat.get("geometry")
         if geom is not None:
             coords = geom.get("coordinates") if isinstance(geom, dict) else None
             if not isinstance(geom, dict) or geom.get("type") != "Point" \
                     or not isinstance(coords, list) or len(coords) not in (2, 3):
-                raise CustomRegionError(path, i, "geometry", "expected a Point geometry "
-                                        "[lon, lat]", unit="feature")
-            lon, lat = (_number(path, i, f, v, "feature") for f, v in
-                        (("lon", coords[0]), ("lat", coords[1])))
-            geometry = (lat, lon)
-        out.append(_Record(i, None, "feature", values, geometry))
+                raise rec.error("geometry", "expected a Point geometry [lon, lat]")
+            lon = _number(coords[0], partial(rec.error, "lon"))
+            lat = _number(coords[1], partial(rec.error, "lat"))
+            rec.geometry = (lat, lon)
+        out.append(rec)
     return out
-
-
-def _err(rec: _Record, path: Path, field: str, problem: str) -> CustomRegionError:
-    return CustomRegionError(path, rec.row, field, problem, unit=rec.unit, line=rec.line)
-
-
-def _blank(v: Any) -> bool:
-    return v is None or (isinstance(v, str) and not v.strip())
-
-
-def _number(path: Path, row: int, field: str, v: Any, unit: str = "row",
-            line: int | None = None) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise CustomRegionError(path, row, field, f"expected a number, got {describe(v)}", unit,
-                                line)
-    try:
-        out = float(v)
-    except (ValueError, OverflowError):
-        raise CustomRegionError(path, row, field, f"non-numeric value {v!r}", unit,
-                                line) from None
-    if not math.isfinite(out):
-        raise CustomRegionError(path, row, field, f"non-finite value {v!r}", unit, line)
-    return out
-
-
-def _value(rec: _Record, path: Path, field: str, limit: float | None = None,
-           what: str = "value") -> float:
-    """The record's number ``field``; with ``limit``: ``|value| <= limit``."""
-    v = rec.values.get(field)
-    if _blank(v):
-        raise _err(rec, path, field, "missing value")
-    out = _number(path, rec.row, field, v, rec.unit, rec.line)
-    if limit is not None and abs(out) > limit:
-        raise _err(rec, path, field, f"{what} {out:g} is outside [-{limit:g}, {limit:g}]")
-    return out
-
-
-def _time(rec: _Record, path: Path, field: str) -> float:
-    v = rec.values.get(field)
-    if _blank(v):
-        raise _err(rec, path, field, "missing value (a time \"HH:MM\" or minutes since "
-                   "midnight)")
-    m = _HHMM.match(v.strip()) if isinstance(v, str) else None
-    if m:
-        h, mi = int(m.group(1)), int(m.group(2))
-        if mi > 59 or h * 60 + mi > MAX_MINUTES:
-            raise _err(rec, path, field, f"bad time {v!r} (HH:MM up to 47:59)")
-        return float(h * 60 + mi)
-    if isinstance(v, str) and ":" in v:
-        raise _err(rec, path, field, f"bad time {v!r} (expected \"HH:MM\" or minutes)")
-    t = _number(path, rec.row, field, v, rec.unit, rec.line)
-    if t < 0:
-        raise _err(rec, path, field, f"negative time {t:g}")
-    if t > MAX_MINUTES:
-        raise _err(rec, path, field, f"time {t:g} is after 47:59 ({MAX_MINUTES} minutes)")
-    return t
 
 
 def _place_rows(path: Path) -> PlaceRows:
@@ -283,119 +275,86 @@ def _place_rows(path: Path) -> PlaceRows:
     if kind is None:
         raise CustomRegionError(path, None, None, f"unknown file type {path.suffix!r}; points "
                                 f"files are {', '.join(POINT_FILE_TYPES)}")
-    if not path.is_file():
-        raise CustomRegionError(path, None, None, "file not found")
-    text = _read_text(path)
-    records = _csv_records(path, text) if kind == "csv" else _geojson_records(path, text)
-    if kind == "csv":
-        header = set().union(*(r.values for r in records)) if records else set()
-        if {"lat", "lon"} & header and {"x", "y"} & header:
-            raise CustomRegionError(path, None, "x", "mixed coordinates: the header has "
-                                    "lat/lon AND x/y columns; give one pair")
-        for need in ("name", "visit_minutes", "opens", "closes", "score"):
-            if need not in header:
-                raise CustomRegionError(path, None, need, f"missing column {need!r}; columns "
-                                        f"are {', '.join(COLUMNS)}")
-        if not ({"lat", "lon"} <= header or {"x", "y"} <= header):
-            raise CustomRegionError(path, None, "lat", "missing coordinate columns: lat and lon "
-                                    "(degrees) or x and y (minutes)")
+    records = _csv_records(path) if kind == "csv" else _geojson_records(path)
     if len(records) < 1 + MIN_POINTS:
         raise CustomRegionError(path, None, None, f"{len(records)} places; at least "
                                 f"{1 + MIN_POINTS} expected (the start place, then at least "
                                 f"{MIN_POINTS} points of interest)")
-    names, a, b, dur, opening, closing, score = [], [], [], [], [], [], []
+    places = []
     coords = None
     seen: dict[str, int] = {}
     for i, rec in enumerate(records):
         name = rec.values.get("name")
         if _blank(name) or not isinstance(name, str):
-            raise _err(rec, path, "name", "missing name" if _blank(name) else
-                       f"name must be text, got {describe(name)}")
+            raise rec.error("name", "missing name" if _blank(name) else
+                            f"name must be text, got {describe(name)}")
         name = name.strip()
         if len(name) > 200:
-            raise _err(rec, path, "name", "name longer than 200 characters")
+            raise rec.error("name", "name longer than 200 characters")
         key = name.casefold()
         if key in seen:
-            raise _err(rec, path, "name", f"duplicate name {name!r} (also {rec.unit} "
-                       f"{seen[key]}; names are compared without case)")
+            raise rec.error("name", f"duplicate name {name!r} (also {rec.unit} {seen[key]}; "
+                            "names are compared without case)")
         if i > 0 and key in RESERVED_NAMES:
-            raise _err(rec, path, "name", f"{name!r} is reserved for the route's start and end "
-                       "nodes; rename the place")
+            raise rec.error("name", f"{name!r} is reserved for the route's start and end "
+                            "nodes; rename the place")
         seen[key] = rec.row
-        # coordinates
         has_xy = not (_blank(rec.values.get("x")) and _blank(rec.values.get("y")))
         if rec.unit == "feature":
             if rec.geometry is not None and has_xy:
-                raise _err(rec, path, "x", "mixed coordinates: a Point geometry AND x/y "
-                           "properties; give one")
+                raise rec.error("x", "mixed coordinates: a Point geometry AND x/y properties; "
+                                "give one")
             this = "latlon" if rec.geometry is not None else "xy"
         else:
             this = "latlon" if "lat" in rec.values else "xy"
-        if coords is None:
-            coords = this
-        elif this != coords:
-            raise _err(rec, path, "geometry" if this == "latlon" else "x", "mixed coordinates: "
-                       f"this place has {this}, the first has {coords}")
+        coords = coords or this
+        if this != coords:
+            raise rec.error("geometry" if this == "latlon" else "x", "mixed coordinates: this "
+                            f"place has {this}, the first has {coords}")
         if this == "latlon":
-            if rec.geometry is not None:
-                la, lo = rec.geometry
-            else:
-                la, lo = _value(rec, path, "lat"), _value(rec, path, "lon")
+            la, lo = rec.geometry or (rec.number("lat"), rec.number("lon"))
             if not -90.0 <= la <= 90.0:
-                raise _err(rec, path, "lat", f"latitude {la:g} is outside [-90, 90]")
+                raise rec.error("lat", f"latitude {la:g} is outside [-90, 90]")
             if not -180.0 <= lo <= 180.0:
-                raise _err(rec, path, "lon", f"longitude {lo:g} is outside [-180, 180]")
-            a.append(la)
-            b.append(lo)
+                raise rec.error("lon", f"longitude {lo:g} is outside [-180, 180]")
         else:
             if rec.unit == "feature" and not has_xy:
-                raise _err(rec, path, "geometry", "missing: a Point geometry or x/y properties")
-            for axis, out in (("x", a), ("y", b)):
-                out.append(_value(rec, path, axis, MAX_XY, f"{axis} (minutes of travel)"))
-        o, c = _time(rec, path, "opens"), _time(rec, path, "closes")
+                raise rec.error("geometry", "missing: a Point geometry or x/y properties")
+            la, lo = (rec.number(axis, MAX_XY, f"{axis} (minutes of travel)") for axis in "xy")
+        o, c = rec.time("opens"), rec.time("closes")
         if i == 0:
             for f in ("visit_minutes", "score"):
-                v = rec.values.get(f)
-                if not _blank(v) and _number(path, rec.row, f, v, rec.unit, rec.line) != 0:
-                    raise _err(rec, path, f, f"the first {rec.unit} is the start (= end) place "
-                               f"of the day ({name!r}); its {f} must be empty or 0")
+                if not _blank(rec.values.get(f)) and rec.number(f) != 0:
+                    raise rec.error(f, f"the first {rec.unit} is the start (= end) place of the "
+                                    f"day ({name!r}); its {f} must be empty or 0")
             if c <= o:
-                raise _err(rec, path, "closes", f"the day of the start place ends at "
-                           f"{_clock(c)}, not after it starts ({_clock(o)})")
+                raise rec.error("closes", f"the day of the start place ends at {clock(c)}, not "
+                                f"after it starts ({clock(o)})")
             d, s = 0.0, 0.0
         else:
-            d, s = _value(rec, path, "visit_minutes"), _value(rec, path, "score")
+            d, s = rec.number("visit_minutes"), rec.number("score")
             if d < 0:
-                raise _err(rec, path, "visit_minutes", f"negative visit duration {d:g}")
+                raise rec.error("visit_minutes", f"negative visit duration {d:g}")
             if d > MAX_MINUTES:
-                raise _err(rec, path, "visit_minutes", f"visit duration {d:g} is longer than "
-                           f"{MAX_MINUTES} minutes (47:59)")
+                raise rec.error("visit_minutes", f"visit duration {d:g} is longer than "
+                                f"{MAX_MINUTES} minutes (47:59)")
             if s < 0:
-                raise _err(rec, path, "score", f"negative score {s:g}")
+                raise rec.error("score", f"negative score {s:g}")
             if s > SCORE_LIMIT:
-                raise _err(rec, path, "score", f"score {s:g} is above {SCORE_LIMIT:g}")
+                raise rec.error("score", f"score {s:g} is above {SCORE_LIMIT:g}")
             if c < o:
-                raise _err(rec, path, "closes", f"closing time {_clock(c)} is before opening "
-                           f"time {_clock(o)}")
-        names.append(name)
-        dur.append(d)
-        opening.append(o)
-        closing.append(c)
-        score.append(s)
+                raise rec.error("closes", f"closing time {clock(c)} is before opening time "
+                                f"{clock(o)}")
+        places.append((name, la, lo, d, o, c, s))
+    names, a, b, dur, opening, closing, score = zip(*places, strict=True)
     if max(score) < 1:
         raise CustomRegionError(path, None, "score", f"the largest score is {max(score):g}; at "
                                 "least one point needs a score of 1 or more")
-    arr = lambda v: np.asarray(v, dtype=np.float64)  # noqa: E731
-    return PlaceRows(names, coords, arr(a), arr(b), arr(dur), arr(opening), arr(closing),
-                     arr(score), records)
+    arrays = (np.asarray(v, dtype=np.float64) for v in (a, b, dur, opening, closing, score))
+    return PlaceRows(list(names), coords, *arrays, records)
 
 
-def _clock(minutes: float) -> str:
-    m = int(round(minutes))
-    return f"{m // 60:02d}:{m % 60:02d}"
-
-
-def read_matrix(path: Path, names: list[str], decimals: int = CUSTOM_DECIMALS) -> np.ndarray:
+def read_matrix(path: Path, names: list[str]) -> np.ndarray:
     """A travel-time matrix CSV -> ``[P, P]`` minutes between the places (index 0 = start place,
     1..N = points), NaN where not given. Header row: a corner cell, then column labels; each
     row: its label, then minutes. Labels are place names (case-insensitive), else node indices.
@@ -403,11 +362,7 @@ def read_matrix(path: Path, names: list[str], decimals: int = CUSTOM_DECIMALS) -
     if path.suffix.lower() != ".csv":
         raise CustomRegionError(path, None, None, f"unknown file type {path.suffix!r}; a "
                                 "travel-time matrix is a .csv file")
-    if not path.is_file():
-        raise CustomRegionError(path, None, None, "file not found")
-    reader = csv.reader(io.StringIO(_read_text(path)))
-    rows = [(reader.line_num, r) for r in reader]
-    rows = [(no, [c.strip() for c in r]) for no, r in rows if any(c.strip() for c in r)]
+    rows = _csv_rows(path)
     if len(rows) < 2:
         raise CustomRegionError(path, None, None, "empty matrix: a header row of place names "
                                 "and one row per place expected")
@@ -449,17 +404,16 @@ def read_matrix(path: Path, names: list[str], decimals: int = CUSTOM_DECIMALS) -
                                     "two rows", line=no)
         row_places.append(i)
         for j, lab, v in zip(cols, labels, cells[1:], strict=True):
+            fail = partial(CustomRegionError, path, r, lab, line=no)
             if not v:
-                raise CustomRegionError(path, r, lab, "missing travel time", line=no)
-            t = _number(path, r, lab, v, line=no)
+                raise fail("missing travel time")
+            t = _number(v, fail)
             if t < 0:
-                raise CustomRegionError(path, r, lab, f"negative travel time {t:g}", line=no)
+                raise fail(f"negative travel time {t:g}")
             if t > MAX_TRAVEL_MINUTES:
-                raise CustomRegionError(path, r, lab, f"travel time {t:g} is above "
-                                        f"{MAX_TRAVEL_MINUTES:g} minutes", line=no)
+                raise fail(f"travel time {t:g} is above {MAX_TRAVEL_MINUTES:g} minutes")
             if i == j and t != 0:
-                raise CustomRegionError(path, r, lab, f"travel time from {names[i]!r} to itself "
-                                        f"is {t:g}, not 0", line=no)
+                raise fail(f"travel time from {names[i]!r} to itself is {t:g}, not 0")
             out[i, j] = t
     if sorted(row_places) != sorted(cols):
         extra = sorted(set(row_places) ^ set(cols))
@@ -470,20 +424,12 @@ def read_matrix(path: Path, names: list[str], decimals: int = CUSTOM_DECIMALS) -
         raise CustomRegionError(path, None, None, f"{len(missing)} point(s) of interest have no "
                                 f"row and column: {', '.join(map(repr, missing[:10]))}"
                                 + (" ..." if len(missing) > 10 else ""))
-    return np.where(np.isnan(out), np.nan, round_down(np.nan_to_num(out), decimals))
+    return np.where(np.isnan(out), np.nan, round_down(np.nan_to_num(out), CUSTOM_DECIMALS))
 
 
-# ----------------------------------------------------------------------------- building
-
-
-def build_custom_region(
-    region_id: str,
-    points: Path | str,
-    travel_times: Path | str | None = None,
-    speed_kmh: float | None = None,
-    group: str = CUSTOM_GROUP,
-    source_file: str | None = None,
-) -> Region:
+def build_custom_region(region_id: str, points: Path | str,
+                        travel_times: Path | str | None = None, speed_kmh: float | None = None,
+                        group: str = CUSTOM_GROUP, source_file: str | None = None) -> Region:
     """Read and check a custom region (:class:`CustomRegionError` on any problem)."""
     check_region_id(region_id, group)
     points = Path(points)
@@ -491,7 +437,11 @@ def build_custom_region(
     if rows.coords == "xy" and speed_kmh is not None:
         raise CustomRegionError(None, None, "--speed-kmh", "only lat/lon points take a speed; "
                                 "x/y coordinates are minutes already")
-    speed = None
+
+    def node(v: np.ndarray) -> np.ndarray:  # the start place again as the end node
+        return np.append(v, v[0])
+
+    kw: dict[str, Any] = {}
     if rows.coords == "latlon":
         speed = DEFAULT_SPEED_KMH if speed_kmh is None else float(speed_kmh)
         if not (math.isfinite(speed) and 0 < speed <= MAX_SPEED_KMH):
@@ -500,15 +450,6 @@ def build_custom_region(
         if float(rows.b.max() - rows.b.min()) > 180.0:
             raise CustomRegionError(points, None, "lon", "the places span more than 180° of "
                                     "longitude (across the antimeridian); not supported")
-    start = 0
-
-    def node(v: np.ndarray) -> np.ndarray:
-        return np.concatenate([v, v[start:start + 1]])
-
-    t_start, t_end = float(rows.opening[0]), float(rows.closing[0])
-    kw: dict[str, Any] = {}
-    lat = lon = None
-    if rows.coords == "latlon":
         lat, lon = node(rows.a), node(rows.b)
         origin = (float((lat.min() + lat.max()) / 2), float((lon.min() + lon.max()) / 2))
         proto = Region(id=region_id, group=group, x=lat, y=lon, duration=lat, opening=lat,
@@ -521,14 +462,14 @@ def build_custom_region(
         x, y = node(rows.a), node(rows.b)
     travel = None
     if travel_times is not None:
-        m = read_matrix(Path(travel_times), rows.names)
         travel = np.full((len(x), len(x)), np.nan)
-        travel[:-1, :-1] = m
+        travel[:-1, :-1] = read_matrix(Path(travel_times), rows.names)
         travel[-1, :] = travel[0, :]
         travel[:, -1] = travel[:, 0]
         travel[0, -1] = travel[-1, 0] = travel[-1, -1] = travel[0, 0] = 0.0
         if np.isnan(travel[0, 1:-1]).all():  # start place not in the matrix: metric rows
             travel[0, :] = travel[-1, :] = travel[:, 0] = travel[:, -1] = np.nan
+    t_start, t_end = float(rows.opening[0]), float(rows.closing[0])
     opening, closing = node(rows.opening), node(rows.closing)
     opening[-1], closing[-1] = t_start, t_end
     region = Region(
@@ -539,11 +480,11 @@ def build_custom_region(
         source_hash=file_sha256(points), names=("start", *rows.names[1:], "end"),
         start_name=rows.names[0], travel=travel, **kw,
     )
-    _check_reachable(region, rows, points)
+    _check_reachable(region, rows)
     return region
 
 
-def _check_reachable(region: Region, rows: PlaceRows, path: Path) -> None:
+def _check_reachable(region: Region, rows: PlaceRows) -> None:
     """Every point must be visitable by a tourist of the default day from the default start."""
     d = region.distances()
     bad = []
@@ -552,18 +493,18 @@ def _check_reachable(region: Region, rows: PlaceRows, path: Path) -> None:
         begin = max(arrive, region.opening[i])
         back = begin + region.duration[i] + d[i, -1]
         if begin > region.closing[i]:
-            bad.append((i, "closes", f"from {rows.names[0]!r} at {_clock(region.t_start)} it is "
-                        f"reached at {_clock(arrive)} ({d[0, i]:g} minutes), after its latest "
-                        f"start {_clock(region.closing[i])}"))
+            bad.append((i, "closes", f"from {rows.names[0]!r} at {clock(region.t_start)} it is "
+                        f"reached at {clock(arrive)} ({d[0, i]:g} minutes), after its latest "
+                        f"start {clock(region.closing[i])}"))
         elif back > region.t_end:
-            bad.append((i, "visit_minutes", f"a visit from {_clock(begin)} for "
+            bad.append((i, "visit_minutes", f"a visit from {clock(begin)} for "
                         f"{region.duration[i]:g} minutes and the way back ({d[i, -1]:g} "
-                        f"minutes) end at {_clock(back)}, after the day's end "
-                        f"{_clock(region.t_end)}"))
+                        f"minutes) end at {clock(back)}, after the day's end "
+                        f"{clock(region.t_end)}"))
     if bad:
         i, field, why = bad[0]
-        rec = rows.records[i]
         others = "; ".join(f"{rows.names[j]!r} ({rows.records[j].unit} {rows.records[j].row})"
                            for j, _, _ in bad[1:])
-        raise _err(rec, path, field, f"no tourist can visit {rows.names[i]!r} within the day: "
-                   f"{why}" + (f". Also unreachable: {others}" if others else ""))
+        raise rows.records[i].error(field, f"no tourist can visit {rows.names[i]!r} within the "
+                                    f"day: {why}" + (f". Also unreachable: {others}" if others
+                                                     else ""))

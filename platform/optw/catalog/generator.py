@@ -11,9 +11,8 @@ For a region with benchmark tourist (T_start^b, T_end^b, S_max^b) and day length
   [1, 1.1·S_max^b]; ``around_default`` (custom regions): N(S_i, (0.2·S_max^b)²) around each
   point's default score S_i, clipped to [1, 1.1·S_max^b]; start and end score 0.
 
-Note that the paper's T_start range reaches 4 "hours" before the benchmark start, so regions
-whose benchmark starts at 0 (Solomon, Cordeau) get negative start times; this is kept as in the
-paper (times are relative, openings simply make the tourist wait).
+As in the paper, regions whose benchmark starts at 0 (Solomon, Cordeau) get negative start
+times (the tourist waits for the openings).
 """
 
 from __future__ import annotations
@@ -38,9 +37,8 @@ def region_rng(region_id: str, seed: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), zlib.crc32(region_id.encode())])
 
 
-def sample_times(
-    region: Region, k: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
+def sample_times(region: Region, k: int, rng: np.random.Generator
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """K (T_start, T_end) pairs, rounded to whole time units."""
     h = 24.0 / region.t_day
     ts_b, te_b = region.t_start * h, region.t_end * h
@@ -50,9 +48,8 @@ def sample_times(
     return np.round(ts / h), np.round(te / h)
 
 
-def sample_scores(
-    region: Region, k: int, rng: np.random.Generator, kind: str | None = None
-) -> np.ndarray:
+def sample_scores(region: Region, k: int, rng: np.random.Generator, kind: str | None = None
+                  ) -> np.ndarray:
     """K score vectors ``[K, n_nodes]`` (start and end 0) of the given kind."""
     kind = kind or region.default_score_kind
     if kind not in SCORE_KINDS:
@@ -74,41 +71,23 @@ def sample_scores(
     return scores
 
 
-def sample_tourists(
-    region: Region,
-    k: int,
-    rng: np.random.Generator | int | None = None,
-    score_kind: str | None = None,
-    kind: str = "generated",
-    first_id: int = 0,
-) -> Tourists:
+def sample_tourists(region: Region, k: int, rng: np.random.Generator | int | None = None,
+                    score_kind: str | None = None, kind: str = "generated",
+                    first_id: int = 0) -> Tourists:
     """K generated tourists of ``region`` (seeded, vectorised; thousands per second)."""
     if k < 0:
         raise ValueError(f"number of tourists must be >= 0, got {k}")
     if not isinstance(rng, np.random.Generator):
         rng = np.random.default_rng(rng)
     (x_lo, x_hi), (y_lo, y_hi) = region.start_box
-    if (x_lo, x_hi) == (y_lo, y_hi):  # the benchmark groups' squares (their streams unchanged)
-        start_xy = rng.uniform(x_lo, x_hi, size=(k, 2))
-    else:
-        start_xy = rng.uniform([x_lo, y_lo], [x_hi, y_hi], size=(k, 2))
+    start_xy = rng.uniform([x_lo, y_lo], [x_hi, y_hi], size=(k, 2))
     t_start, t_end = sample_times(region, k, rng)
     scores = sample_scores(region, k, rng, score_kind)
-    return Tourists(
-        region_id=region.id,
-        tourist_id=np.arange(first_id, first_id + k, dtype=np.int64),
-        kind=kind,
-        start_xy=start_xy,
-        t_start=t_start,
-        t_end=t_end,
-        scores=scores,
-    )
+    return Tourists(region.id, np.arange(first_id, first_id + k, dtype=np.int64), kind,
+                    start_xy, t_start, t_end, scores)
 
 
-def validation_tourists(
-    region: Region, k: int = VALIDATION_SIZE, seed: int = VALIDATION_SEED
-) -> Tourists:
+def validation_tourists(region: Region, k: int = VALIDATION_SIZE, seed: int = VALIDATION_SEED
+                        ) -> Tourists:
     """The region's fixed validation set (ids 1..k; id 0 is the benchmark tourist)."""
-    return sample_tourists(
-        region, k, region_rng(region.id, seed), kind="validation", first_id=1
-    )
+    return sample_tourists(region, k, region_rng(region.id, seed), kind="validation", first_id=1)

@@ -9,26 +9,22 @@ validation tourists follow (:mod:`optw.catalog.generator`). Per region:
   scores, x, y. Every region restarts the stream (c101…c109 share their tourists).
 - ``day = int(T_day)``, ``m = int(4/24·day)``; start ``randint(T0 − m, min(int(15/24·day),
   T1 + m))``, end ``randint(max(int(12/24·day), start + m), T1 + m)`` (upper ends exclusive;
-  T0, T1 the benchmark's times; the 15/24 and 12/24 bounds are truncated to integers, as
-  ``torch.randint`` takes integers only).
+  T0, T1 the benchmark's times; ``torch.randint`` takes integers only).
 - Uniform scores: ``randint(1, S, (n,))`` over all n nodes with ``S = round(1.1·S_max^b)``;
   correlated (Gavalas): ``round(clip((S / int(d_max))·d + 10·randn(n), 1, S))`` with the randn
   drawn on the generating device. Start and end get 0.
 - x then y: ``lo + width·rand(1)`` on the group's square; the end is the start. Travel times
   from the start are computed in float32 (:attr:`~optw.catalog.Tourists.start_rows_f32`).
 
-The paper's sets were made on CUDA, whose normal stream differs from the CPU's: only a CUDA run
-rebuilds Gavalas' sets exactly. On a CPU the correlated noise comes from a separate CPU
-generator seeded alike, so times and start points stay exact and only the noise differs; such
-sets are flagged ``exact = False``. Uniform sets are CPU draws either way (always exact).
-
-Run stand-alone (torch, numpy and pyarrow only) to produce the exact sets on a GPU::
+The paper's sets were made on CUDA, whose normal stream differs from the CPU's: on a CPU the
+correlated noise comes from a CPU generator seeded alike (times and start points stay exact) and
+such sets are flagged ``exact = False``. Uniform sets are exact on any device. Exact sets made
+stand-alone on a GPU (torch, numpy and pyarrow only)::
 
     PYTHONPATH=platform python -m optw.catalog.paper_sets --device cuda \\
         --catalog region_catalog --groups gavalas --out OUT
 
-and commit ``OUT/paper_tourists.parquet`` as ``platform/optw/catalog/data/paper_tourists.parquet``
-(:data:`DATA_FILE`); ``optw catalog build --paper-sets`` then takes its exact rows.
+and committed as :data:`DATA_FILE` are taken by ``optw catalog build --paper-sets``.
 """
 
 from __future__ import annotations
@@ -45,24 +41,30 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from optw.catalog.region import GROUPS, START_BOX, Region, Tourists
-from optw.catalog.tables import PAPER_FILE, PAPER_KIND, read_regions, write_parquet_atomic
+from optw.catalog.tables import (
+    PAPER_FILE,
+    PAPER_KIND,
+    TOURISTS_SCHEMA,
+    read_regions,
+    tourist_columns,
+    tourists_from_rows,
+    write_parquet_atomic,
+)
 from optw.errors import OptwError, UserError
 from optw.outdir import check_out_dir, replace_dir
 
+#: Values of ``--device`` (``auto``: CUDA when available).
+DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 PAPER_SEED = 2925
 PAPER_SIZE = 64
 #: Paper tourist ``i`` (0-based) has id ``PAPER_FIRST_ID + i``: never an id of ours (0..64).
 PAPER_FIRST_ID = 1000
-#: Exact sets made on a GPU and committed as data (absent until a GPU session made them).
+#: Exact sets made on a GPU and committed as data (absent until made).
 DATA_FILE = Path(__file__).resolve().parent / "data" / PAPER_FILE
 
 #: Schema of :data:`PAPER_FILE` (in a catalog, in :data:`DATA_FILE` and in a stand-alone run).
-SCHEMA = pa.schema([
-    ("region", pa.string()), ("tourist", pa.int64()), ("kind", pa.string()),
-    ("start_x", pa.float64()), ("start_y", pa.float64()), ("t_start", pa.float64()),
-    ("t_end", pa.float64()), ("scores", pa.list_(pa.float64())), ("exact", pa.bool_()),
-    ("device", pa.string()), ("torch", pa.string()), ("source_sha256", pa.string()),
-])
+SCHEMA = pa.schema([*TOURISTS_SCHEMA, ("exact", pa.bool_()), ("device", pa.string()),
+                    ("torch", pa.string()), ("source_sha256", pa.string())])
 
 
 @dataclass(frozen=True)
@@ -76,28 +78,32 @@ class PaperSet:
     torch_version: str
 
 
+def check_device(device: str) -> None:
+    """:class:`~optw.errors.UserError` unless ``device`` is one of :data:`DEVICES`."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+        raise UserError(f"--device {device!r}: expected one of {', '.join(DEVICES)}")
+
+
 def _device(device: str | None) -> str:
     """``auto`` / None -> ``cuda`` when available, else ``cpu``; ``cuda`` must be available."""
     import torch
 
     if device in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", str(device)):
-        raise UserError(f"--device {device!r}: expected cpu, cuda, cuda:N or auto")
+    check_device(str(device))
     if device != "cpu" and not torch.cuda.is_available():
         raise UserError(f"--device {device}: CUDA is not available on this machine")
     return device
 
 
-def generate_paper_set(region: Region, device: str | None = "cpu", seed: int = PAPER_SEED,
-                       size: int = PAPER_SIZE) -> PaperSet:
+def generate_paper_set(region: Region, device: str | None = "cpu") -> PaperSet:
     """The region's paper set as the authors' generator draws it (see the module docstring)."""
     import torch
 
     device = _device(device)
-    cpu = torch.Generator().manual_seed(seed)
+    cpu = torch.Generator().manual_seed(PAPER_SEED)
     correlated = region.default_score_kind == "correlated"
-    noise = torch.Generator(device=device).manual_seed(seed) if correlated else None
+    noise = torch.Generator(device=device).manual_seed(PAPER_SEED) if correlated else None
     day = int(region.t_day)
     m = int(4 / 24 * day)
     t0, t1 = int(region.t_start), int(region.t_end)
@@ -106,9 +112,9 @@ def generate_paper_set(region: Region, device: str | None = "cpu", seed: int = P
     lo, hi = START_BOX[region.group]
     dur = torch.tensor(region.duration, dtype=torch.float32, device=device)
     d_max = int(region.max_duration) or 1
-    ts, te = np.empty(size), np.empty(size)
-    xy, scores = np.empty((size, 2)), np.zeros((size, n))
-    for k in range(size):
+    ts, te = np.empty(PAPER_SIZE), np.empty(PAPER_SIZE)
+    xy, scores = np.empty((PAPER_SIZE, 2)), np.zeros((PAPER_SIZE, n))
+    for k in range(PAPER_SIZE):
         try:
             start = int(torch.randint(t0 - m, min(int(15 / 24 * day), t1 + m), (1,),
                                       generator=cpu))
@@ -128,7 +134,7 @@ def generate_paper_set(region: Region, device: str | None = "cpu", seed: int = P
         scores[k] = sc.double().cpu().numpy()
     scores[:, 0] = scores[:, -1] = 0.0
     tourists = Tourists(
-        region_id=region.id, tourist_id=np.arange(PAPER_FIRST_ID, PAPER_FIRST_ID + size),
+        region_id=region.id, tourist_id=np.arange(PAPER_FIRST_ID, PAPER_FIRST_ID + PAPER_SIZE),
         kind=PAPER_KIND, start_xy=xy, t_start=ts, t_end=te, scores=scores,
         start_rows_f32=True,
     )
@@ -138,33 +144,13 @@ def generate_paper_set(region: Region, device: str | None = "cpu", seed: int = P
 
 def paper_table(sets: Iterable[tuple[Region, PaperSet]]) -> pa.Table:
     """Rows of :data:`SCHEMA`, one per (region, paper tourist)."""
-    cols: dict[str, list] = {name: [] for name in SCHEMA.names}
+    parts = [SCHEMA.empty_table()]
     for region, ps in sets:
-        t = ps.tourists
-        for i in range(len(t)):
-            for name, value in (
-                ("region", region.id), ("tourist", int(t.tourist_id[i])), ("kind", t.kind),
-                ("start_x", float(t.start_xy[i, 0])), ("start_y", float(t.start_xy[i, 1])),
-                ("t_start", float(t.t_start[i])), ("t_end", float(t.t_end[i])),
-                ("scores", t.scores[i].tolist()), ("exact", ps.exact), ("device", ps.device),
-                ("torch", ps.torch_version), ("source_sha256", region.source_hash),
-            ):
-                cols[name].append(value)
-    return pa.table(cols, schema=SCHEMA)
-
-
-def tourists_from_rows(region_id: str, rows: dict[str, np.ndarray]) -> Tourists:
-    """A paper set back from the columns of its rows (sorted by tourist id)."""
-    order = np.argsort(rows["tourist"], kind="stable")
-    return Tourists(
-        region_id=region_id, tourist_id=np.asarray(rows["tourist"], np.int64)[order],
-        kind=PAPER_KIND,
-        start_xy=np.stack([rows["start_x"], rows["start_y"]], -1).astype(np.float64)[order],
-        t_start=np.asarray(rows["t_start"], np.float64)[order],
-        t_end=np.asarray(rows["t_end"], np.float64)[order],
-        scores=np.stack([np.asarray(s, np.float64) for s in rows["scores"]])[order],
-        start_rows_f32=True,
-    )
+        k = len(ps.tourists)
+        parts.append(pa.table({**tourist_columns(ps.tourists), "exact": [ps.exact] * k,
+                               "device": [ps.device] * k, "torch": [ps.torch_version] * k,
+                               "source_sha256": [region.source_hash] * k}, schema=SCHEMA))
+    return pa.concat_tables(parts).combine_chunks()
 
 
 def _rows_by_region(table: pa.Table) -> dict[str, dict[str, np.ndarray]]:
@@ -184,12 +170,8 @@ def _from_data(region: Region, cpu_set: PaperSet, rows: dict[str, np.ndarray] | 
     if set(rows["source_sha256"].tolist()) != {region.source_hash}:
         return None  # made from another version of the region's file
     data = tourists_from_rows(region.id, rows)
-    mine = cpu_set.tourists
-    same = (np.array_equal(data.tourist_id, mine.tourist_id)
-            and np.array_equal(data.t_start, mine.t_start)
-            and np.array_equal(data.t_end, mine.t_end)
-            and np.array_equal(data.start_xy, mine.start_xy))
-    if not same:
+    if not all(np.array_equal(getattr(data, k), getattr(cpu_set.tourists, k))
+               for k in ("tourist_id", "t_start", "t_end", "start_xy")):
         raise UserError(f"{source}: the times or start points of region {region.id} differ "
                          "from the paper's CPU draws; regenerate the file (see "
                          "optw.catalog.paper_sets)")
@@ -227,9 +209,6 @@ def build_paper_sets(regions: list[Region], device: str | None = "auto",
     return paper_table(sets), summary
 
 
-# ----------------------------------------------------------------------------- stand-alone
-
-
 def _regions(args: argparse.Namespace) -> list[Region]:
     if args.catalog is not None:
         regions = read_regions(args.catalog)
@@ -250,7 +229,7 @@ def _regions(args: argparse.Namespace) -> list[Region]:
             and (not wanted or r.id in wanted)]
 
 
-#: The kind of ``--out`` folder (:mod:`optw.outdir`): it holds the paper sets file only.
+#: The kind of ``--out`` folder (:mod:`optw.outdir`) of :func:`main`.
 OUT_KIND = "paper-sets"
 
 

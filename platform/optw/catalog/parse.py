@@ -49,71 +49,52 @@ class _Lines:
         return SourceError(self.path, line, problem)
 
     def numbers(self, idx: int, what: str) -> tuple[int, list[float]]:
+        """Line number and values of data row ``idx`` (``what`` names it in errors)."""
         if idx >= len(self.rows):
             raise self.error(None, f"file ends early: {what} (data row {idx + 1}) is missing")
         no, fields = self.rows[idx]
-        try:
-            values = [float(f) for f in fields]
-        except ValueError:
-            bad = next(f for f in fields if not _is_number(f))
-            raise self.error(no, f"non-numeric field {bad!r} in {what}") from None
+        values = []
+        for f in fields:
+            try:
+                values.append(float(f))
+            except ValueError:
+                raise self.error(no, f"non-numeric field {f!r} in {what}") from None
         if not all(math.isfinite(v) for v in values):
             raise self.error(no, f"non-finite value in {what}")
         return no, values
 
+    def integer(self, no: int, value: float, what: str) -> int:
+        if value != int(value) or value < 0:
+            raise self.error(no, f"{what} must be a non-negative integer, got {value:g}")
+        return int(value)
 
-def _is_number(s: str) -> bool:
-    try:
-        float(s)
-    except ValueError:
-        return False
-    return True
+    def check_vertex(self, no: int, got: float, expected: int) -> None:
+        if got != expected:
+            raise self.error(no, f"vertex number {got:g} where {expected} was expected")
 
-
-def _int_field(lines: _Lines, no: int, value: float, what: str) -> int:
-    if value != int(value) or value < 0:
-        raise lines.error(no, f"{what} must be a non-negative integer, got {value:g}")
-    return int(value)
-
-
-def _check_vertex(lines: _Lines, no: int, got: float, expected: int) -> None:
-    if got != expected:
-        raise lines.error(no, f"vertex number {got:g} where {expected} was expected")
+    def check_point(self, no: int, d: float, o: float, c: float) -> None:
+        if d < 0:
+            raise self.error(no, f"negative visit duration {d:g}")
+        if o > c:
+            raise self.error(no, f"opening time {o:g} is after closing time {c:g}")
 
 
-def _check_point(lines: _Lines, no: int, d: float, o: float, c: float) -> None:
-    if d < 0:
-        raise lines.error(no, f"negative visit duration {d:g}")
-    if o > c:
-        raise lines.error(no, f"opening time {o:g} is after closing time {c:g}")
-
-
-def _region(
-    group: str, path: Path, raw: bytes, start: list[float], points: np.ndarray
-) -> Region:
+def _region(group: str, path: Path, raw: bytes, start: list[float], points: np.ndarray
+            ) -> Region:
     """Assemble a Region from the start row (x, y, T_start, T_end) and point rows
     ``[n, 6]`` = (x, y, duration, score, opening, closing)."""
     if points.shape[0] == 0:
         raise SourceError(path, None, "the instance has no points of interest")
     sx, sy, t_start, t_end = start
 
-    def col(j: int, first: float, last: float) -> np.ndarray:
-        return np.concatenate([[first], points[:, j], [last]])
+    def col(j: int, end_value: float) -> np.ndarray:  # the start and end nodes get end_value
+        return np.concatenate([[end_value], points[:, j], [end_value]])
 
     return Region(
-        id=path.stem,
-        group=group,
-        x=col(0, sx, sx),
-        y=col(1, sy, sy),
-        duration=col(2, 0.0, 0.0),
-        score=col(3, 0.0, 0.0),
-        opening=col(4, t_start, t_start),
-        closing=col(5, t_end, t_end),
-        t_start=float(t_start),
-        t_end=float(t_end),
-        decimals=DECIMALS[group],
-        source_file=f"{group}/{path.name}",
-        source_hash=hashlib.sha256(raw).hexdigest(),
+        id=path.stem, group=group, x=col(0, sx), y=col(1, sy), duration=col(2, 0.0),
+        score=col(3, 0.0), opening=col(4, t_start), closing=col(5, t_end),
+        t_start=float(t_start), t_end=float(t_end), decimals=DECIMALS[group],
+        source_file=f"{group}/{path.name}", source_hash=hashlib.sha256(raw).hexdigest(),
     )
 
 
@@ -123,31 +104,26 @@ def parse_toptw(path: Path, group: str, raw: bytes) -> Region:
     no, header = lines.numbers(0, "header 'k v N t'")
     if len(header) < 3:
         raise lines.error(no, f"header needs at least 3 fields 'k v N ...', got {len(header)}")
-    n = _int_field(lines, no, header[2], "vertex count N")
+    n = lines.integer(no, header[2], "vertex count N")
     lines.numbers(1, "line 'D Q'")
-    expected_rows = n + 1
     got_rows = len(lines.rows) - 2
-    if got_rows != expected_rows:
-        raise lines.error(
-            lines.rows[-1][0],
-            f"header says N={n} vertices (+ node 0), but the file has {got_rows} vertex rows",
-        )
-    rows = []
-    for i in range(expected_rows):
+    if got_rows != n + 1:
+        raise lines.error(lines.rows[-1][0], f"header says N={n} vertices (+ node 0), but the "
+                          f"file has {got_rows} vertex rows")
+    rows = []  # (x, y, duration, score, opening, closing) of node 0, then of each point
+    for i in range(n + 1):
         no, v = lines.numbers(2 + i, f"vertex {i}")
         if len(v) < 9:
             raise lines.error(no, f"vertex row has {len(v)} fields, at least 9 expected")
-        a = _int_field(lines, no, v[6], "list length a")
+        a = lines.integer(no, v[6], "list length a")
         if len(v) != 9 + a:
-            raise lines.error(
-                no, f"vertex row has {len(v)} fields, expected 9 + a = {9 + a} (a={a})"
-            )
-        _check_vertex(lines, no, v[0], i)
-        x, y, d, s, o, c = v[1], v[2], v[3], v[4], v[-2], v[-1]
-        _check_point(lines, no, d, o, c)
-        rows.append((no, x, y, d, s, o, c))
-    _, sx, sy, _, _, t_start, t_end = rows[0]
-    points = np.array([r[1:] for r in rows[1:]], dtype=np.float64).reshape(-1, 6)
+            raise lines.error(no, f"vertex row has {len(v)} fields, expected 9 + a = {9 + a} "
+                              f"(a={a})")
+        lines.check_vertex(no, v[0], i)
+        lines.check_point(no, v[3], v[-2], v[-1])
+        rows.append((v[1], v[2], v[3], v[4], v[-2], v[-1]))
+    sx, sy, _, _, t_start, t_end = rows[0]
+    points = np.array(rows[1:], dtype=np.float64).reshape(-1, 6)
     return _region(group, path, raw, [sx, sy, t_start, t_end], points)
 
 
@@ -157,31 +133,30 @@ def parse_ttdp(path: Path, group: str, raw: bytes) -> Region:
     no, header = lines.numbers(0, "header 'k M SD N ...'")
     if len(header) < 4:
         raise lines.error(no, f"header needs at least 4 fields 'k M SD N', got {len(header)}")
-    tours = _int_field(lines, no, header[1], "number of tours M")
+    tours = lines.integer(no, header[1], "number of tours M")
     if tours != 1:
         raise lines.error(no, f"multi-day instance (M={tours} tours); only M=1 is supported")
-    day = _int_field(lines, no, header[2], "start day SD")
+    day = lines.integer(no, header[2], "start day SD")
     if day > 6:
         raise lines.error(no, f"start day SD={day} is outside 0..6")
-    n = _int_field(lines, no, header[3], "vertex count N")
+    n = lines.integer(no, header[3], "vertex count N")
     no, start = lines.numbers(1, "start row 'i x y d S O C'")
     if len(start) != 7:
         raise lines.error(no, f"start row has {len(start)} fields, expected 7")
-    _check_vertex(lines, no, start[0], 0)
-    _check_point(lines, no, start[3], start[5], start[6])
+    lines.check_vertex(no, start[0], 0)
+    lines.check_point(no, start[3], start[5], start[6])
     got_rows = len(lines.rows) - 2
     if got_rows != n:
-        raise lines.error(
-            lines.rows[-1][0], f"header says N={n} points, but the file has {got_rows} point rows"
-        )
+        raise lines.error(lines.rows[-1][0], f"header says N={n} points, but the file has "
+                          f"{got_rows} point rows")
     points = np.empty((n, 6), dtype=np.float64)
     for i in range(n):
         no, v = lines.numbers(2 + i, f"point {i + 1}")
         if len(v) != 21:
             raise lines.error(no, f"point row has {len(v)} fields, expected 21")
-        _check_vertex(lines, no, v[0], i + 1)
+        lines.check_vertex(no, v[0], i + 1)
         o, c = v[6 + 2 * day], v[7 + 2 * day]
-        _check_point(lines, no, v[3], o, c)
+        lines.check_point(no, v[3], o, c)
         points[i] = (v[1], v[2], v[3], v[4], o, c)
     return _region(group, path, raw, [start[1], start[2], start[5], start[6]], points)
 
@@ -192,20 +167,15 @@ def parse_file(path: Path | str, group: str) -> Region:
     if group not in FILE_PATTERNS:
         raise SourceError(path, None, f"unknown group {group!r}; expected {list(FILE_PATTERNS)}")
     if not FILE_PATTERNS[group].match(path.name):
-        raise SourceError(
-            path, None, f"unknown file name {path.name!r} for group {group} "
-            f"(expected names like {FILE_PATTERNS[group].pattern})"
-        )
-    raw = path.read_bytes()
+        raise SourceError(path, None, f"unknown file name {path.name!r} for group {group} "
+                          f"(expected names like {FILE_PATTERNS[group].pattern})")
     parser = parse_ttdp if group == "gavalas" else parse_toptw
-    return parser(path, group, raw)
+    return parser(path, group, path.read_bytes())
 
 
 def discover(source: Path | str) -> list[tuple[str, Path]]:
-    """All (group, file) pairs under ``source/{solomon,cordeau,gavalas}/``, sorted.
-
-    Every ``*.txt`` other than FORMAT.txt must be a known instance name of its group.
-    """
+    """All (group, file) pairs under ``source/{solomon,cordeau,gavalas}/``, sorted; every file
+    other than FORMAT.txt and hidden ones must be a known instance name of its group."""
     source = Path(source)
     if not source.is_dir():
         raise SourceError(source, None, "benchmark folder not found (set OPTW_BENCHMARKS)")

@@ -2,35 +2,32 @@
 
 Conventions (the paper's, and ``shared/spec/published-checkpoints.md``):
 
-- Node order: index 0 is the start, 1..n_points the points of interest in file order, and the
-  last index ``n_nodes - 1`` the end, a copy of the start ("reach v_n" is uniform).
+- Node 0 is the start, 1..n_points the points of interest in file order, the last node the end,
+  a copy of the start.
 - Travel time is the Euclidean distance rounded DOWN to ``decimals`` decimals (1 for Solomon,
-  2 for Cordeau and Gavalas). Rounded distances are whole hundredths, so times can be kept
-  exact as integers in units of 0.01 (:data:`TIME_UNITS_PER_MINUTE`).
+  2 for Cordeau and Gavalas): whole hundredths, kept exact as integer time units
+  (:data:`TIME_UNITS_PER_MINUTE`).
 - ``opening``/``closing`` are the earliest and the LATEST START of a visit.
-- A tourist changes the start (= end) location, the start and end times and the scores; the
-  region's coordinates, durations and time windows stay fixed.
+- A tourist changes the start (= end) location, the start and end times and the scores.
 
-Custom regions (``optw catalog add``, :mod:`optw.catalog.custom`; ``docs/custom-regions.md``)
-keep this shape: ``x``/``y`` are planar coordinates in minutes of travel, times are minutes
-since midnight. A lat/lon region also keeps ``lat``/``lon`` per node and its travel times are
-great-circle distance ÷ speed (``metric = "haversine"``); ``x``/``y`` are then an
-equirectangular projection around ``origin`` (:meth:`Region.to_xy`, :meth:`Region.to_latlon`).
-A region with a travel-time matrix (``travel``) takes point-to-point times from it.
+Custom regions (:mod:`optw.catalog.custom`) keep this shape with planar ``x``/``y`` in minutes
+of travel and times in minutes since midnight. A lat/lon one keeps ``lat``/``lon`` per node,
+great-circle travel times (``metric = "haversine"``) and an equirectangular projection around
+``origin`` as ``x``/``y``; a travel-time matrix (``travel``) overrides point-to-point times.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from optw.errors import UserError
 
-#: The benchmark groups. Custom regions (``optw catalog add``) carry any other safe group name,
-#: :data:`CUSTOM_GROUP` by default (see :func:`is_benchmark_group`).
+#: The benchmark groups. Custom regions carry any other group name, :data:`CUSTOM_GROUP` by
+#: default.
 GROUPS = ("solomon", "cordeau", "gavalas")
 CUSTOM_GROUP = "custom"
 
@@ -55,21 +52,14 @@ TIME_UNITS_PER_MINUTE = 100
 _EPS = 1e-7  # guards floor() against sqrt results a hair below an exact decimal
 #: :meth:`Region.distances` warns when its result would take more than this (512 MiB).
 DISTANCES_WARN_BYTES = 512 * 2**20
-
 #: Custom regions' times are minutes since midnight: their day is at least this long.
 MINUTES_PER_DAY = 1440.0
 #: Mean Earth radius (km) of great-circle distances.
 EARTH_RADIUS_KM = 6371.0088
-#: Coordinate systems and metrics of a region.
-COORDS = ("xy", "latlon")
-METRICS = ("euclidean", "haversine")
 #: A start closer than this (minutes, planar) to a node uses that node's matrix row.
 MATRIX_MATCH_TOL = 1e-6
-
-
-def is_benchmark_group(group: str) -> bool:
-    """Whether ``group`` is one of the benchmark groups (else a custom group)."""
-    return group in GROUPS
+#: Largest |time| in minutes that :func:`to_time_units` converts (far inside int64).
+MAX_TIME_MINUTES = 1e12
 
 
 def haversine_km(lat1, lon1, lat2, lon2) -> np.ndarray:
@@ -81,16 +71,10 @@ def haversine_km(lat1, lon1, lat2, lon2) -> np.ndarray:
     return 2.0 * EARTH_RADIUS_KM * np.arcsin(np.sqrt(np.clip(h, 0.0, 1.0)))
 
 
-#: Largest |time| in minutes that :func:`to_time_units` converts (far inside int64).
-MAX_TIME_MINUTES = 1e12
-
-
 def to_time_units(values: npt.ArrayLike) -> npt.NDArray[np.int64]:
     """Times in minutes -> exact int64 time units (:data:`TIME_UNITS_PER_MINUTE` per minute).
-
-    ValueError for a non-finite time or one beyond :data:`MAX_TIME_MINUTES`: cast to int64,
-    ``inf`` became a large negative number and a route across an infinite travel time looked
-    feasible (issue 25)."""
+    A non-finite time or one beyond :data:`MAX_TIME_MINUTES` (which int64 would wrap) is a
+    :class:`~optw.errors.UserError`."""
     arr = np.asarray(values, dtype=np.float64)
     if arr.size and not (np.abs(arr) <= MAX_TIME_MINUTES).all():  # NaN fails too
         bad = arr[~(np.abs(arr) <= MAX_TIME_MINUTES)].flat[0]
@@ -118,12 +102,10 @@ class Region:
 
     Arrays are indexed by node (``n_nodes = n_points + 2``); the start and end nodes carry the
     benchmark tourist's location, opening ``t_start``, closing ``t_end``, duration 0, score 0.
-
-    Custom regions also set: ``names`` (one per node; ``"start"``, the POI names, ``"end"``),
-    ``start_name`` (the default start place's name), ``coords`` (``"xy"`` or ``"latlon"``),
-    ``lat``/``lon`` per node (None for xy), ``metric`` (``"euclidean"`` or ``"haversine"``),
-    ``speed_kmh`` and ``origin`` (lat, lon of the projection centre; latlon only), ``travel``
-    (``[n, n]`` minutes from a matrix, NaN where not given; None without a matrix).
+    Custom regions also set ``names`` (``"start"``, the POI names, ``"end"``), ``start_name``,
+    ``coords`` (``"xy"``/``"latlon"``), ``metric`` (``"euclidean"``/``"haversine"``) and, for
+    lat/lon, ``lat``/``lon`` per node, ``speed_kmh``, ``origin`` (projection centre); ``travel``:
+    ``[n, n]`` minutes from a matrix, NaN where not given.
     """
 
     id: str
@@ -171,9 +153,8 @@ class Region:
 
     @property
     def t_day(self) -> float:
-        """Day length: max(T_end, max closing) (the paper's T_day^b); custom regions, whose
-        times are minutes since midnight, at least a whole day (:data:`MINUTES_PER_DAY`), so
-        the generator's 24-"hour" day is the clock's."""
+        """Day length: max(T_end, max closing) (the paper's T_day^b); for custom regions at
+        least :data:`MINUTES_PER_DAY`, so the generator's 24-"hour" day is the clock's."""
         day = float(max(self.t_end, self.closing.max()))
         return max(day, MINUTES_PER_DAY) if self.is_custom else day
 
@@ -203,7 +184,7 @@ class Region:
     @property
     def is_custom(self) -> bool:
         """A region added with ``optw catalog add`` (not a benchmark group)."""
-        return not is_benchmark_group(self.group)
+        return self.group not in GROUPS
 
     @property
     def start_box(self) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -215,7 +196,6 @@ class Region:
         return ((float(self.x.min()), float(self.x.max())),
                 (float(self.y.min()), float(self.y.max())))
 
-    # -- lat/lon <-> planar minutes (equirectangular around ``origin``)
     def _minutes_per_radian(self) -> float:
         if self.coords != "latlon" or self.origin is None or not self.speed_kmh:
             raise UserError(f"region {self.id} has planar x/y coordinates, not lat/lon")
@@ -255,17 +235,11 @@ class Region:
     def distances(self, start_xy: np.ndarray | None = None, f32: bool = False) -> np.ndarray:
         """Rounded travel times ``[n, n]`` (benchmark start) or ``[K, n, n]`` per start location.
 
-        Only the start and end rows/columns depend on the start location, so the point-to-point
-        block is computed once per region and cached. ``f32``: compute those rows in float32 as
-        ``floor(k·sqrt(dx² + dy²)) / k`` (k = 10^decimals), as the paper's generator does for
-        its own tourists (:attr:`Tourists.start_rows_f32`).
-
-        Custom regions with a great-circle metric or a travel matrix take
-        :meth:`_custom_distances` (``f32`` does not apply to them).
-
-        Memory: the result is float64, ``8·K·n²`` bytes: 10,000 tourists of t101 (n = 102)
-        take about 830 MB. Above :data:`DISTANCES_WARN_BYTES` a ``RuntimeWarning`` says so;
-        :meth:`iter_distances` yields the same arrays in chunks of tourists instead.
+        Only the start and end rows and columns depend on the start; the rest is computed once
+        per region. ``f32``: start rows in float32 as the paper's generator computes them
+        (:func:`float32_start_rows`; Euclidean regions only). The result takes ``8·K·n²``
+        bytes: past :data:`DISTANCES_WARN_BYTES` a ``RuntimeWarning`` points to
+        :meth:`iter_distances`.
         """
         if start_xy is not None:
             k = int(np.asarray(start_xy).size // 2)
@@ -274,29 +248,29 @@ class Region:
                 warnings.warn(f"region {self.id}: travel times of {k} tourists take "
                               f"{size / 2**20:.0f} MiB (8·K·n² bytes); Region.iter_distances "
                               "gives them in chunks", RuntimeWarning, stacklevel=2)
-        if self.metric != "euclidean" or self.travel is not None:
-            return self._custom_distances(start_xy)
-        if "base" not in self._dist_cache:
-            self._dist_cache["base"] = distance_matrix(self.coordinates(), self.decimals)
-        base = self._dist_cache["base"]
-        if start_xy is None:
-            return base.copy()
-        start_xy = np.asarray(start_xy, dtype=np.float64).reshape(-1, 2)
+        custom = self.metric != "euclidean" or self.travel is not None
+        if "block" not in self._dist_cache:
+            self._dist_cache["block"] = self._custom_block() if custom else \
+                distance_matrix(self.coordinates(), self.decimals)
+        block = self._dist_cache["block"]
+        if start_xy is None and not custom:
+            return block.copy()
+        start = np.asarray(self.start_xy if start_xy is None else start_xy,
+                           dtype=np.float64).reshape(-1, 2)
         xy = self.coordinates()
-        if f32:
-            d = float32_start_rows(start_xy, xy, self.decimals)
+        if custom:
+            d_from, d_to = self._custom_start_rows(start)
+        elif f32:
+            d_from = d_to = float32_start_rows(start, xy, self.decimals)
         else:
-            d = round_down(
-                np.sqrt(((start_xy[:, None, :] - xy[None, :, :]) ** 2).sum(-1)), self.decimals
-            )  # [K, n] from the new start to every node
-        d[:, 0] = 0.0
-        d[:, -1] = 0.0
-        out = np.broadcast_to(base, (start_xy.shape[0], *base.shape)).copy()
-        out[:, 0, :] = d
-        out[:, -1, :] = d
-        out[:, :, 0] = d
-        out[:, :, -1] = d
-        return out
+            d_from = d_to = round_down(np.sqrt(((start[:, None, :] - xy[None, :, :]) ** 2)
+                                               .sum(-1)), self.decimals)
+        d_from[:, [0, -1]] = 0.0
+        d_to[:, [0, -1]] = 0.0
+        out = np.broadcast_to(block, (start.shape[0], *block.shape)).copy()
+        out[:, 0, :] = out[:, -1, :] = d_from  # start -> node
+        out[:, :, 0] = out[:, :, -1] = d_to  # node -> start (= end)
+        return out[0] if start_xy is None else out
 
     def iter_distances(self, start_xy: np.ndarray, chunk: int = 1024, f32: bool = False):
         """:meth:`distances` of ``start_xy[K, 2]`` in chunks: yields ``(slice, [k, n, n])``
@@ -308,43 +282,40 @@ class Region:
             part = slice(lo, min(lo + chunk, len(start_xy)))
             yield part, self.distances(start_xy[part], f32)
 
-    def _raw_minutes(self, lat1, lon1, lat2, lon2, xy1, xy2) -> np.ndarray:
-        """Unrounded travel minutes by the region's metric (broadcasting)."""
+    def _raw_minutes(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Unrounded travel minutes between points ``a`` and ``b`` (``[..., 2]``, broadcasting):
+        lat/lon for the great-circle metric, else planar x/y."""
         if self.metric == "haversine":
-            return haversine_km(lat1, lon1, lat2, lon2) * 60.0 / float(self.speed_kmh)
-        return np.sqrt(((np.asarray(xy1) - np.asarray(xy2)) ** 2).sum(-1))
+            km = haversine_km(a[..., 0], a[..., 1], b[..., 0], b[..., 1])
+            return km * 60.0 / float(self.speed_kmh)
+        return np.sqrt(((a - b) ** 2).sum(-1))
 
-    def _custom_distances(self, start_xy: np.ndarray | None) -> np.ndarray:
-        """Travel times of a custom region: the metric, the matrix where it has a value; a start
+    def _custom_block(self) -> np.ndarray:
+        """A custom region's node-to-node times: the metric, the matrix where it has a value."""
+        pts = np.stack([self.lat, self.lon], -1) if self.metric == "haversine" \
+            else self.coordinates()
+        block = round_down(self._raw_minutes(pts[:, None], pts[None, :]), self.decimals)
+        if self.travel is not None:
+            block = np.where(np.isnan(self.travel), block, np.nan_to_num(self.travel))
+        np.fill_diagonal(block, 0.0)
+        return block
+
+    def _custom_start_rows(self, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Times ``[K, n]`` from and to each start of a custom region: the metric; a start
         within :data:`MATRIX_MATCH_TOL` of a node takes that node's matrix row and column."""
-        if "block" not in self._dist_cache:
-            xy = self.coordinates()
-            lat = self.lat if self.lat is not None else np.zeros(self.n_nodes)
-            lon = self.lon if self.lon is not None else np.zeros(self.n_nodes)
-            block = round_down(self._raw_minutes(lat[:, None], lon[:, None], lat[None, :],
-                                                 lon[None, :], xy[:, None, :], xy[None, :, :]),
-                               self.decimals)
-            if self.travel is not None:
-                known = ~np.isnan(self.travel)
-                block = np.where(known, np.nan_to_num(self.travel), block)
-            np.fill_diagonal(block, 0.0)
-            self._dist_cache["block"] = block
-        block = self._dist_cache["block"]
-        single = start_xy is None
-        start = np.asarray(self.start_xy if single else start_xy, dtype=np.float64).reshape(-1, 2)
         xy = self.coordinates()
         near = np.sqrt(((start[:, None, :] - xy[None, :-1, :]) ** 2).sum(-1)) <= MATRIX_MATCH_TOL
-        if self.coords == "latlon":
+        if self.metric == "haversine":
             slat, slon = self.to_latlon(start[:, 0], start[:, 1])
             at = near.any(axis=1)  # a start on a node: that node's exact lat/lon
             first = near.argmax(axis=1)[at]
             slat[at], slon[at] = self.lat[first], self.lon[first]
-            d = self._raw_minutes(slat[:, None], slon[:, None], self.lat[None, :],
-                                  self.lon[None, :], None, None)
+            d = self._raw_minutes(np.stack([slat, slon], -1)[:, None],
+                                  np.stack([self.lat, self.lon], -1)[None])
         else:
-            d = self._raw_minutes(None, None, None, None, start[:, None, :], xy[None, :, :])
-        d_from = round_down(d, self.decimals)  # [K, n] start -> node
-        d_to = d_from.copy()  # node -> start (= end)
+            d = self._raw_minutes(start[:, None, :], xy[None, :, :])
+        d_from = round_down(d, self.decimals)
+        d_to = d_from.copy()
         if self.travel is not None:
             for k in np.flatnonzero(near.any(axis=1)):
                 for m in np.flatnonzero(near[k]):
@@ -354,30 +325,11 @@ class Region:
                     d_from[k] = np.where(np.isnan(row), d_from[k], row)
                     d_to[k] = np.where(np.isnan(col), d_to[k], col)
                     break
-        d_from[:, [0, -1]] = 0.0
-        d_to[:, [0, -1]] = 0.0
-        out = np.broadcast_to(block, (start.shape[0], *block.shape)).copy()
-        out[:, 0, :] = d_from
-        out[:, -1, :] = d_from
-        out[:, :, 0] = d_to
-        out[:, :, -1] = d_to
-        return out[0] if single else out
+        return d_from, d_to
 
-    def tensors(self, device: str = "cpu", dtype=None) -> dict:
-        """The region as torch tensors (node arrays and benchmark distance matrix)."""
-        import torch
 
-        dtype = dtype or torch.float32
-        arrays = {
-            "x": self.x,
-            "y": self.y,
-            "duration": self.duration,
-            "opening": self.opening,
-            "closing": self.closing,
-            "score": self.score,
-            "distance": self.distances(),
-        }
-        return {k: torch.as_tensor(v, dtype=dtype, device=device) for k, v in arrays.items()}
+#: The per-tourist array fields of :class:`Tourists`.
+_TOURIST_ARRAYS = ("tourist_id", "start_xy", "t_start", "t_end", "scores")
 
 
 @dataclass(frozen=True, eq=False)
@@ -405,16 +357,7 @@ class Tourists:
         """Sub-batch by int, slice or index array (always a batch, never a scalar)."""
         if isinstance(idx, (int, np.integer)):
             idx = slice(int(idx), int(idx) + 1) if idx != -1 else slice(-1, None)
-        return Tourists(
-            region_id=self.region_id,
-            tourist_id=self.tourist_id[idx],
-            kind=self.kind,
-            start_xy=self.start_xy[idx],
-            t_start=self.t_start[idx],
-            t_end=self.t_end[idx],
-            scores=self.scores[idx],
-            start_rows_f32=self.start_rows_f32,
-        )
+        return replace(self, **{k: getattr(self, k)[idx] for k in _TOURIST_ARRAYS})
 
     def distances(self, region: Region) -> np.ndarray:
         """Travel times ``[K, n, n]`` of these tourists in ``region`` (:meth:`Region.distances`
@@ -428,31 +371,18 @@ class Tourists:
         kinds = {b.kind for b in batches}
         if len({b.start_rows_f32 for b in batches}) != 1:
             raise ValueError("Tourists.concat cannot mix float32 (paper) and float64 start rows")
-        return Tourists(
-            region_id=batches[0].region_id,
-            tourist_id=np.concatenate([b.tourist_id for b in batches]),
-            kind=kinds.pop() if len(kinds) == 1 else "mixed",
-            start_xy=np.concatenate([b.start_xy for b in batches]),
-            t_start=np.concatenate([b.t_start for b in batches]),
-            t_end=np.concatenate([b.t_end for b in batches]),
-            scores=np.concatenate([b.scores for b in batches]),
-            start_rows_f32=batches[0].start_rows_f32,
-        )
+        return replace(batches[0], kind=kinds.pop() if len(kinds) == 1 else "mixed",
+                       **{k: np.concatenate([getattr(b, k) for b in batches])
+                          for k in _TOURIST_ARRAYS})
 
     def to_records(self) -> list[dict]:
         """One JSON-friendly dict per tourist (the tourist-file format of the CLI)."""
-        return [
-            {
-                "region": self.region_id,
-                "tourist": int(self.tourist_id[i]),
-                "kind": self.kind,
-                "start": [float(self.start_xy[i, 0]), float(self.start_xy[i, 1])],
-                "t_start": float(self.t_start[i]),
-                "t_end": float(self.t_end[i]),
-                "scores": [float(s) for s in self.scores[i]],
-            }
-            for i in range(len(self))
-        ]
+        return [{"region": self.region_id, "tourist": int(self.tourist_id[i]), "kind": self.kind,
+                 "start": [float(self.start_xy[i, 0]), float(self.start_xy[i, 1])],
+                 "t_start": float(self.t_start[i]), "t_end": float(self.t_end[i]),
+                 "scores": [float(s) for s in self.scores[i]]}
+                for i in range(len(self))]
+
 
 
 def _f32(a: np.ndarray) -> np.ndarray:
@@ -464,11 +394,9 @@ def float32_start_rows(start_xy: np.ndarray, xy: np.ndarray, decimals: int) -> n
     """Travel times ``[K, n]`` from each start to every node as the paper's generator computes
     them in float32: ``floor(k·sqrt(dx² + dy²)) / k`` with k = 10^decimals.
 
-    Every operation is done in float64 and rounded to float32 on its own. A float64 result of
-    +, −, × or sqrt on float32 inputs rounded to float32 equals the correctly rounded float32
-    operation (53 ≥ 2·24 + 2 bits), so the rows are the IEEE float32 rows on every machine:
-    no vectorised float32 kernel (whose sqrt may be 1 ulp off, as torch's is on some CPUs),
-    no FMA contraction, no thread count changes them. pr01 tourist 1000, node 37: 139.34.
+    Each operation is done in float64 and rounded to float32 on its own, which equals the
+    correctly rounded float32 operation (53 ≥ 2·24 + 2 bits): the IEEE float32 rows on every
+    machine, whatever its float32 kernels (a sqrt 1 ulp off), FMA contraction or threads.
     """
     a = _f32(np.asarray(start_xy, dtype=np.float64).reshape(-1, 2))[:, None, :]
     b = _f32(np.asarray(xy, dtype=np.float64))[None, :, :]
@@ -482,12 +410,8 @@ def float32_start_rows(start_xy: np.ndarray, xy: np.ndarray, decimals: int) -> n
 
 def benchmark_tourist(region: Region) -> Tourists:
     """The region file's own tourist (tourist id 0)."""
-    return Tourists(
-        region_id=region.id,
-        tourist_id=np.zeros(1, dtype=np.int64),
-        kind="benchmark",
-        start_xy=np.array([region.start_xy], dtype=np.float64),
-        t_start=np.array([region.t_start], dtype=np.float64),
-        t_end=np.array([region.t_end], dtype=np.float64),
-        scores=region.score[None, :].astype(np.float64),
-    )
+    return Tourists(region.id, np.zeros(1, dtype=np.int64), "benchmark",
+                    start_xy=np.array([region.start_xy], dtype=np.float64),
+                    t_start=np.array([region.t_start], dtype=np.float64),
+                    t_end=np.array([region.t_end], dtype=np.float64),
+                    scores=region.score[None, :].astype(np.float64))

@@ -1,7 +1,6 @@
-"""The catalog's Parquet layer: file names, schemas, atomic writes and reading regions back
-with pyarrow only. Shared by :mod:`optw.catalog.store` (the catalog) and
-:mod:`optw.catalog.paper_sets` (the stand-alone generator), which import it and never each
-other's module level: store -> paper_sets -> tables, store -> tables (no cycle).
+"""The catalog's Parquet layer, pyarrow only: file names, schemas, atomic writes, regions read
+back. Shared by :mod:`optw.catalog.store` and the stand-alone :mod:`optw.catalog.paper_sets`,
+which never import each other at module level.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from optw.catalog.region import GROUPS, Region
+from optw.catalog.region import GROUPS, Region, Tourists
 from optw.errors import UserError
 
 TRAVEL_FILE = "travel_times.parquet"
@@ -39,8 +38,8 @@ NODES_SCHEMA = pa.schema([
     *((k, pa.float64()) for k in NODE_ARRAYS),
     ("name", pa.string()), ("lat", pa.float64()), ("lon", pa.float64()),
 ])
-#: What :func:`_tables` writes for tourists (list items named "item", as pyarrow infers them;
-#: Parquet reads them back as "element", so merged tables are cast back to this).
+#: Tourist rows (list items named "item"; Parquet reads them back as "element", so merged
+#: tables are cast back to this).
 TOURISTS_SCHEMA = pa.schema([
     ("region", pa.string()), ("tourist", pa.int64()), ("kind", pa.string()),
     *((k, pa.float64()) for k in ("start_x", "start_y", "t_start", "t_end")),
@@ -49,6 +48,32 @@ TOURISTS_SCHEMA = pa.schema([
 TRAVEL_SCHEMA = pa.schema([
     ("region", pa.string()), ("index", pa.int32()), ("minutes", pa.list_(pa.float64())),
 ])
+#: The table files of a catalog and their schemas.
+SCHEMAS = {"regions.parquet": REGIONS_SCHEMA, "nodes.parquet": NODES_SCHEMA,
+           "tourists.parquet": TOURISTS_SCHEMA, TRAVEL_FILE: TRAVEL_SCHEMA}
+
+
+def tourist_columns(t: Tourists) -> dict:
+    """The columns of :data:`TOURISTS_SCHEMA` holding the tourists ``t``."""
+    k = len(t)
+    return {"region": [t.region_id] * k, "tourist": t.tourist_id, "kind": [t.kind] * k,
+            "start_x": t.start_xy[:, 0], "start_y": t.start_xy[:, 1], "t_start": t.t_start,
+            "t_end": t.t_end, "scores": list(t.scores)}
+
+
+def tourists_from_rows(region_id: str, rows: dict[str, np.ndarray], kind: str = PAPER_KIND
+                       ) -> Tourists:
+    """Tourists back from the columns of their rows, sorted by tourist id (paper sets with
+    float32 start rows)."""
+    order = np.argsort(rows["tourist"], kind="stable")
+    return Tourists(
+        region_id=region_id, tourist_id=np.asarray(rows["tourist"], np.int64)[order], kind=kind,
+        start_xy=np.stack([rows["start_x"], rows["start_y"]], -1).astype(np.float64)[order],
+        t_start=np.asarray(rows["t_start"], np.float64)[order],
+        t_end=np.asarray(rows["t_end"], np.float64)[order],
+        scores=np.stack([np.asarray(s, np.float64) for s in rows["scores"]])[order],
+        start_rows_f32=kind == PAPER_KIND,
+    )
 
 
 def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
@@ -64,49 +89,37 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
     return path
 
 
-def region_from_row(row, nodes: dict[str, np.ndarray], travel: np.ndarray | None = None) -> Region:
-    """A :class:`Region` from its ``regions.parquet`` row, node columns (in index order) and
-    travel-time matrix (custom regions given one)."""
-    latlon = row["coords"] == "latlon"
-    names = nodes.get("name")
-    custom = str(row["group"]) not in GROUPS
-    return Region(
-        id=str(row["region"]), group=str(row["group"]), t_start=float(row["t_start"]),
-        t_end=float(row["t_end"]), decimals=int(row["decimals"]),
-        source_file=str(row["source_file"]), source_hash=str(row["source_sha256"]),
-        **{k: np.asarray(nodes[k], dtype=np.float64) for k in NODE_ARRAYS},
-        names=tuple(str(n) for n in names) if custom and names is not None else None,
-        start_name=str(row["start_name"]) if custom and row["start_name"] is not None else None,
-        coords=str(row["coords"]), metric=str(row["metric"]),
-        lat=np.asarray(nodes["lat"], dtype=np.float64) if latlon else None,
-        lon=np.asarray(nodes["lon"], dtype=np.float64) if latlon else None,
-        speed_kmh=float(row["speed_kmh"]) if latlon else None,
-        origin=(float(row["origin_lat"]), float(row["origin_lon"])) if latlon else None,
-        travel=travel,
-    )
-
-
 def read_regions(path: Path | str) -> list[Region]:
-    """Every region of a built catalog, read with pyarrow only (no pandas): what the
-    stand-alone paper-set generator needs on a bare GPU machine."""
+    """Every region of a built catalog, in catalog order, read with pyarrow only (no pandas:
+    the stand-alone paper-set generator runs on a bare GPU machine)."""
     path = Path(path)
     for name in ("regions.parquet", "nodes.parquet"):
         if not (path / name).exists():
             raise UserError(f"{path / name} does not exist; build the catalog with "
                             f"`optw catalog build --out {path}`")
     nodes = pq.read_table(path / "nodes.parquet")
-    ids = np.asarray(nodes.column("region").to_pylist(), dtype=object)
-    index = nodes.column("index").to_numpy()
-    cols = {k: nodes.column(k).to_numpy(zero_copy_only=False)
-            for k in (*NODE_ARRAYS, "name", "lat", "lon")}
+    cols = {k: nodes.column(k).to_numpy(zero_copy_only=False) for k in nodes.column_names}
     travel = pq.read_table(path / TRAVEL_FILE).to_pylist() if (path / TRAVEL_FILE).exists() \
         else []
     out = []
     for row in pq.read_table(path / "regions.parquet").to_pylist():
-        sel = np.flatnonzero(ids == row["region"])
-        sel = sel[np.argsort(index[sel])]
+        sel = np.flatnonzero(cols["region"] == row["region"])
+        node = {k: v[sel[np.argsort(cols["index"][sel])]] for k, v in cols.items()}
         rows = sorted((t for t in travel if t["region"] == row["region"]),
                       key=lambda t: t["index"])
-        matrix = np.array([t["minutes"] for t in rows], dtype=np.float64) if rows else None
-        out.append(region_from_row(row, {k: v[sel] for k, v in cols.items()}, matrix))
+        custom, latlon = row["group"] not in GROUPS, row["coords"] == "latlon"
+        out.append(Region(
+            id=row["region"], group=row["group"], t_start=row["t_start"], t_end=row["t_end"],
+            decimals=row["decimals"], source_file=row["source_file"],
+            source_hash=row["source_sha256"],
+            **{k: node[k].astype(np.float64) for k in NODE_ARRAYS},
+            names=tuple(node["name"]) if custom else None,
+            start_name=row["start_name"] if custom else None,
+            coords=row["coords"], metric=row["metric"],
+            lat=node["lat"].astype(np.float64) if latlon else None,
+            lon=node["lon"].astype(np.float64) if latlon else None,
+            speed_kmh=row["speed_kmh"] if latlon else None,
+            origin=(row["origin_lat"], row["origin_lon"]) if latlon else None,
+            travel=np.array([t["minutes"] for t in rows], dtype=np.float64) if rows else None,
+        ))
     return out

@@ -1,17 +1,9 @@
 """The one reader of tourists given as JSON-like dicts (``optw solve`` files, the MLflow pyfunc,
-the planner's requests); each caller keeps only its own outer format.
-
-A tourist is ``{"start": [x, y] or {"x": x, "y": y}, "t_start": minutes, "t_end": minutes,
-"scores": [...]}`` with one score per point of interest (or per node, start and end included,
-as :meth:`~optw.catalog.Tourists.to_records` writes them), an optional id ``"tourist"`` (an
-integer or a string such as ``"alice"``) and, as in ``to_records``, optional ``"region"`` (must
-be the region's id) and ``"kind"``. A field set to ``null`` counts as absent. Checks:
-
-- every number is a finite int or float (no bool, no string, no NaN or infinity);
-- ``start`` lies in the region's box (its points and generated starts) widened on every side by
-  :data:`BOX_MARGIN` times its extent; times lie in ``[-T_max, 2·T_max]`` and ``t_end > t_start``;
-- scores: the region's number of points (or nodes), each in ``[0, SCORE_LIMIT]``;
-- unknown fields are an error that lists the allowed ones.
+the planner's requests): ``{"start": [x, y] or {"x": x, "y": y}, "t_start": minutes, "t_end":
+minutes, "scores": [...]}``, one score per point of interest or per node (as
+:meth:`~optw.catalog.Tourists.to_records` writes them), optional ``"tourist"`` (an integer or
+string id), ``"region"`` and ``"kind"``; ``null`` counts as absent. Numbers, the start, times
+and scores are bounded (:func:`start_box`, ``[-T_max, 2·T_max]``, :data:`SCORE_LIMIT`).
 
 Errors are :class:`TouristError` (a ``ValueError``) with the offending ``field``; the message
 starts with that field (and with ``tourist <index>`` when reading many).
@@ -23,7 +15,7 @@ import json
 import math
 import numbers
 import reprlib
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,9 +44,7 @@ class TouristError(UserError):
 
     def __init__(self, field: str, message: str, index: int | None = None):
         super().__init__(message)
-        self.field = field
-        self.message = message
-        self.index = index
+        self.field, self.message, self.index = field, message, index
 
     def within(self, prefix: str) -> TouristError:
         """The same error with ``prefix`` (e.g. the file) in front of its message."""
@@ -103,9 +93,8 @@ def describe(value: Any) -> str:
 
 def load_json(text: str | bytes, where: str | None = None) -> Any:
     """``json.loads(text)``, or a one-line :class:`~optw.errors.UserError` starting with
-    ``where`` (e.g. ``tourist file f.json``) for invalid JSON, JSON nested too deep for
-    Python's parser (not a bare ``maximum recursion depth exceeded``), an integer too long for
-    Python or text that is not UTF-8. The JSON reader of tourist and region files."""
+    ``where`` (e.g. ``tourist file f.json``) for invalid JSON, JSON nested too deep, an integer
+    too long for Python or text that is not UTF-8."""
     prefix = f"{where}: " if where else ""
     if isinstance(text, bytes):
         try:
@@ -139,14 +128,6 @@ def finite_number(value: Any, field: str) -> float:
     return out
 
 
-def check_fields(data: Mapping[str, Any], allowed: Collection[str]) -> None:
-    """:class:`TouristError` naming the first unknown key of ``data`` and the allowed ones."""
-    unknown = sorted(str(k) for k in set(data) - set(allowed))
-    if unknown:
-        raise TouristError(unknown[0], f"{unknown[0]}: unknown field(s) {unknown}; allowed: "
-                           f"{list(allowed)}")
-
-
 def start_box(region: Region) -> tuple[tuple[float, float], tuple[float, float]]:
     """Accepted ``(x_lo, x_hi), (y_lo, y_hi)`` of a start: the box of the region's points and
     generated starts, widened on every side by :data:`BOX_MARGIN` times its larger side."""
@@ -157,18 +138,8 @@ def start_box(region: Region) -> tuple[tuple[float, float], tuple[float, float]]
     return (x_lo - pad, x_hi + pad), (y_lo - pad, y_hi + pad)
 
 
-def time_range(region: Region) -> tuple[float, float]:
-    """Accepted times in minutes: the region's day ``[0, T_max]`` widened by ``T_max`` on each
-    side (generated tourists may start before 0)."""
-    return -region.t_max, 2.0 * region.t_max
-
-
 def _given(data: Mapping[str, Any], key: str) -> bool:
     return data.get(key) is not None
-
-
-def _missing(key: str) -> TouristError:
-    return TouristError(key, f"{key}: missing; a tourist needs {list(REQUIRED_FIELDS)}")
 
 
 def _is_vector(value: Any) -> bool:
@@ -208,7 +179,7 @@ def _start(value: Any, region: Region) -> tuple[float, float]:
 
 def _time(value: Any, field: str, region: Region) -> float:
     t = finite_number(value, field)
-    lo, hi = time_range(region)
+    lo, hi = -region.t_max, 2.0 * region.t_max  # the day widened: generated starts may be < 0
     if not lo <= t <= hi:
         raise TouristError(field, f"{field}: {t:g} is outside [{lo:g}, {hi:g}] minutes (the day "
                            f"[0, {region.t_max:g}] of region {region.id} widened by its length)")
@@ -240,11 +211,14 @@ def read_tourist(data: Any, region: Region, *, defaults: bool = False) -> Touris
     """
     if not isinstance(data, Mapping):
         raise TouristError("tourist", f"tourist: expected an object, got {describe(data)}")
-    check_fields(data, TOURIST_FIELDS)
-    if not defaults:
-        for key in REQUIRED_FIELDS:
-            if not _given(data, key):
-                raise _missing(key)
+    unknown = sorted(str(k) for k in set(data) - set(TOURIST_FIELDS))
+    if unknown:
+        raise TouristError(unknown[0], f"{unknown[0]}: unknown field(s) {unknown}; allowed: "
+                           f"{list(TOURIST_FIELDS)}")
+    missing = [k for k in REQUIRED_FIELDS if not defaults and not _given(data, k)]
+    if missing:
+        raise TouristError(missing[0], f"{missing[0]}: missing; a tourist needs "
+                           f"{list(REQUIRED_FIELDS)}")
     tid = _id(data["tourist"]) if _given(data, "tourist") else None
     if _given(data, "region") and (not isinstance(data["region"], str)
                                    or data["region"] != region.id):
