@@ -1,9 +1,9 @@
-"""``optw job run`` (the platform job) and ``optw tune`` (sweeps); ``jobs/train_all.py`` and
-``jobs/tune.py`` are thin wrappers around them."""
+"""``optw job run`` (the platform job) and ``optw tune`` (sweeps)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from optw.distributed.profile import MODES
@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 #: ``optw job run``'s options that change a profile's ``[job]`` keys.
 JOB_OPTIONS = {"groups": "--groups", "regions": "--regions", "from_groups": "--from-groups",
                "mode": "--mode", "name": "--name"}
+CATALOG_HELP = "catalog folder or URI (default $OPTW_CATALOG or region_catalog/)"
+ADDRESS_HELP = "Ray address (default: auto/local)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,39 +28,31 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Train, fine-tune, evaluate and register OPTW models for many regions on "
         "Ray + MLflow.")
     r.add_argument("--profile", default="quick",
-                   help="quick | smoke | paper | a TOML/YAML profile file (default: quick, "
-                        "trained models for every region on a 2-core laptop in 25-40 minutes; "
-                        "smoke: the pipeline in minutes; paper: the paper's budgets)")
-    r.add_argument("--groups", default=None,
-                   help="comma-separated groups whose every region is trained (solomon,"
-                   "cordeau,gavalas; custom or any custom group of the catalog, see `optw "
-                   "catalog add`); default: the profile's. Not with --regions")
-    r.add_argument("--regions", default=None,
-                   help="comma-separated region ids to train, of any group; default: the "
-                   "profile's. Not with --groups (--regions names the regions, --groups "
-                   "trains every region of theirs)")
-    r.add_argument("--mode", choices=MODES, default=None,
+                   help="quick (default: every region on a laptop) | smoke (the pipeline in "
+                   "minutes) | paper (the paper's budgets) | a TOML/YAML profile file")
+    r.add_argument("--groups", help="comma-separated groups whose every region is trained "
+                   "(solomon,cordeau,gavalas, custom or a custom group of the catalog); "
+                   "default: the profile's. Not with --regions")
+    r.add_argument("--regions", help="comma-separated region ids to train, of any group; "
+                   "default: the profile's. Not with --groups")
+    r.add_argument("--mode", choices=MODES,
                    help="default: the profile's. transfer-to: fine-tune a global model of "
                    "--from-groups onto each of the job's regions (e.g. a custom region)")
-    r.add_argument("--from-groups", default=None,
-                   help="mode transfer-to: comma-separated benchmark groups the global model "
-                   "is trained on (default: the profile's, else all three)")
-    r.add_argument("--name", default=None, help="job (= MLflow experiment) name")
+    r.add_argument("--from-groups", help="mode transfer-to: comma-separated benchmark groups "
+                   "the global model is trained on (default: the profile's, else all three)")
+    r.add_argument("--name", help="job (= MLflow experiment) name")
     r.add_argument("--force", action="store_true",
                    help="retrain regions that already have a champion from this config")
-    r.add_argument("--catalog", default=None,
-                   help="catalog folder or URI (default $OPTW_CATALOG or region_catalog/)")
-    r.add_argument("--tracking-uri", default=None,
+    r.add_argument("--catalog", help=CATALOG_HELP)
+    r.add_argument("--tracking-uri",
                    help="MLflow store (default: local sqlite; on a cluster: the server's URL)")
-    r.add_argument("--storage", default=None,
-                   help="Ray Train storage: a folder or a URI such as s3://bucket/prefix "
-                   "(default $OPTW_STORAGE/ray_train or runs/ray_train; see docs/cluster.md)")
-    r.add_argument("--out", default=None,
-                   help="models, results and report: a folder or a URI (default "
+    r.add_argument("--storage", help="Ray Train storage: a folder or a URI such as "
+                   "s3://bucket/prefix (default $OPTW_STORAGE/ray_train or runs/ray_train)")
+    r.add_argument("--out", help="models, results and report: a folder or a URI (default "
                    "$OPTW_STORAGE/NAME or runs/NAME)")
-    r.add_argument("--worker-resources", default=None, metavar="NAME=AMOUNT,...",
+    r.add_argument("--worker-resources", metavar="NAME=AMOUNT,...",
                    help="custom Ray resources each region worker asks for (e.g. trainer=1)")
-    r.add_argument("--address", default=None, help="Ray address (default: auto/local)")
+    r.add_argument("--address", help=ADDRESS_HELP)
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=_run_job)
 
@@ -68,30 +62,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         "comparing trials by the mean gap to ILS on the validation tourists.")
     t.add_argument("--profile", default="smoke", help="base profile (its [train] table)")
     t.add_argument("--regions", required=True, help="comma-separated region ids")
-    t.add_argument("--samples", type=int, default=None, help="number of trials, 1..10,000 "
-                   "(default 8)")
-    t.add_argument("--epochs", type=int, default=None,
-                   help="max epochs per trial (default: the profile's)")
-    t.add_argument("--val-every", type=int, default=None,
-                   help="epochs between validations, 1..--epochs (default: the profile's, "
-                   "else a quarter of the epochs)")
-    t.add_argument("--write-profile", default=None, help="write the best config as a profile")
-    t.add_argument("--name", default=None,
-                   help="sweep (= MLflow experiment) name (default: <job>-tune-<time>)")
-    t.add_argument("--storage", "--out", dest="storage", default=None,
-                   help="Ray Tune storage: a folder or a URI such as s3://bucket/prefix, as the "
-                   "job's (default $OPTW_STORAGE/ray_tune or runs/ray_tune)")
-    t.add_argument("--catalog", default=None,
-                   help="catalog folder or URI (default $OPTW_CATALOG or region_catalog/)")
-    t.add_argument("--tracking-uri", default=None)
-    t.add_argument("--address", default=None, help="Ray address (default: auto/local)")
+    t.add_argument("--samples", type=int, help="number of trials, 1..10,000 (default 8)")
+    t.add_argument("--epochs", type=int, help="max epochs per trial (default: the profile's)")
+    t.add_argument("--val-every", type=int, help="epochs between validations, 1..--epochs "
+                   "(default: the profile's, else a quarter of the epochs)")
+    t.add_argument("--write-profile", help="write the best config as a profile")
+    t.add_argument("--name", help="sweep (= MLflow experiment) name (default: "
+                   "<job>-tune-<time>)")
+    t.add_argument("--storage", "--out", dest="storage", help="Ray Tune storage: a folder or "
+                   "a URI, as the job's (default $OPTW_STORAGE/ray_tune or runs/ray_tune)")
+    t.add_argument("--catalog", help=CATALOG_HELP)
+    t.add_argument("--tracking-uri")
+    t.add_argument("--address", help=ADDRESS_HELP)
     t.set_defaults(func=_tune)
 
 
 def comma_list(text: str | None, option: str) -> list[str] | None:
-    """``"a, b"`` -> ``["a", "b"]``; None stays None; an empty list, an empty entry
-    (``a,,b``) or a name given twice is an error naming ``option`` and the entry (an empty
-    ``--regions ''`` must not silently mean "all", nor ``a,,b`` silently drop one)."""
+    """``"a, b"`` -> ``["a", "b"]``; None stays None; an empty list (never "all"), an empty
+    entry or a name given twice is an error naming ``option``."""
     if text is None:
         return None
     items = [x.strip() for x in text.split(",")]
@@ -124,10 +112,7 @@ def resource_amounts(text: str | None) -> dict[str, float]:
 
 
 def profile_from_args(args: argparse.Namespace, catalog: Catalog) -> JobProfile:
-    """The profile named by ``--profile`` (its groups checked against ``catalog``, the
-    job's) with the command line's ``[job]`` options (:meth:`JobProfile.with_job`):
-    ``--groups`` trains every region of those groups, ``--regions`` the regions it names;
-    both at once are refused."""
+    """The profile of ``--profile`` with the command line's ``[job]`` options."""
     from optw.distributed.profile import load_profile
 
     groups, regions = comma_list(args.groups, "--groups"), comma_list(args.regions, "--regions")
@@ -157,11 +142,8 @@ def format_summary(summary) -> str:
         cols = [c for c in ("group", "kind", "method", "regions", "model", "ils", "gap_ils",
                             "gap_ils_median", "best_known", "gap_best", "time")
                 if c in table.columns]
-        rows = table[cols].to_dict("records")
-        for r in rows:
-            for k, v in r.items():
-                if isinstance(v, float):
-                    r[k] = round(v, 2)
+        rows = [{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}
+                for r in table[cols].to_dict("records")]
         lines += ["", format_table(rows, cols)]
     t = summary.timings
     if t:
@@ -199,8 +181,6 @@ def _run_job(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from optw.distributed.job import open_job_catalog
     from optw.distributed.profile import load_profile
     from optw.distributed.rayenv import own_connection
@@ -214,8 +194,7 @@ def _tune(args: argparse.Namespace) -> int:
                         "sweep compares its trials at validations)")
     location, catalog = open_job_catalog(args.catalog)
     base = load_profile(args.profile, catalog)
-    # the sweep's budget (--epochs, --val-every) only ranks the trials; a written profile
-    # keeps the base profile's
+    # the sweep's budget only ranks the trials; a written profile keeps the base profile's
     changes = {k: v for k, v in {"epochs": args.epochs, "val_every": args.val_every}.items()
                if v is not None}
     try:

@@ -1,13 +1,10 @@
-"""``python -m optw.distributed.follow ADDRESS JOB_ID``: follow a submitted job's output.
-
-What ``ray job submit`` does when it waits, without the job manager's own lines
-(:class:`optw.raylogs.RayLogFilter`); the exit status says whether the job
-succeeded (a failed or stopped job: one line with its status and the first line of Ray's
-message). ``jobs/embedded.sh`` runs it after submitting the job.
-"""
+"""``python -m optw.distributed.follow ADDRESS JOB_ID``: follow a submitted job's output, as
+``ray job submit`` does without the job manager's own lines; the exit status says whether the
+job succeeded (``jobs/embedded.sh``)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
 from typing import TextIO
@@ -22,8 +19,7 @@ async def _tail(client, job: str, out: TextIO) -> None:
 
 
 def follow(address: str, job: str, out: TextIO | None = None) -> int:
-    """Print job ``job``'s output (Ray's noise dropped) until it ends; 0 if it succeeded,
-    else 1 with one line on stderr."""
+    """Print ``job``'s output (Ray's noise dropped); 0 if it succeeded, else 1 (a line why)."""
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     quiet_ray_loggers()
@@ -36,15 +32,13 @@ def follow(address: str, job: str, out: TextIO | None = None) -> int:
     info = client.get_job_info(job)
     if info.status == JobStatus.SUCCEEDED:
         return 0
-    # the message's first line (the rest repeats the job's last output lines)
+    # the message's first line: the rest repeats the job's last output lines
     why = "".join((info.message or "").strip().splitlines()[:1]).rstrip(":")
     print(f"job {job} {info.status.value}: {why}", file=sys.stderr, flush=True)
     return 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m optw.distributed.follow",
                                      description="Follow a submitted Ray job's output.")
     parser.add_argument("address", help="the job server, e.g. http://127.0.0.1:8265")

@@ -1,41 +1,23 @@
 """A catalog given by URI, mirrored on each node that reads it; publishing a built catalog.
 
-Every process that opens a catalog location calls :func:`local_catalog`: a folder is used as
-it is, a URI is mirrored into a node-local cache (``<cache>/catalog-<hash>``) and brought up to
-date. The Ray Train worker (:func:`optw.distributed.ray_train.train_worker`), the evaluation
-tasks, the ILS tasks (``localize``) and Tune's trials do it on entry, so a node that joined the
-cluster late mirrors it too.
-The job pushes the ILS results it adds back (:func:`push_baselines`).
-
-``python -m optw.distributed.mirror upload-catalog SRC DST`` publishes a built catalog (what
-``ray_cluster.yaml``'s head runs at setup).
+Every process that opens a catalog location calls :func:`local_catalog` on entry (the Ray
+Train worker, evaluation, ILS and Tune's tasks), so a node that joined late mirrors it too: a
+folder is used as it is, a URI is mirrored into ``<cache>/catalog-<hash>``. The job pushes the
+baselines it adds back (:func:`push_baselines`). ``python -m optw.distributed.mirror
+upload-catalog SRC DST`` publishes a built catalog (``ray_cluster.yaml``'s head at setup).
 """
 
 from __future__ import annotations
 
-import contextlib
+import argparse
 import fcntl
 import hashlib
 import json
 import posixpath
-from collections.abc import Iterator
 from pathlib import Path
 
 from optw import paths
-from optw.distributed.storage import (
-    LocationNotFound,
-    exists,
-    filesystem,
-    first_line,
-    get_file,
-    is_uri,
-    join,
-    normalize,
-    put_file,
-    read_bytes,
-    shown,
-    upload_dir,
-)
+from optw.distributed import storage as st
 
 #: Files the cluster's early check leaves for a moment (never mirrored).
 PROBE_PREFIX = ".optw-probe-"
@@ -44,48 +26,41 @@ MIRROR_STATE = ".optw-mirror.json"
 
 def default_mirror(uri: str) -> Path:
     """This node's mirror of a catalog URI: ``<cache>/catalog-<hash of the URI>``."""
-    digest = hashlib.sha256(normalize(uri).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(st.normalize(uri).encode()).hexdigest()[:16]
     return paths.cache_dir() / f"catalog-{digest}"
 
 
-@contextlib.contextmanager
-def _locked(lock_file: Path) -> Iterator[None]:
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_file, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def mirror_dir(uri: str, dest: str | Path) -> Path:
-    """Make the local folder ``dest`` a copy of the folder at ``uri``: files that changed
-    (size or modification time) are downloaded again, files gone are removed. Safe for
-    several processes of one node at once (a lock file beside ``dest``)."""
+    """Make the local folder ``dest`` a copy of the folder at ``uri``: changed files (size or
+    modification time) downloaded again, files gone removed. Safe for several processes of
+    one node at once (a lock file beside ``dest``)."""
     import pyarrow.fs
 
     dest = Path(dest)
-    fs, root = filesystem(uri)
+    fs, root = st.filesystem(uri)
     try:
         infos = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True,
                                                          allow_not_found=True))
     except OSError as exc:
-        raise LocationNotFound(f"{shown(uri)}: cannot list it ({first_line(exc)})") from None
+        raise st.LocationNotFound(
+            f"{st.shown(uri)}: cannot list it ({st.first_line(exc)})") from None
     files = {posixpath.relpath(i.path, root): [i.size, i.mtime_ns] for i in infos
              if i.type == pyarrow.fs.FileType.File
              and not posixpath.basename(i.path).startswith(PROBE_PREFIX)}
     if not files:
-        raise LocationNotFound(
-            f"{shown(uri)}: no files there; publish a built catalog with `python -m "
-            f"optw.distributed.mirror upload-catalog region_catalog '{shown(uri)}'`")
-    with _locked(dest.with_name(f".{dest.name}.lock")):
+        raise st.LocationNotFound(
+            f"{st.shown(uri)}: no files there; publish a built catalog with `python -m "
+            f"optw.distributed.mirror upload-catalog region_catalog '{st.shown(uri)}'`")
+    lock = dest.with_name(f".{dest.name}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
         state_file = dest / MIRROR_STATE
         state = json.loads(state_file.read_text()) if state_file.is_file() else {}
         for rel, stamp in files.items():
             target = dest.joinpath(*rel.split("/"))
             if state.get(rel) != stamp or not target.is_file():
-                get_file(join(uri, *rel.split("/")), target)
+                st.get_file(st.join(uri, *rel.split("/")), target)
         for rel in set(state) - set(files):
             dest.joinpath(*rel.split("/")).unlink(missing_ok=True)
         paths.write_text_atomic(state_file, json.dumps(files))
@@ -93,43 +68,39 @@ def mirror_dir(uri: str, dest: str | Path) -> Path:
 
 
 def local_catalog(catalog: str | Path, mirror: str | Path | None = None) -> str:
-    """A catalog folder this process can open: a path as is, a URI mirrored into ``mirror``
-    (default :func:`default_mirror`) and brought up to date."""
-    if not is_uri(catalog):
-        return normalize(catalog)
-    return str(mirror_dir(normalize(catalog), mirror or default_mirror(str(catalog))))
+    """A catalog folder this process can open: a path, or a URI's mirror."""
+    if not st.is_uri(catalog):
+        return st.normalize(catalog)
+    return str(mirror_dir(st.normalize(catalog), mirror or default_mirror(str(catalog))))
 
 
 def upload_catalog(src: str | Path, dst: str) -> bool:
     """Publish a built catalog folder at ``dst`` (a URI or a shared folder) unless the same
-    build is there already (same ``manifest.json``); the manifest goes last, so a reader never
-    pairs a new manifest with old files. Returns True if it uploaded."""
+    build (``manifest.json``) is there; the manifest goes last, so a reader never pairs a new
+    manifest with old files. Returns True if it uploaded."""
     src = Path(src)
     manifest = src / "manifest.json"
     if not manifest.is_file():
-        raise LocationNotFound(f"{src} holds no built catalog (no manifest.json); build it "
-                               f"with `optw catalog build --out {src}`")
-    target = join(dst, "manifest.json")
-    if exists(target) and read_bytes(target) == manifest.read_bytes():
+        raise st.LocationNotFound(f"{src} holds no built catalog (no manifest.json); build it "
+                                  f"with `optw catalog build --out {src}`")
+    target = st.join(dst, "manifest.json")
+    if st.exists(target) and st.read_bytes(target) == manifest.read_bytes():
         return False
     for file in sorted(p for p in src.rglob("*") if p.is_file() and p != manifest):
-        put_file(file, join(dst, *file.relative_to(src).parts))
-    put_file(manifest, target)
+        st.put_file(file, st.join(dst, *file.relative_to(src).parts))
+    st.put_file(manifest, target)
     return True
 
 
 def push_baselines(local: str | Path, catalog: str) -> None:
-    """Upload the ILS results the job added to a local mirror back to the catalog URI."""
+    """Upload the baselines the job added to a local mirror back to the catalog URI."""
     folder = Path(local) / "baselines"
-    if is_uri(catalog) and folder.is_dir():
-        upload_dir(folder, join(catalog, "baselines"))
+    if st.is_uri(catalog) and folder.is_dir():
+        st.upload_dir(folder, st.join(catalog, "baselines"))
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m optw.distributed.mirror upload-catalog SRC DST`` (what ray_cluster.yaml's
-    head runs at setup)."""
-    import argparse
-
+    """``python -m optw.distributed.mirror upload-catalog SRC DST``."""
     parser = argparse.ArgumentParser(prog="python -m optw.distributed.mirror",
                                      description="Publish a built catalog (see docs/cluster.md).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -138,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     up.add_argument("dst", help="e.g. s3://bucket/optw/catalog")
     args = parser.parse_args(argv)
     done = upload_catalog(args.src, args.dst)
-    print(f"catalog {'uploaded to' if done else 'already current at'} {shown(args.dst)}")
+    print(f"catalog {'uploaded to' if done else 'already current at'} {st.shown(args.dst)}")
 
 
 if __name__ == "__main__":

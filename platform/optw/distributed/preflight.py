@@ -1,9 +1,7 @@
-"""The job's early refusal on a Ray cluster of several nodes (:func:`check_cluster`).
-
-Every location the job uses must be the same on every node (each node reads a probe file the
-driver wrote) and the tracking store must be a server; on a cluster whose autoscaler may add
-nodes, a local path must be on a shared filesystem. It runs before any training and names the
-setting to change. See docs/cluster.md.
+"""A job's or sweep's early refusal on a Ray cluster, before anything trains
+(:func:`join_cluster`): a region worker must fit on a node; on several nodes every location
+must be the same on every node and the tracking store a server; where an autoscaler may add
+nodes, a local path must be on a shared filesystem. Errors name the setting (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -11,27 +9,17 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from optw.distributed import storage as st
 from optw.distributed.mirror import PROBE_PREFIX, mirror_dir
-from optw.distributed.storage import (
-    StorageError,
-    delete,
-    first_line,
-    is_uri,
-    join,
-    local_path,
-    makedirs,
-    read_bytes,
-    shown,
-    write_bytes,
-)
 from optw.errors import ConfigError
 
-#: Filesystem types that are shared between machines (``/proc/mounts``): a folder on one of them
-#: is accepted on a cluster whose worker nodes are not up yet.
+if TYPE_CHECKING:
+    from optw.distributed.profile import JobProfile, ResourcesSection
+
+#: Filesystem types shared between machines (``/proc/mounts``).
 NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "ceph", "glusterfs", "gpfs", "beegfs",
               "fuse.s3fs", "fuse.gcsfuse", "fuse.mountpoint-s3", "fuse.juicefs", "fuse.sshfs",
               "fuse.cephfs", "fuse.glusterfs", "virtiofs", "9p")
@@ -39,15 +27,15 @@ NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "ceph", "glusterfs", "gpf
 RAY_BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"
 #: Seconds every node gets to answer the early check.
 PROBE_TIMEOUT_S = 180.0
+#: The setting that chooses the catalog, as errors name it.
+CATALOG_SETTING = "--catalog (or OPTW_CATALOG)"
 
 
-class ClusterStorageError(StorageError):
-    """A location or store that some node of the Ray cluster cannot reach (raised before any
-    training starts)."""
+class ClusterStorageError(st.StorageError):
+    """A location or store that some node of the Ray cluster cannot reach."""
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):
     """A location the job uses and the setting that chooses it (named in errors)."""
 
     name: str  # e.g. "--storage (or OPTW_STORAGE)"
@@ -55,8 +43,7 @@ class Setting:
 
 
 def network_fs(path: str | Path) -> str | None:
-    """The type of the shared filesystem ``path`` is on (``nfs4``, ``fuse.s3fs``...), None if
-    it is on a local one (or the mount table cannot be read)."""
+    """The type of the shared filesystem ``path`` is on (``nfs4``...), None if local."""
     try:
         mounts = Path("/proc/mounts").read_text().splitlines()
     except OSError:
@@ -74,8 +61,7 @@ def network_fs(path: str | Path) -> str | None:
 
 
 def autoscaling_workers(config: str | Path = RAY_BOOTSTRAP_CONFIG) -> int:
-    """How many worker nodes the cluster launcher may add (``max_workers`` of the autoscaler
-    config ``ray up`` leaves on the head; 0 without one)."""
+    """How many worker nodes the cluster launcher may add (its ``max_workers``; 0 without)."""
     path = Path(config).expanduser()
     if not path.is_file():
         return 0
@@ -89,25 +75,32 @@ def autoscaling_workers(config: str | Path = RAY_BOOTSTRAP_CONFIG) -> int:
 
 
 def alive_nodes() -> list[dict[str, Any]]:
-    """The alive nodes of the connected Ray cluster (``NodeID``, ``NodeManagerAddress``...)."""
+    """The alive nodes of the connected Ray cluster."""
     import ray
 
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
 def worker_slots(need: dict[str, float], nodes: list[dict[str, Any]] | None = None) -> int:
-    """How many region workers asking for ``need`` (Ray resources of one node: ``CPU``, maybe
-    ``GPU`` and custom ones) the cluster's nodes hold at once, node by node (two nodes of 3
-    CPUs hold two 2-CPU workers, not three); at least 1 (a cluster whose launcher adds nodes
-    may have none yet). ``nodes``: the connected cluster's (:func:`alive_nodes`) unless
-    given."""
+    """How many region workers asking for ``need`` (Ray resources) the ``nodes`` (default:
+    :func:`alive_nodes`) hold at once, node by node (two nodes of 3 CPUs hold two 2-CPU
+    workers, not three); at least 1 (a launcher may add nodes)."""
     nodes = alive_nodes() if nodes is None else nodes
     return max(1, sum(_holds(n, need) for n in nodes))
 
 
+def worker_need(resources: ResourcesSection, use_gpu: bool,
+                extra: Mapping[str, float] | None = None) -> dict[str, float]:
+    """What one region worker asks Ray for: its CPUs, with GPUs a share of one, and the
+    custom resources ``extra``."""
+    need = {"CPU": resources.cpus_per_region}
+    if use_gpu:
+        need["GPU"] = resources.gpu_fraction
+    return {**need, **{k: float(v) for k, v in (extra or {}).items()}}
+
+
 def _holds(node: dict[str, Any], need: dict[str, float]) -> int:
-    """How many workers asking for ``need`` fit on ``node`` (an :func:`alive_nodes` entry);
-    a small tolerance keeps fractions (GPU shares) whole."""
+    """How many workers asking for ``need`` fit on ``node``."""
     have = node.get("Resources", {})
     asked = {k: float(v) for k, v in need.items() if v > 0}
     return int(min((have.get(k, 0.0) + 1e-9) // v for k, v in asked.items())) if asked else 1
@@ -116,11 +109,9 @@ def _holds(node: dict[str, Any], need: dict[str, float]) -> int:
 def check_worker_fits(cpus: float, gpu: float | None = None,
                       nodes: list[dict[str, Any]] | None = None, can_add: int | None = None,
                       where: str = "") -> None:
-    """Refuse a region worker (``resources.cpus_per_region`` CPUs and, with GPUs, ``gpu`` of
-    one, on one node) that no node of the cluster can hold: Ray would wait for one for ever.
-    A cluster whose launcher may add nodes is left to wait for them. ``nodes``, ``can_add``:
-    the connected cluster's (:func:`alive_nodes`, :func:`autoscaling_workers`) unless given;
-    ``where`` (the profile and its table) starts the error."""
+    """Refuse a region worker (``cpus`` and, with GPUs, a ``gpu`` share of one node) that no
+    node can hold, unless a launcher may add nodes (``can_add``; default
+    :func:`autoscaling_workers`): Ray would wait for ever. ``where`` starts the error."""
     nodes = alive_nodes() if nodes is None else nodes
     can_add = autoscaling_workers() if can_add is None else can_add
     need = {"CPU": cpus, **({"GPU": gpu} if gpu is not None else {})}
@@ -140,20 +131,41 @@ def _hint(setting: Setting) -> str:
             "an s3:// URI (see docs/cluster.md)")
 
 
-def _probe_node(checks: list[tuple[str, str, str]], stage: list[tuple[str, str]],
+def join_cluster(folders: list[Setting], catalog: Setting, mirror: str | Path,
+                 tracking_uri: str, profile: JobProfile, address: str | None,
+                 ) -> tuple[int, bool]:
+    """Connect to Ray (unless connected), refuse a region worker no node holds, create the
+    ``folders`` and :func:`check_cluster` them and the catalog (a URI is mirrored into
+    ``mirror`` on each node). Returns the nodes and whether there are GPUs."""
+    import ray
+
+    from optw.distributed.rayenv import connect
+
+    if not ray.is_initialized():
+        connect(address)  # a bad --address: refused in seconds, nothing created yet
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    resources = profile.resources
+    check_worker_fits(resources.cpus_per_region, resources.gpu_fraction if use_gpu else None,
+                      where=f"{profile.profile} [resources]")
+    st.prepare_folders(folders)
+    stage = {catalog.location: str(mirror)} if st.is_uri(catalog.location) else None
+    return check_cluster([*folders, catalog], tracking_uri, stage_catalogs=stage), use_gpu
+
+
+def _probe_node(probes: list[str], token: str, stage: list[tuple[str, str]],
                 ) -> list[tuple[int, str]]:
-    """Runs on one node: each (setting, probe file, token) must read back the token; each
-    (catalog URI, mirror folder) is mirrored there. Returns (check index, problem) pairs."""
+    """On one node: each probe file must hold ``token``; each (catalog URI, mirror folder) is
+    mirrored. Returns (index, problem) pairs, the stage's indices after the probes'."""
     problems: list[tuple[int, str]] = []
-    for i, (_name, probe, token) in enumerate(checks):
+    for i, probe in enumerate(probes):
         try:
-            if read_bytes(probe).decode() != token:
+            if st.read_bytes(probe).decode() != token:
                 problems.append((i, "it holds another file there"))
         except FileNotFoundError:
             problems.append((i, "it is not there"))
         except Exception as exc:  # noqa: BLE001 - reported with the setting's name
             problems.append((i, f"{type(exc).__name__}: {exc}".splitlines()[0]))
-    for j, (uri, mirror) in enumerate(stage, start=len(checks)):
+    for j, (uri, mirror) in enumerate(stage, start=len(probes)):
         try:
             mirror_dir(uri, mirror)
         except Exception as exc:  # noqa: BLE001
@@ -164,93 +176,83 @@ def _probe_node(checks: list[tuple[str, str, str]], stage: list[tuple[str, str]]
 def check_cluster(settings: list[Setting], tracking_uri: str, *,
                   stage_catalogs: Mapping[str, str] | None = None,
                   nodes: list[dict[str, Any]] | None = None,
-                  autoscaling: int | None = None,
-                  timeout: float = PROBE_TIMEOUT_S) -> int:
-    """The job's early refusal on a Ray cluster of several nodes; returns how many nodes the
-    cluster has (or may have, with an autoscaler).
-
-    With one node (and no autoscaler that adds more) nothing is checked. Otherwise the
-    tracking store must be a server (:func:`optw.tracking.uri.check_cluster_tracking`) and
-    every location must be reachable from every alive node: the driver writes a probe file into
-    each and one task per node reads them back (an object store is probed the same way, which
-    also tests each node's credentials). On a cluster whose autoscaler may add nodes, a local
-    path must also be on a shared filesystem. ``stage_catalogs`` (catalog URI -> this
-    driver's mirror folder) are mirrored on every node at the same path on the way.
-    Raises :class:`ClusterStorageError` (or ``TrackingUnavailableError``) naming the setting.
-    """
+                  autoscaling: int | None = None) -> int:
+    """On several nodes (or with an autoscaler), refuse a tracking store that is no server
+    and a location some node cannot read back a probe file from (:class:`ClusterStorageError`
+    naming the setting); ``stage_catalogs`` (URI -> mirror) are mirrored on every node.
+    Returns how many nodes the cluster has or may have."""
     from optw.tracking.uri import check_cluster_tracking
 
     nodes = alive_nodes() if nodes is None else nodes
     extra = autoscaling_workers() if autoscaling is None else autoscaling
-    count = max(len(nodes), 1 + extra)  # the most nodes the cluster may have
+    count = max(len(nodes), 1 + extra)
     if count <= 1:
         return len(nodes)
     check_cluster_tracking(tracking_uri, count)
     if extra:
         for setting in settings:
-            path = local_path(setting.location)
+            path = st.local_path(setting.location)
             if path is not None and network_fs(path) is None:
                 raise ClusterStorageError(
-                    f"{setting.name} {shown(setting.location)}: a folder on this node's own disk, "
-                    f"but the Ray cluster adds up to {extra} worker node(s) on demand; "
+                    f"{setting.name} {st.shown(setting.location)}: a folder on this node's own "
+                    f"disk, but the Ray cluster adds up to {extra} worker node(s) on demand; "
                     f"{_hint(setting)}")
     if len(nodes) <= 1:
         return count
     token = uuid.uuid4().hex
-    checks: list[tuple[str, str, str]] = []
+    probes: list[str] = []
     try:
         for setting in settings:
-            probe = join(setting.location, f"{PROBE_PREFIX}{token}")
+            probe = st.join(setting.location, f"{PROBE_PREFIX}{token}")
             try:
-                makedirs(setting.location)
-                write_bytes(probe, token.encode())
+                st.makedirs(setting.location)
+                st.write_bytes(probe, token.encode())
             except Exception as exc:  # noqa: BLE001 - one line naming the setting
                 raise ClusterStorageError(
-                    f"{setting.name} {shown(setting.location)}: cannot write there "
-                    f"({first_line(exc)})") from None
-            checks.append((setting.name, probe, token))
+                    f"{setting.name} {st.shown(setting.location)}: cannot write there "
+                    f"({st.first_line(exc)})") from None
+            probes.append(probe)
         stage = list((stage_catalogs or {}).items())
-        problems = _run_probes(nodes, checks, stage, timeout)
+        problems = _run_probes(nodes, probes, token, stage)
     finally:
-        for _, probe, _ in checks:
-            delete(probe)
-    for node, index, problem in problems:
-        where = f"node {node['NodeManagerAddress']} ({node['NodeID'][:8]})"
-        if index < len(settings):
-            setting = settings[index]
-            if is_uri(setting.location):
-                raise ClusterStorageError(
-                    f"{setting.name} {shown(setting.location)}: {where} of the {len(nodes)}-node "
-                    f"Ray cluster cannot read it ({problem}); give every node access (e.g. the "
-                    "AWS_* variables in the environment of its `ray start`) or change "
-                    f"{setting.name}")
-            raise ClusterStorageError(
-                f"{setting.name} {shown(setting.location)}: {where} of the {len(nodes)}-node Ray "
-                f"cluster cannot see what this node wrote there ({problem}): a path on one "
-                f"node's disk; {_hint(setting)}")
+        for probe in probes:
+            st.delete(probe)
+    if not problems:
+        return count
+    node, index, problem = problems[0]
+    where = f"node {node['NodeManagerAddress']} ({node['NodeID'][:8]})"
+    if index >= len(settings):
         uri = stage[index - len(settings)][0]
-        raise ClusterStorageError(f"--catalog (or OPTW_CATALOG) {shown(uri)}: {where} {problem}")
-    return count
+        raise ClusterStorageError(f"{CATALOG_SETTING} {st.shown(uri)}: {where} {problem}")
+    setting = settings[index]
+    if st.is_uri(setting.location):
+        raise ClusterStorageError(
+            f"{setting.name} {st.shown(setting.location)}: {where} of the {len(nodes)}-node Ray "
+            f"cluster cannot read it ({problem}); give every node access (e.g. the AWS_* "
+            f"variables in the environment of its `ray start`) or change {setting.name}")
+    raise ClusterStorageError(
+        f"{setting.name} {st.shown(setting.location)}: {where} of the {len(nodes)}-node Ray "
+        f"cluster cannot see what this node wrote there ({problem}): a path on one node's "
+        f"disk; {_hint(setting)}")
 
 
-def _run_probes(nodes: list[dict[str, Any]], checks: list[tuple[str, str, str]],
-                stage: list[tuple[str, str]], timeout: float,
-                ) -> list[tuple[dict[str, Any], int, str]]:
+def _run_probes(nodes: list[dict[str, Any]], probes: list[str], token: str,
+                stage: list[tuple[str, str]]) -> list[tuple[dict[str, Any], int, str]]:
     """One probe task per node (pinned to it); its problems, in node order."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     task = ray.remote(num_cpus=0, max_retries=0)(_probe_node)
     refs = {task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-        node["NodeID"], soft=False)).remote(checks, stage): node for node in nodes}
-    ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+        node["NodeID"], soft=False)).remote(probes, token, stage): node for node in nodes}
+    ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
     if pending:
         late = ", ".join(refs[r]["NodeManagerAddress"] for r in pending)
         for ref in pending:
             ray.cancel(ref, force=True)
         raise ClusterStorageError(
             f"node(s) {late} of the Ray cluster did not answer the storage check within "
-            f"{timeout:.0f} s; check that they can start Ray workers (`ray status`)")
+            f"{PROBE_TIMEOUT_S:.0f} s; check that they can start Ray workers (`ray status`)")
     out = []
     for ref in refs:
         out += [(refs[ref], i, problem) for i, problem in ray.get(ref)]

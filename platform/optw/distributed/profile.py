@@ -1,25 +1,12 @@
 """Job profiles: what the platform job trains, fine-tunes and evaluates, loaded from TOML/YAML.
 
-A profile has six tables: ``[job]`` (name, mode, groups, regions), ``[train]`` (a
-:class:`~optw.train.TrainConfig` for scratch and global models), ``[global.<group>]`` (changes
-of ``[train]`` for that group's global model, mode ``global-ft``), ``[finetune]`` (changes of
-``[train]`` for fine-tuned models), ``[evaluate]`` and ``[resources]``. ``quick``, ``smoke`` and
-``paper`` ship with the package (``optw/distributed/profiles/``); copy one to make your own.
-
-A profile is read once into typed, checked objects (:func:`load_profile`): one
-:class:`~optw.train.TrainConfig` for ``[train]``, one for ``[finetune]`` and one per
-``[global.<group>]``, all built when it loads. An unknown table or key, or a value out of
-range, is a :class:`~optw.errors.ConfigError` naming the file, the table and the key. The
-command line's job options change the loaded object (:meth:`JobProfile.with_job`), and each
-planned model's TrainConfig is one of those objects with the model's training regions
-(:meth:`JobProfile.config_for`).
-
-``[job] groups`` and the groups of ``[global.<group>]`` tables are benchmark groups, ``custom``
-(regions added with ``optw catalog add``) or custom groups of the job's catalog, which
-:func:`load_profile` is given (without one: benchmark groups and ``custom``); the job checks
-that its groups have regions there before it trains
-(:func:`optw.distributed.plan.select_regions`). ``[job] from_groups`` are the source groups of
-mode ``transfer-to`` (default: every benchmark group).
+Tables: ``[job]``, ``[train]`` (a :class:`~optw.train.TrainConfig` for scratch and global
+models), ``[global.<group>]`` and ``[finetune]`` (changes of ``[train]`` for a group's global
+model and for fine-tuned models), ``[evaluate]``, ``[resources]``. ``quick``, ``smoke`` and
+``paper`` ship in ``profiles/``. A profile is read once (:func:`load_profile`) into frozen,
+checked objects, every TrainConfig built then; an unknown table or key or a bad value is a
+:class:`~optw.errors.ConfigError` naming the file, table and key. Groups are benchmark groups,
+``custom`` or custom groups of the job's catalog.
 """
 
 from __future__ import annotations
@@ -45,21 +32,14 @@ if TYPE_CHECKING:
 PROFILE_DIR = Path(__file__).with_name("profiles")
 MODES = ("scratch", "global-ft", "transfer", "transfer-to")
 PACK_MODES = ("sequential", "batched")
-#: A profile's tables.
 TABLES = ("job", "train", "global", "finetune", "evaluate", "resources")
-#: Longest job name (it names an MLflow experiment and folders).
-MAX_NAME = 100
-#: Most CPUs one region worker may ask for.
-MAX_CPUS = 1024
-#: Most restarts of a region worker that died.
-MAX_FAILURES = 100
-#: Most regions one worker trains.
-MAX_REGIONS_PER_WORKER = 10_000
+#: Bounds: a job name's length (it names an MLflow experiment and folders), one region
+#: worker's CPUs, its restarts, the regions it trains.
+MAX_NAME, MAX_CPUS, MAX_FAILURES, MAX_REGIONS_PER_WORKER = 100, 1024, 100, 10_000
 
 
 def _names(value: Any, key: str) -> None:
-    """``value`` must be a list of distinct non-empty names (:class:`ConfigError` naming
-    ``key``)."""
+    """``value`` must be a list of distinct non-empty names (else a ConfigError on ``key``)."""
     require(isinstance(value, list) and all(isinstance(v, str) and v for v in value), key,
             value, "must be a list of names")
     twice = [v for i, v in enumerate(value) if v in value[:i]]
@@ -73,10 +53,8 @@ class JobSection:
     name: str = "optw"
     mode: str = "scratch"
     groups: list[str] = field(default_factory=lambda: list(GROUPS))
-    #: the regions to train (empty: every region of ``groups``)
-    regions: list[str] = field(default_factory=list)
-    #: mode transfer-to: the benchmark groups whose global model is fine-tuned onto the
-    #: job's regions (empty: every benchmark group)
+    regions: list[str] = field(default_factory=list)  # empty: every region of groups
+    #: mode transfer-to: the source benchmark groups (empty: all of them)
     from_groups: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -97,8 +75,7 @@ class JobSection:
 
 
 def known_groups(catalog: Catalog | None = None) -> list[str]:
-    """Groups a profile may name: the benchmark groups, ``custom`` and the custom groups of
-    ``catalog`` (the job's)."""
+    """Groups a profile may name: the benchmark groups, ``custom`` and ``catalog``'s."""
     known = [*GROUPS, CUSTOM_GROUP]
     if catalog is not None:
         known += [g for g in catalog.groups if g not in known]
@@ -111,17 +88,13 @@ class ResourcesSection:
 
     cpus_per_region: float = 1.0  # per Ray Train worker (one pack of regions)
     gpu_fraction: float = 0.25
-    #: restarts of a worker that died (a killed process, a lost node), from its last
-    #: checkpoint; a worker that fails on a setting (an error naming it) is never restarted
+    #: restarts of a worker that died, from its last checkpoint (a failed setting: never)
     max_failures: int = 2
-    #: regions one Ray Train worker trains one after another (a pack): 1 for long budgets on
-    #: a cluster (each region its own actor, restarted alone); more for short budgets, where
+    #: models one worker trains (a pack): 1 for long budgets, more for short ones, where
     #: starting a worker costs more than training a region
     regions_per_worker: int = 1
-    #: how a worker trains its pack: "sequential" (one region after another) or "batched"
-    #: (side by side in one batched step, weights stacked per region; same models, within
-    #: rounding); the job's plan decides per pack (:func:`optw.distributed.plan.packs`): packs
-    #: that cannot batch (global models, mixed model shapes) are planned one by one
+    #: "sequential" or "batched" (side by side in one batched step, where the models allow:
+    #: :func:`optw.distributed.plan.packs`)
     pack_mode: str = "sequential"
 
     def __post_init__(self) -> None:
@@ -144,24 +117,21 @@ class ResourcesSection:
 
 @dataclass(frozen=True)
 class JobProfile:
-    """A whole job's settings (see the module docstring), checked when built. The
-    fine-tuned models' and the global models' TrainConfigs are built from ``train`` and the
-    tables as written, once per profile object (a changed copy, ``dataclasses.replace``,
-    builds its own)."""
+    """A whole job's settings, checked when built; ``finetune`` and ``global_train`` are
+    built from ``train`` and the tables as written (a ``dataclasses.replace`` copy builds its
+    own)."""
 
     job: JobSection
     train: TrainConfig
     evaluate: EvaluateSettings
     resources: ResourcesSection
     profile: str = "custom"  # the profile's name or file it came from
-    #: ``[finetune]`` as written: changes of ``[train]`` for the fine-tuned models
-    finetune_table: Mapping[str, Any] = field(default_factory=dict)
-    #: ``[global.<group>]`` as written: changes of ``[train]`` for that group's global model
-    #: (mode global-ft), e.g. fewer epochs for a group of small regions
+    finetune_table: Mapping[str, Any] = field(default_factory=dict)  # [finetune] as written
+    #: ``[global.<group>]`` tables as written, by group
     global_tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    #: the fine-tuned models' TrainConfig: ``[train]``, ``finetune = true``, ``[finetune]``
+    #: ``[train]``, ``finetune = true`` and ``[finetune]``
     finetune: TrainConfig = field(init=False)
-    #: each ``[global.<group>]`` group's global model's TrainConfig: ``[train]`` and the table
+    #: ``[train]`` and ``[global.<group>]``, by group
     global_train: Mapping[str, TrainConfig] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -176,8 +146,8 @@ class JobProfile:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "profile",
                   catalog: Catalog | None = None) -> JobProfile:
-        """A profile from its tables, checked (errors name ``source``, its file, the table
-        and the key); ``catalog``: the job's, whose custom groups it may name."""
+        """A profile from its tables, checked (errors name ``source``, the table and key);
+        ``catalog``: the job's, whose custom groups it may name."""
         unknown = sorted(map(str, set(data) - set(TABLES)))
         if unknown:
             raise ConfigError(f"{source}: unknown table(s) {unknown}; expected some of "
@@ -222,8 +192,7 @@ class JobProfile:
         return profile
 
     def check_groups(self, catalog: Catalog | None = None) -> None:
-        """``[job] groups`` must be groups a profile may name (:func:`known_groups` of
-        ``catalog``); a :class:`ConfigError` naming ``job.groups`` otherwise."""
+        """``[job] groups`` must be :func:`known_groups` (else a ConfigError on job.groups)."""
         known = known_groups(catalog)
         bad = [g for g in self.job.groups if g not in known]
         custom = (f"the custom groups of the catalog at {catalog.path}: "
@@ -233,9 +202,8 @@ class JobProfile:
 
     def with_job(self, changes: Mapping[str, Any], catalog: Catalog | None = None,
                  names: Mapping[str, str] | None = None) -> JobProfile:
-        """This profile with ``changes`` of its ``[job]`` settings (the command line's
-        options), checked as the file's are (groups against ``catalog``); an error about a
-        changed key starts with ``names[key]`` (the option that gave it)."""
+        """This profile with ``changes`` of ``[job]`` (command-line options), checked as the
+        file's are; an error on a changed key starts with ``names[key]``, its option."""
         try:
             out = dataclasses.replace(self, job=dataclasses.replace(self.job, **changes))
             out.check_groups(catalog)
@@ -246,14 +214,12 @@ class JobProfile:
         return out
 
     def config_for(self, unit: Unit) -> TrainConfig:
-        """The TrainConfig of one planned model: the fine-tuned models' (``[finetune]``),
-        its group's global model's (``[global.<group>]``) or ``[train]``, with the unit's
-        training regions."""
+        """The TrainConfig of a planned model (``[finetune]``'s, ``[global.<group>]``'s or
+        ``[train]``'s) with the unit's training regions."""
         return self._base(unit)[1].replace(regions=list(unit.train_regions))
 
     def table_of(self, unit: Unit) -> str:
-        """Where :meth:`config_for` ``(unit)`` comes from, as errors name it: the profile and
-        its table (``quick [global.solomon]``)."""
+        """Where :meth:`config_for` ``(unit)`` comes from (``quick [global.solomon]``)."""
         return f"{self.profile} {self._base(unit)[0]}"
 
     def _base(self, unit: Unit) -> tuple[str, TrainConfig]:
@@ -264,8 +230,7 @@ class JobProfile:
         return "[train]", self.train
 
     def to_dict(self) -> dict[str, Any]:
-        """The profile's tables as loaded (``[finetune]`` and ``[global.<group>]`` as
-        written)."""
+        """The profile's tables as loaded (``[finetune]`` and ``[global.*]`` as written)."""
         return {"job": asdict(self.job), "train": self.train.to_dict(),
                 "finetune": dict(self.finetune_table), "evaluate": asdict(self.evaluate),
                 "resources": asdict(self.resources), "profile": self.profile,
@@ -273,21 +238,18 @@ class JobProfile:
 
     def config_hash(self) -> str:
         """Hash of everything that changes a trained/evaluated model (not names, resources)."""
-        d = self.to_dict()
-        d["train"] = self.train.hash_dict(("device", "threads", "regions"))
-        relevant = {k: d[k] for k in ("train", "finetune", "evaluate")}
-        relevant["mode"] = d["job"]["mode"]
+        relevant = {"train": self.train.hash_dict(("device", "threads", "regions")),
+                    "finetune": dict(self.finetune_table), "evaluate": asdict(self.evaluate),
+                    "mode": self.job.mode}
         if self.global_tables:  # profiles without them keep their hashes (registries)
-            relevant["global"] = d["global"]
+            relevant["global"] = {g: dict(t) for g, t in self.global_tables.items()}
         if self.job.mode == "transfer-to":  # other modes keep their hashes (their registries)
             relevant["from_groups"] = sorted(self.job.from_groups or GROUPS)
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load_profile(name_or_path: str | Path, catalog: Catalog | None = None) -> JobProfile:
-    """``quick``/``smoke``/``paper`` (shipped) or a TOML/YAML/JSON file path, checked
-    (:meth:`JobProfile.from_dict`); ``catalog``: the job's, whose custom groups the profile
-    may name."""
+    """A shipped profile (``quick``...) or a TOML/YAML/JSON file, checked."""
     path = Path(name_or_path)
     if not path.suffix and (PROFILE_DIR / f"{name_or_path}.toml").exists():
         path = PROFILE_DIR / f"{name_or_path}.toml"

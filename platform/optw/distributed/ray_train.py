@@ -1,19 +1,10 @@
-"""One pack of models (one region or one global model, or several trained one after another
-or side by side) = one Ray Train run: a TorchTrainer with one worker.
+"""One pack of models = one Ray Train run: a TorchTrainer with one worker.
 
-The worker gets a typed :class:`WorkerPack` (a frozen :class:`WorkerSpec` per model, and
-whether they train side by side, decided by the job's plan), makes the catalog and start
-models local on its own node on entry, and runs :func:`optw.train.train` (or
-:func:`optw.train.pack.train_pack`) with two extra callbacks: :class:`RayReport` (metrics and
-checkpoints to Ray Train, so a restarted worker resumes from its last checkpoint) and the
-MLflow callback (metrics to the stage's child run), plus the spec's own. Ray metrics for the
-dashboard are exported through ``ray.util.metrics`` (see ``dashboards/``).
-
-A worker that stops on an error meant for the user (an :class:`~optw.errors.OptwError`: a
-setting out of range, a diverged run, an epoch that does not fit in memory) does not fail the
-Ray Train run, which Ray Train would restart for the same end: it leaves the message in a file
-beside the run's storage and ends, and the driver raises it as a :class:`WorkerError`
-(:func:`fit_checked`). Ray Train restarts only a worker that died.
+The worker gets a frozen :class:`WorkerPack` and trains it with :class:`RayReport` (metrics,
+Ray gauges for ``dashboards/``, and checkpoints a restarted worker resumes from) and the MLflow
+callback. A worker that stops on an :class:`~optw.errors.OptwError` (a setting) leaves its
+message beside the run's storage and ends, so Ray Train does not restart it for the same end;
+the driver raises it as a :class:`WorkerError`. Ray Train restarts only a worker that died.
 """
 
 from __future__ import annotations
@@ -25,6 +16,7 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +24,7 @@ from typing import Any
 
 from optw.distributed import storage as st
 from optw.distributed.mirror import local_catalog
+from optw.distributed.preflight import worker_need
 from optw.distributed.profile import ResourcesSection
 from optw.env.demos import Demonstrations
 from optw.errors import OptwError
@@ -41,45 +34,34 @@ from optw.raylogs import quiet_train_worker, train_log_level
 from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import TrainConfig
 
-CHECKPOINT_FILE = "last.pt"
 PACK_FILE = "pack.json"
 #: epochs between metric reports to Ray Train / MLflow log points in a worker
 REPORT_EVERY, LOG_EVERY = 50, 10
 
 
 class WorkerError(OptwError):
-    """A Ray Train worker stopped on an error meant for the user (its message names the
-    setting); raised in the driver by :func:`fit_checked`."""
+    """A Ray Train worker stopped on an error meant for the user."""
 
 
 class RayReport(Callback):
-    """Reports metrics every ``every`` epochs and a checkpoint every ``checkpoint_every``
-    epochs and at the end through ``ray.train.report``; exports Ray metrics (gauges).
-
-    With ``ils_means`` (mean ILS score of each region's validation tourists) every validation
-    adds ``val_gap_ils`` and is reported at once (Tune's schedulers compare trials on it)."""
+    """Reports metrics every ``every`` epochs, a checkpoint every ``checkpoint_every`` epochs
+    and at the end, and sets Ray gauges. With ``ils_means`` (each region's validation ILS
+    mean) every validation adds ``val_gap_ils`` and is reported at once (for Tune)."""
 
     def __init__(self, every: int, checkpoint_every: int, tags: dict[str, str],
                  ils_means: Mapping[str, float] | None = None,
                  pack: PackCheckpoint | None = None, extra: dict[str, float] | None = None):
         self.every, self.checkpoint_every, self.tags = max(1, every), checkpoint_every, tags
         self.ils_means = dict(ils_means or {})
-        self._pack = pack  # the worker's pack; a one-model pack is made when first needed
+        # the worker's pack (alone: a pack of one)
+        self.pack = pack or PackCheckpoint(Path(tempfile.mkdtemp(prefix="optw-pack-")))
         self.extra = extra or {}  # added to every report (the pack member, the start time)
-        self._gauges: dict[str, Any] | None = None
-
-    @property
-    def pack(self) -> PackCheckpoint:
-        if self._pack is None:
-            self._pack = PackCheckpoint(Path(tempfile.mkdtemp(prefix="optw-pack-")))
-        return self._pack
+        self._gauges: dict[str, Any] = {}
 
     def _gauge(self, name: str, value: float) -> None:
         try:
             from ray.util.metrics import Gauge
 
-            if self._gauges is None:
-                self._gauges = {}
             if name not in self._gauges:
                 self._gauges[name] = Gauge(f"optw_{name}", description=f"optw training {name}",
                                            tag_keys=tuple(self.tags))
@@ -94,11 +76,12 @@ class RayReport(Callback):
         metrics = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         metrics.update(self.extra, epoch=ctx.epoch)
         key = self.tags["region"]
-        if final:  # this member is done: its final snapshot joins the pack's finished models
+        # members running side by side share one checkpoint, their leader's; a finished
+        # member's model joins it (or the next one, while others still run)
+        if final:
             self.pack.finish(key, ctx.snapshot())
-            # members still running side by side carry it in their next checkpoint
             checkpoint = not self.pack.running
-        elif checkpoint:  # members running side by side: one checkpoint holds them all
+        elif checkpoint:
             checkpoint = self.pack.leader() == key
         if not checkpoint:
             ray.train.report(metrics)
@@ -133,11 +116,10 @@ class RayReport(Callback):
 
 
 class PackCheckpoint:
-    """The files of a pack's Ray Train checkpoint: the final model of every finished member
-    (``<key>.pt``), a training snapshot of every running member (``last-<key>.pt``; one at a
-    time when members train one after another, all of them when they train side by side) and
-    ``pack.json`` (which members are done, which run). A restarted worker skips the finished
-    members and resumes the running ones exactly; a one-region pack is the plain case."""
+    """The files of a pack's Ray Train checkpoint: each finished member's final model
+    (``<key>.pt``), each running member's training snapshot (``last-<key>.pt``) and
+    ``pack.json`` (which are done, which run). A restarted worker skips the finished members
+    and resumes the running ones exactly."""
 
     def __init__(self, staging: Path):
         self.staging = Path(staging)  # finished members' files, in the worker
@@ -146,18 +128,14 @@ class PackCheckpoint:
         self.running: dict[str, TrainContext] = {}  # in start order
 
     def restore(self, folder: Path) -> dict[str, dict]:
-        """Read a checkpoint folder: the finished members' files are kept; returns the running
-        members' training snapshots by key."""
+        """Keep a checkpoint's finished models; returns the running members' snapshots."""
         from optw.model import read_checkpoint
 
         state = json.loads((folder / PACK_FILE).read_text())
         for key in state["done"]:
             shutil.copyfile(folder / f"{key}.pt", self.staging / f"{key}.pt")
         self.done = list(state["done"])
-        if state.get("current"):  # written by a one-at-a-time pack before side-by-side packs
-            running = {state["current"]: folder / CHECKPOINT_FILE}
-        else:
-            running = {key: folder / f"last-{key}.pt" for key in state.get("running", [])}
+        running = {key: folder / f"last-{key}.pt" for key in state["running"]}
         return {key: read_checkpoint(path) for key, path in running.items() if path.exists()}
 
     def start(self, key: str, ctx: TrainContext) -> None:
@@ -185,10 +163,9 @@ class PackCheckpoint:
 
 
 def restart_notice(name: str, max_failures: int):
-    """A Ray Train callback (it runs in the run's controller) that prints one warning line
-    when a worker of run ``name`` fails: what failed, and whether Ray Train restarts it from
-    the last checkpoint or the run fails. Ray Train itself logs this only at INFO, which the
-    job keeps off the console (:data:`optw.raylogs.TRAIN_LOG_LEVEL_ENV`)."""
+    """A Ray Train callback (in the run's controller) printing one warning line when a worker
+    of run ``name`` fails: what failed, and whether it restarts (Ray Train says so at INFO,
+    which stays off the console)."""
     from ray.train import UserCallback
 
     class RestartNotice(UserCallback):
@@ -216,10 +193,7 @@ def restart_notice(name: str, max_failures: int):
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """Everything one Ray Train worker needs, typed; built by :meth:`build` (the job and Tune
-    alike) and handed to the worker as it is.
-
-    ``callbacks`` are extra training callbacks (picklable) the worker adds to its own."""
+    """What a Ray Train worker needs to train one model; built by :meth:`build`."""
 
     config: TrainConfig
     key: str  # region id, or global-<group> / transfer-<group>, or the Tune regions
@@ -231,17 +205,15 @@ class WorkerSpec:
     ils_means: Mapping[str, float] = field(default_factory=dict)
     report_every: int = REPORT_EVERY
     log_every: int = LOG_EVERY
-    callbacks: tuple[Callback, ...] = ()
-    #: the demonstrations of its regions, when ``config.demos`` asks for some
-    demos: Mapping[str, Demonstrations] | None = None
+    callbacks: tuple[Callback, ...] = ()  # picklable, added to the worker's own
+    demos: Mapping[str, Demonstrations] | None = None  # its regions', if config.demos
 
     @classmethod
     def build(cls, config: TrainConfig, key: str, stage: str, *, catalog: str,
               tracking_uri: str, run_id: str | None, init: str | None = None,
               callbacks: Sequence[Callback] = (),
               demos: Mapping[str, Demonstrations] | None = None) -> WorkerSpec:
-        """The spec of a model trained with ``config`` (its regions' ILS means looked up in
-        this node's copy of ``catalog``, a folder or a URI)."""
+        """The spec of a model trained with ``config`` (ILS means from ``catalog``)."""
         means = ils_validation_means(local_catalog(catalog), config.regions,
                                      config.val_tourists)
         return cls(config, key, stage, st.normalize(catalog), tracking_uri, run_id, init, means,
@@ -253,33 +225,25 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class WorkerPack:
-    """What one Ray Train worker trains: its specs, and whether they train side by side in one
-    batched step (``batched``, decided by the job's plan: :func:`optw.distributed.plan.packs`)
-    or one after another."""
+    """What one Ray Train worker trains: its specs, side by side in one batched step or one
+    after another (as :func:`optw.distributed.plan.packs` decided)."""
 
     specs: tuple[WorkerSpec, ...]
     batched: bool = False
 
 
 def train_worker(pack: WorkerPack, error_file: str | None = None) -> None:
-    """The Ray Train worker function: makes the catalog and start models local on this node
-    (a URI: this node's mirror, a download), then trains the pack's models in this one process
-    (one TorchTrainer worker), side by side in one batched step (``pack.batched``;
-    :func:`optw.train.pack.train_pack`) or one after another, each with its own config, RNG
-    streams, checkpoints and MLflow run; a restarted worker skips finished members and resumes
-    the running ones. An :class:`~optw.errors.OptwError` ends it normally with its message in
-    ``error_file`` (a location; :func:`fit_checked` raises it in the driver), so that Ray Train
-    does not restart it; without ``error_file`` it is raised."""
+    """The Ray Train worker function: makes the catalog and start models local on this node,
+    then trains the pack (:func:`optw.train.pack.train_pack` when batched). An
+    :class:`~optw.errors.OptwError` ends it normally with its message in ``error_file`` (a
+    location), so that Ray Train does not restart it; without one it is raised."""
     try:
         with contextlib.ExitStack() as stack:
-            catalogs: dict[str, str] = {}
+            local = functools.cache(local_catalog)  # each catalog mirrored once
             specs = []
             for spec in pack.specs:
-                if spec.catalog not in catalogs:
-                    catalogs[spec.catalog] = local_catalog(spec.catalog)
-                init = (str(stack.enter_context(st.local_file(spec.init))) if spec.init
-                        else None)
-                specs.append(spec.replace(catalog=catalogs[spec.catalog], init=init))
+                init = stack.enter_context(st.local_file(spec.init)) if spec.init else None
+                specs.append(spec.replace(catalog=local(spec.catalog), init=init and str(init)))
             _train_local(tuple(specs), pack.batched)
     except OptwError as exc:
         if error_file is None:
@@ -289,8 +253,6 @@ def train_worker(pack: WorkerPack, error_file: str | None = None) -> None:
 
 def _train_local(specs: tuple[WorkerSpec, ...], batched: bool) -> None:
     """:func:`train_worker` once every spec names local files."""
-    import time
-
     import ray.train
     import torch
 
@@ -319,8 +281,7 @@ def _train_local(specs: tuple[WorkerSpec, ...], batched: bool) -> None:
         ]
 
     todo = [(m, s) for m, s in enumerate(specs) if s.key not in pack.done]
-    # a restarted batched worker with one member left trains it alone
-    if batched and len(todo) > 1:
+    if batched and len(todo) > 1:  # a restarted worker with one member left trains it alone
         train_pack([s.config for _, s in todo], open_catalog(todo[0][1].catalog),
                    [callbacks(m, s) for m, s in todo], [s.init for _, s in todo],
                    [resume.get(s.key) for _, s in todo])
@@ -333,8 +294,7 @@ def _train_local(specs: tuple[WorkerSpec, ...], batched: bool) -> None:
 
 
 def error_location(storage: str, name: str) -> str:
-    """Where the worker of run ``name`` leaves an error meant for the user (beside the run's
-    folder in ``storage``)."""
+    """Where the worker of run ``name`` leaves an error meant for the user."""
     return st.join(storage, f".{name}.optw-error")
 
 
@@ -342,24 +302,17 @@ def make_trainer(pack: WorkerPack | WorkerSpec, storage: str, name: str,
                  resources: ResourcesSection, use_gpu: bool, max_failures: int | None = None,
                  callbacks: list | None = None,
                  worker_resources: Mapping[str, float] | None = None):
-    """A TorchTrainer with one worker running :func:`train_worker` on a pack (or one spec);
-    run it with :func:`fit_checked`.
-
-    ``storage`` is a folder (shared on a cluster) or a URI such as ``s3://bucket/prefix``
-    (see :mod:`optw.distributed.storage`). ``worker_resources`` adds custom Ray resources to
-    the worker's request (e.g. ``{"trainer": 1}`` for the nodes that have it)."""
+    """A TorchTrainer with one worker running :func:`train_worker` on a pack (or one spec),
+    its checkpoints in ``storage`` (a location); run it with :func:`fit_checked`.
+    ``worker_resources``: custom Ray resources the worker asks for."""
     from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     pack = WorkerPack((pack,)) if isinstance(pack, WorkerSpec) else pack
-    per_worker = {"CPU": resources.cpus_per_region}
-    if use_gpu:
-        per_worker["GPU"] = resources.gpu_fraction
-    per_worker.update({k: float(v) for k, v in (worker_resources or {}).items()})
+    per_worker = worker_need(resources, use_gpu, worker_resources)
     failures = resources.max_failures if max_failures is None else max_failures
     storage_path, storage_fs = st.ray_storage(storage)
     return TorchTrainer(
-        # the typed pack, no config dict
         functools.partial(train_worker, pack, error_location(storage, name)),
         scaling_config=ScalingConfig(num_workers=1, use_gpu=use_gpu,
                                      resources_per_worker=per_worker),
@@ -373,8 +326,7 @@ def make_trainer(pack: WorkerPack | WorkerSpec, storage: str, name: str,
 
 
 def fit_checked(trainer: Any, storage: str, name: str) -> Any:
-    """``trainer.fit()`` of run ``name`` (made by :func:`make_trainer` with this ``storage``):
-    its result, or the :class:`WorkerError` its worker stopped on."""
+    """``trainer.fit()``: its result, or the :class:`WorkerError` its worker left."""
     location = error_location(storage, name)
     st.delete(location)  # an earlier run's
     result = trainer.fit()
@@ -397,14 +349,9 @@ class PackResult:
 def fit_pack(pack: WorkerPack, storage: str, name: str, resources: ResourcesSection,
              use_gpu: bool, outs: Mapping[str, str],
              worker_resources: Mapping[str, float] | None = None) -> PackResult:
-    """Run one TorchTrainer over a pack to completion and copy each member's final model to
-    ``outs[key]`` (a local path or a URI, written whole).
-
-    Re-running with the same ``name`` and ``storage`` resumes from the last checkpoint that
-    run reported (Ray Train restores by run name), so a crashed job continues.
-    """
-    import time
-
+    """Train a pack to completion and copy each member's final model to ``outs[key]`` (a
+    location). The same ``name`` and ``storage`` resume from the run's last checkpoint (Ray
+    Train restores by name), so a crashed job continues."""
     t0 = time.time()
     result = fit_checked(make_trainer(pack, storage, name, resources, use_gpu,
                                       worker_resources=worker_resources), storage, name)

@@ -1,15 +1,10 @@
-"""Ray's settings for the project's clusters, written once, and connecting to a cluster.
+"""Ray's settings for the project's clusters, and connecting to a cluster.
 
-:data:`RAY_ENV` (kept in :mod:`optw.raylocal`, which ``optw serve`` uses too) holds the
-environment defaults every local Ray the project starts gets (:func:`configure_ray_env` before
-``ray.init``; ``jobs/embedded.sh`` exports the same table,
-printed by ``python -m optw.distributed.rayenv``, before ``ray start``). A value already in the
-environment wins.
-
-:func:`connect` joins the cluster at an address or starts a local one, and refuses in
-seconds, with one line naming ``--address``, what would otherwise hang: an address where no
-Ray answers, or several Ray instances on this machine to choose from. Once connected, SIGTERM
-ends the driver as Ctrl-C does (:func:`optw.raylocal.interrupt_on_signals`).
+:data:`RAY_ENV` (in :mod:`optw.raylocal`) holds the environment defaults of every local Ray
+the project starts; ``python -m optw.distributed.rayenv`` prints them for ``jobs/embedded.sh``
+before ``ray start``. :func:`connect` refuses in seconds, naming ``--address``, what would
+otherwise hang: an address where no Ray answers, or several local Ray instances to choose
+from.
 """
 
 from __future__ import annotations
@@ -17,21 +12,17 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import sys
 import urllib.parse
 from collections.abc import Iterator
 
 from optw.errors import OptwError
 from optw.raylocal import RAY_ENV, configure_ray_env
 
-#: What the embedded head (``ray start`` in jobs/embedded.sh) adds: Ray >= 2.59 protects a
-#: local cluster with a token; saying so explicitly makes ``ray job submit`` send it too
-#: (:func:`optw.raylocal.ensure_token` makes it once).
+#: What the embedded head adds: token authentication, said explicitly so that ``ray job
+#: submit`` sends the token too.
 HEAD_ENV: dict[str, str] = {"RAY_AUTH_MODE": "token"}
-#: The job-level runtime environment of every cluster the project connects to: each worker
-#: process of the job pins the cluster's address and quiets Ray's transient internals
-#: (:func:`optw.raylocal.setup_worker`, in a module that imports nothing heavy: every worker
-#: process runs it when it starts).
+#: The job-level runtime environment: each worker process pins the cluster's address and
+#: quiets Ray's transient internals when it starts.
 RUNTIME_ENV: dict[str, str] = {"worker_process_setup_hook": "optw.raylocal.setup_worker"}
 __all__ = ["RAY_ENV", "RUNTIME_ENV", "configure_ray_env", "connect", "own_connection"]
 #: Seconds an address gets to answer before the job is refused.
@@ -43,43 +34,25 @@ class RayAddressError(OptwError, ConnectionError):
 
 
 def shell_exports() -> str:
-    """``export NAME="${NAME:-value}"`` lines of :data:`RAY_ENV` and :data:`HEAD_ENV`, for a
-    shell's ``eval`` before ``ray start``."""
+    """``export NAME="${NAME:-value}"`` lines of :data:`RAY_ENV` and :data:`HEAD_ENV`."""
     return "\n".join(f'export {name}="${{{name}:-{value}}}"'
                      for name, value in {**RAY_ENV, **HEAD_ENV}.items())
 
 
-def _host_port(address: str) -> tuple[str, int] | None:
-    """The host and port of ``host:port``, ``ray://host:port`` or ``http://host:port``;
-    None for ``auto``, ``local`` and anything without a port."""
-    text = address if "://" in address else f"tcp://{address}"
-    try:
-        parts = urllib.parse.urlsplit(text)
-        port = parts.port
-    except ValueError:
-        return None
-    if not parts.hostname or port is None:
-        return None
-    return parts.hostname, port
-
-
 def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
-    """The address ``ray.init`` should get, or :class:`RayAddressError` in seconds.
-
-    - ``host:port`` (or ``ray://``): something must accept a connection there within
-      ``timeout`` seconds (Ray itself retries for minutes);
-    - no address (and no ``$RAY_ADDRESS``): a new local cluster when no Ray runs here; a Ray
-      instance already running on this machine is joined when it is the one ``ray start``
-      left (Ray's own choice); several, or one that Ray would not join (it would start a
-      second beside it and hang), are refused naming them.
-    - ``local`` and ``auto``: as Ray does.
-    """
+    """The address ``ray.init`` should get, or :class:`RayAddressError` in seconds: at
+    ``host:port`` something must answer within ``timeout`` (Ray retries for minutes); no
+    address: :func:`_local_choice`; ``local`` and ``auto`` as Ray does."""
     if address in (None, "") and not os.environ.get("RAY_ADDRESS"):
         return _local_choice()
     if address in (None, "", "local", "auto"):
         return address or None
-    where = _host_port(address)
-    if where is None:
+    try:  # host:port or scheme://host:port
+        parts = urllib.parse.urlsplit(address if "://" in address else f"tcp://{address}")
+        where = (parts.hostname, parts.port)
+    except ValueError:
+        where = (None, None)
+    if not where[0] or where[1] is None:
         raise RayAddressError(f"--address {address!r}: expected HOST:PORT (e.g. "
                               "127.0.0.1:6379), ray://HOST:PORT, auto or local")
     try:
@@ -93,9 +66,9 @@ def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> st
 
 
 def _local_choice() -> str | None:
-    """No address given: ``local`` (start a local cluster) when none runs here (never the
-    stale address a stopped ``ray start`` left, where Ray would wait), the cluster ``ray
-    start`` left when it is the only one; :class:`RayAddressError` otherwise."""
+    """No address: ``local`` when no Ray runs here (not the stale address a stopped ``ray
+    start`` left), the one ``ray start`` left when it is the only one; else an error (Ray
+    would start a second beside it and hang)."""
     from ray._private import services
 
     running = sorted(services.find_gcs_addresses())
@@ -107,18 +80,16 @@ def _local_choice() -> str | None:
         latest = None
     if len(running) == 1 and latest in running:
         return latest
-    shown = ", ".join(running)
-    return_hint = f"--address {running[0]}" if len(running) == 1 else "--address HOST:PORT"
+    hint = f"--address {running[0]}" if len(running) == 1 else "--address HOST:PORT"
     raise RayAddressError(
-        f"--address: {len(running)} Ray instance(s) already run on this machine ({shown}) "
-        f"and none was chosen; pass {return_hint} to run on one of them, or --address local "
-        "to start a cluster of this job's own beside them")
+        f"--address: {len(running)} Ray instance(s) already run on this machine "
+        f"({', '.join(running)}) and none was chosen; pass {hint} to run on one of them, or "
+        "--address local to start a cluster of this job's own beside them")
 
 
 def connect(address: str | None = None) -> None:
-    """``ray.init`` on the checked address (:func:`check_address`); a local cluster gets
-    :data:`RAY_ENV` and its token first. Ray's own log lines stay at WARNING, and SIGTERM
-    interrupts the driver (no stack dump of Ray's)."""
+    """``ray.init`` on the checked address (a local cluster gets :data:`RAY_ENV` and a token
+    first), Ray's log lines at WARNING; SIGTERM then interrupts the driver as Ctrl-C does."""
     import ray
 
     from optw.raylocal import ensure_token, interrupt_on_signals
@@ -137,10 +108,7 @@ def connect(address: str | None = None) -> None:
 
 @contextlib.contextmanager
 def own_connection() -> Iterator[None]:
-    """For a command's block: a Ray connection the block makes is shut down when it ends, so
-    that Ray's last lines (a stopped Tune trial's placement-group clean-up, the shutdown's)
-    arrive while the block's output filter (:func:`optw.raylogs.quiet_ray_output`) is on. A
-    connection made before the block is left as it is."""
+    """Shut down a Ray connection the block makes, its last lines filtered too."""
     import ray
 
     before = ray.is_initialized()
@@ -152,13 +120,9 @@ def own_connection() -> Iterator[None]:
 
 
 def warm_train_coordinator() -> None:
-    """Start Ray Train's autoscaling coordinator now, while the job does other work (ILS).
-
-    Ray Train (>= 2.5x) asks this detached actor for resources when each run starts and waits
-    at most 5 s; the first run of a cluster creates it, and on a busy machine its process starts
-    slower than that: the run then prints a "Failed to send resource request" traceback and
-    waits out the 5 s. Started here, it is up when the first run asks. Best effort (a Ray
-    without it, or a private API that moved: nothing happens)."""
+    """Start Ray Train's autoscaling coordinator (a detached actor each run asks, waiting at
+    most 5 s) while the job does other work, so that a slow start does not cost the first run
+    a traceback and 5 s. Best effort."""
     try:
         from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
             get_or_create_autoscaling_coordinator,
@@ -169,11 +133,5 @@ def warm_train_coordinator() -> None:
         pass
 
 
-def main() -> int:
-    """``python -m optw.distributed.rayenv``: print the export lines (for ``eval``)."""
+if __name__ == "__main__":  # the export lines, for a shell's eval
     print(shell_exports())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

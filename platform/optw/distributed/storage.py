@@ -1,19 +1,10 @@
-"""Where a job keeps what must outlive a node: file I/O on a *location*.
+"""File I/O on a *location*, where a job keeps what must outlive a node.
 
-A *location* is one of
-
-- a local folder: the single-node default (``runs/ray_train``, ``runs/<job>``);
-- a folder every node mounts at the same path (NFS, EFS, a CephFS mount): also a plain path;
-- a URI that pyarrow's filesystems open, as Ray Train does: ``s3://bucket/prefix``, and an
-  S3-compatible server with ``?endpoint_override=host:port&scheme=http`` (credentials from the
-  usual ``AWS_*`` variables of each node), ``gs://``, ``hdfs://`` ... (``file://`` is a path).
-
-Ray Train gets it as ``RunConfig(storage_path=..., storage_filesystem=...)`` (:func:`ray_storage`);
-the job writes its final models, results and report through it (:func:`put_file`,
-:func:`upload_dir`); a process that needs a file as a local path gets one with
-:func:`local_file`. This module is file I/O only: a catalog given by URI is mirrored by
-:mod:`optw.distributed.mirror`, and the cluster's early check (every node reaches every
-location) is :mod:`optw.distributed.preflight`. See docs/cluster.md.
+A location is a local folder (the single-node default, under ``runs/``), a folder every node
+mounts at the same path (NFS, EFS), or a URI that pyarrow's filesystems open, as Ray Train
+does: ``s3://bucket/prefix`` (an S3-compatible server with
+``?endpoint_override=host:port&scheme=http``; credentials from each node's ``AWS_*``
+variables), ``gs://``, ``hdfs://``... (``file://`` is a path). See docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -45,9 +36,6 @@ class NotAFolderError(StorageError, NotADirectoryError):
 
 class LocationNotFound(StorageError, FileNotFoundError):
     """Nothing at a location that must hold something (a catalog URI, a built catalog)."""
-
-
-# ----------------------------------------------------------------------------- locations
 
 
 def is_uri(location: str | Path) -> bool:
@@ -115,65 +103,54 @@ def filesystem(location: str | Path) -> tuple[pyarrow.fs.FileSystem, str]:
 
 def ray_storage(location: str | Path) -> tuple[str, pyarrow.fs.FileSystem | None]:
     """``(storage_path, storage_filesystem)`` for Ray Train's ``RunConfig``: a local path as
-    is, a URI as its filesystem and the path on it (so its query options are kept)."""
-    location = normalize(location)
-    if not is_uri(location):
-        return location, None
+    is, a URI as the path on its filesystem (so its query options are kept)."""
     fs, path = filesystem(location)
-    return path, fs
+    return path, fs if is_uri(location) else None
 
 
-def _info(location: str):
+def _file_type(location: str | Path) -> pyarrow.fs.FileType:
     fs, path = filesystem(location)
-    return fs.get_file_info(path)
+    return fs.get_file_info(path).type
 
 
 def exists(location: str | Path) -> bool:
     """True if a file or folder is there (an object store has a folder once it holds files)."""
     import pyarrow.fs
 
-    return _info(normalize(location)).type != pyarrow.fs.FileType.NotFound
+    return _file_type(location) != pyarrow.fs.FileType.NotFound
 
 
 def is_file(location: str | Path) -> bool:
     import pyarrow.fs
 
-    return _info(normalize(location)).type == pyarrow.fs.FileType.File
+    return _file_type(location) == pyarrow.fs.FileType.File
 
 
 def makedirs(location: str | Path) -> None:
     """Create the folder (and its parents); for an object store, the bucket must exist."""
-    location = normalize(location)
-    if not is_uri(location):
-        Path(location).mkdir(parents=True, exist_ok=True)
-        return
     fs, path = filesystem(location)
     fs.create_dir(path, recursive=True)
 
 
 def check_folders(folders: list[tuple[str, str | Path]]) -> list[tuple[str, str]]:
-    """Check each ``(setting, location)`` folder without creating anything: a file there, or
-    a location that cannot be reached (no bucket, no credentials), raises one line naming its
-    setting. Returns the normalized pairs."""
-    checked = []
-    for setting, location in folders:
-        location = normalize(location)
+    """Check each ``(setting, location)`` folder, creating nothing: a file there or an
+    unreachable location (no bucket, no credentials) raises one line naming its setting.
+    Returns the normalized pairs."""
+    checked = [(setting, normalize(location)) for setting, location in folders]
+    for setting, location in checked:
         try:
-            if is_file(location):
-                raise NotAFolderError(f"{setting}: {shown(location)} is a file, not a folder")
-        except NotAFolderError:
-            raise
+            a_file = is_file(location)
         except Exception as exc:  # noqa: BLE001 - pyarrow's errors span lines
             raise StorageError(f"{setting}: cannot reach {shown(location)} "
                                f"({first_line(exc)})") from None
-        checked.append((setting, location))
+        if a_file:
+            raise NotAFolderError(f"{setting}: {shown(location)} is a file, not a folder")
     return checked
 
 
 def prepare_folders(folders: list[tuple[str, str | Path]]) -> list[str]:
-    """Create each ``(setting, location)`` folder if needed, after checking them all
-    (:func:`check_folders`: nothing is created when one is wrong); a folder that cannot be
-    created raises one line naming its setting."""
+    """Create each ``(setting, location)`` folder once all pass :func:`check_folders`; one
+    that cannot be created raises one line naming its setting."""
     checked = check_folders(folders)
     for setting, location in checked:
         try:
@@ -196,8 +173,8 @@ def read_bytes(location: str | Path) -> bytes:
 
 
 def write_bytes(location: str | Path, data: bytes) -> None:
-    """Write a file whole: a local file through a temporary file and a rename (readers never
-    see half of it); an object is written in one request."""
+    """Write a file whole: a local one through a temporary file and a rename (readers never
+    see half of it), an object in one request."""
     location = normalize(location)
     if not is_uri(location):
         Path(location).parent.mkdir(parents=True, exist_ok=True)
@@ -216,7 +193,7 @@ def delete(location: str | Path) -> None:
 
 
 def put_file(src: str | Path, location: str | Path) -> str:
-    """Copy a local file to ``location`` whole (see :func:`write_bytes`); returns the location."""
+    """Copy a local file to ``location`` whole (as :func:`write_bytes`); returns the location."""
     location = normalize(location)
     if not is_uri(location):
         Path(location).parent.mkdir(parents=True, exist_ok=True)
@@ -251,8 +228,7 @@ def upload_dir(src: str | Path, location: str | Path) -> str:
 
 @contextlib.contextmanager
 def local_file(location: str | Path) -> Iterator[Path]:
-    """A local path of the file at ``location`` for the block: the path itself, or a
-    temporary download of a URI (deleted afterwards)."""
+    """A local path of the file at ``location`` (a URI: a temporary download)."""
     path = local_path(location)
     if path is not None:
         yield path
