@@ -302,10 +302,8 @@ def run_job(
                      config_hash, use_gpu, {k: tuple(v) for k, v in (callbacks or {}).items()},
                      extra, ray.put(demos) if demos else None)
     remote = ray.remote(num_cpus=0, max_retries=0)(run_pack)
-    results: dict[str, dict[str, Any]] = {}
     try:
-        for stage in filter(None, stages):  # a stage may be empty once current models go
-            results.update(_run_stage(remote, stage, ctx, results, capacity, progress))
+        results = _run_stages(remote, stages, ctx, capacity, progress)
         rows = [row for r in results.values() for row in r["rows"]]
         results_path, tables = None, {}
         if rows:
@@ -375,36 +373,64 @@ def _nothing_to_do(name: str, uri: str, out: str, selected: list[str], skipped: 
                       _shown(st.join(out, "report", "index.html")))
 
 
-def _run_stage(remote, members: list[Member], ctx: JobContext, done: dict[str, dict[str, Any]],
-               capacity: int, progress: bool) -> dict[str, dict[str, Any]]:
-    """Run the stage's packs with at most ``capacity`` in flight; a failed pack fails the job
-    at the end of the stage (the others finish and are kept)."""
+def _run_stages(remote, stages: list[list[Member]], ctx: JobContext, capacity: int,
+                progress: bool) -> dict[str, dict[str, Any]]:
+    """Run every stage's packs with at most ``capacity`` in flight, each as soon as the models
+    it starts from are done (a group's fine-tuning does not wait for another group's global
+    model); one progress bar per stage. A failed pack fails the job once the others are done
+    (they finish and are kept; a pack that starts from a failed model does not run)."""
     import ray
     from tqdm import tqdm
 
-    bar = tqdm(total=len(members), desc=f"stage {members[0].unit.stage}", unit="model",
-               disable=not progress)
     resources = ctx.profile.resources
-    pending = packs(members, resources.regions_per_worker, capacity, resources.pack_mode)
+    pending = [p for stage in stages if stage
+               for p in packs(stage, resources.regions_per_worker, capacity,
+                              resources.pack_mode)]
+    left = {}  # models left per stage, for the bars
+    for p in pending:
+        left[p.units[0].stage] = left.get(p.units[0].stage, 0) + len(p)
+    bars = {name: tqdm(total=n, desc=f"stage {name}", unit="model", disable=not progress)
+            for name, n in left.items()}
     in_flight: dict[Any, PackSpec] = {}
     results: dict[str, dict[str, Any]] = {}
+    failed: set[str] = set()
     errors: list[str] = []
+
+    def ready(pack: PackSpec) -> bool:
+        return all(u.init_from is None or u.init_from in results for u in pack.units)
+
     while pending or in_flight:
-        while pending and len(in_flight) < capacity:
-            pack = pending.pop(0)
-            inits = {u.key: done[u.init_from]["checkpoint"] if u.init_from else None
+        for pack in [p for p in pending if any(u.init_from in failed for u in p.units)]:
+            pending.remove(pack)
+            failed.update(pack.keys)
+            errors.append(f"{pack.units[0].stage} {'+'.join(pack.keys)}: not run (the model "
+                          "it starts from failed)")
+        while len(in_flight) < capacity and (pack := next(filter(ready, pending), None)):
+            pending.remove(pack)
+            inits = {u.key: results[u.init_from]["checkpoint"] if u.init_from else None
                      for u in pack.units}
             in_flight[remote.remote(pack, ctx, inits)] = pack
-        ready, _ = ray.wait(list(in_flight), num_returns=1)
-        for ref in ready:
+        if not in_flight:
+            if pending:  # cannot happen: the plan starts models only from planned ones
+                raise RuntimeError(f"packs {[p.keys for p in pending]} start from models "
+                                   "that are not planned")
+            break
+        done, _ = ray.wait(list(in_flight), num_returns=1)
+        for ref in done:
             pack = in_flight.pop(ref)
             try:
                 results.update(ray.get(ref))
             except Exception as exc:  # noqa: BLE001 - reported with the pack's names
+                failed.update(pack.keys)
                 errors.append(f"{pack.units[0].stage} {'+'.join(pack.keys)}: {failure(exc)}")
+            bar = bars[pack.units[0].stage]
             bar.update(len(pack))
             bar.set_postfix_str(pack.keys[-1])
-    bar.close()
+            left[pack.units[0].stage] -= len(pack)
+            if not left[pack.units[0].stage]:
+                bar.close()
+    for bar in bars.values():
+        bar.close()
     if errors:
         raise PacksFailedError(f"{len(errors)} pack(s) failed:\n  " + "\n  ".join(errors))
     return results
