@@ -1,0 +1,126 @@
+"""Fine-tuning from a group's global model, variants side by side at their CPU cost.
+
+For each region and variant: fine-tune the region's group's global model (a job's
+``models/global-global-<group>.pt``, e.g. from ``make run``), then greedy and beam-8 on the
+region's 64 validation tourists, against the stored ILS mean of the same tourists. Prints one
+JSON line per (region, variant) with the gaps and the CPU seconds of the demonstrations'
+ILS, of training and of the evaluation (one thread), and writes them to ``--out`` (CSV)::
+
+    .venv/bin/python benchmarks/bench_finetune.py --models runs/optw-quick/models \\
+        --regions c101,r105,pr02,t105 --variants none,base,ft:20,imit:128:16:1e-3:32:20
+
+Variants (the `quick` profile's [finetune] table is ``base``):
+
+- ``none``: the global model as it is;
+- ``base``: 2 REINFORCE epochs of 4 tourists × 16 routes, lr 1e-4;
+- ``ft:E``: the same with E epochs;
+- ``imit:D:S:LR[:B[:E]]``: D demonstrations, S imitation steps of B (32) at LR, then E (2)
+  REINFORCE epochs;
+- ``dt:D:E``: E REINFORCE epochs on demonstration tourists with their ILS routes;
+- ``cap:MIN:D:S:B:LR:E``: ``imit`` (D = 0: none) then up to E epochs, within MIN minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the quick profile's [train] table, which its [finetune] table changes
+QUICK = {"recipe": "fast", "mix_regions": True, "tourists_per_epoch": 8, "batch_size": 16,
+         "warmup_epochs": 20, "epochs": 130, "val_every": 0, "val_tourists": 4,
+         "checkpoint_every": 0, "threads": 1, "device": "cpu", "seed": 7}
+BASE = {"finetune": True, "epochs": 2, "tourists_per_epoch": 4, "finetune_lr": 1e-4}
+
+
+def variant(name: str) -> dict | None:
+    """The [finetune] changes of a variant (see the module docstring); None: no fine-tune."""
+    kind, *arg = name.split(":")
+    if kind == "none":
+        return None
+    if kind == "base":
+        return dict(BASE)
+    if kind == "ft":
+        return {**BASE, "epochs": int(arg[0])}
+    if kind == "dt":
+        return {**BASE, "demos": int(arg[0]), "demo_tourists": True, "epochs": int(arg[1])}
+    if kind == "imit":
+        d, s, lr, b, e = [*arg, *["32", "2"][len(arg) - 3:]]
+        return {**BASE, "demos": int(d), "imitation_epochs": int(s), "imitation_lr": float(lr),
+                "imitation_batch": int(b), "epochs": int(e)}
+    if kind == "cap":
+        m, d, s, b, lr, e = arg
+        out = {**BASE, "max_minutes": float(m), "epochs": int(e)}
+        if int(d):
+            out.update(demos=int(d), imitation_epochs=int(s), imitation_batch=int(b),
+                       imitation_lr=float(lr))
+        return out
+    raise SystemExit(f"unknown variant {name!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", type=Path, required=True,
+                   help="folder of a job's global models (global-global-<group>.pt)")
+    p.add_argument("--regions", required=True)
+    p.add_argument("--variants", default="none,base")
+    p.add_argument("--catalog", default=None)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "platform"))
+    import numpy as np
+    import torch
+
+    from optw.baselines.demos import get_demos
+    from optw.catalog import open_catalog
+    from optw.decode import solve
+    from optw.evaluate.protocol import ils_validation_means
+    from optw.model import load_model
+    from optw.train import TrainConfig, train
+
+    torch.set_num_threads(1)
+    catalog = open_catalog(args.catalog)
+    regions = args.regions.split(",")
+    ils = ils_validation_means(str(catalog.path), regions, 64)
+    rows = []
+    for rid in regions:
+        region, val = catalog.region(rid), catalog.validation(rid)
+        init = args.models / f"global-global-{region.group}.pt"
+        for name in args.variants.split(","):
+            changes, demo_s, train_s = variant(name), 0.0, 0.0
+            if changes is None:
+                model = load_model(init)
+            else:
+                config = TrainConfig.from_dict({**QUICK, **changes, "regions": [rid]})
+                demos = None
+                if config.demos:
+                    t0 = time.process_time()
+                    demos = get_demos(catalog, [rid], config.demos, config.seed)
+                    demo_s = time.process_time() - t0
+                t0 = time.process_time()
+                model = train(config, catalog, init=init, demos=demos).model
+                train_s = time.process_time() - t0
+            t0 = time.process_time()
+            greedy = solve(model, region, val, "greedy")
+            beam = solve(model, region, val, "beam", beams=8, greedy=greedy)
+            g, b = (float(np.mean([s.score for s in sols])) for sols in (greedy, beam))
+            row = {"region": rid, "variant": name, "ils": ils[rid],
+                   "gap_greedy": 100 * (g / ils[rid] - 1), "gap_beam": 100 * (b / ils[rid] - 1),
+                   "demo_s": demo_s, "train_s": train_s, "eval_s": time.process_time() - t0}
+            rows.append(row)
+            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
+                              for k, v in row.items()}), flush=True)
+    if args.out:
+        with open(args.out, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
