@@ -110,13 +110,13 @@ def test_shipped_profiles_and_bad_profiles(tmp_path):
     # [global.<group>] changes [train] for that group's global model only
     assert quick.global_train["solomon"].epochs < quick.train.epochs
     assert set(quick.global_train) == {"solomon", "cordeau"}
-    assert quick.finetune.demos and quick.finetune.imitation_epochs  # learns from ILS
+    assert not quick.finetune.demos  # imitation is opt-in: it did not win at this scale
     assert smoke.global_tables == {}  # without [global.*] a profile hashes as before
     assert paper.train.recipe == "paper" and paper.resources.pack_mode == "sequential"
     assert paper.train.epochs == 500_000 and paper.finetune.epochs == 50_000
     assert paper.finetune.learning_rate(10**6) == 1e-5
     assert {n: load_profile(n).config_hash() for n in ("smoke", "quick", "paper")} == {
-        "smoke": "8a282eb3902f809e", "quick": "c11bb64a5744005e", "paper": "4aef5a32097ad703"}
+        "smoke": "8a282eb3902f809e", "quick": "ead29903df346ffa", "paper": "4aef5a32097ad703"}
     assert paper.evaluate.beams == 128 and smoke.job.groups == ["solomon", "cordeau", "gavalas"]
     assert smoke.config_hash() != paper.config_hash()
     bad = tmp_path / "bad.toml"

@@ -193,28 +193,7 @@ def _demonstrations(region_id: str, df: pd.DataFrame) -> Demonstrations:
 def _map(args: list[tuple], workers: int, localize, resources) -> Iterator[list[dict]]:
     """:func:`solve_block` of each argument tuple, here or in Ray tasks, as they arrive."""
     if workers <= 1:
-        for a in args:
-            yield solve_block(*a, localize=localize)
-        return
-    import ray
+        return (solve_block(*a, localize=localize) for a in args)
+    from optw.baselines.store import map_tasks
 
-    from optw.raylocal import ensure_token
-
-    started = False
-    if not ray.is_initialized():
-        ensure_token()
-        ray.init(address="local", num_cpus=workers, include_dashboard=False,
-                 object_store_memory=200 * 1024**2, configure_logging=True,
-                 logging_level="ERROR")
-        started = True
-    try:
-        task = ray.remote(num_cpus=1, max_retries=0)(solve_block)
-        if resources:
-            task = task.options(resources=dict(resources))
-        pending = [task.remote(*a, localize=localize) for a in args]
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            yield ray.get(ready[0])
-    finally:
-        if started:
-            ray.shutdown()
+    return map_tasks(solve_block, args, workers, resources, localize=localize)

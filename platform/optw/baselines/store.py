@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -238,8 +239,11 @@ def run_ils_baseline(catalog_dir: Path | str | None = None,
                 for _, rid, kind, todo in jobs:
                     accept(solve_region_batch(str(catalog_dir), rid, kind, todo))
             else:
-                _run_ray(jobs, task_catalog or str(catalog_dir), workers, accept, localize,
-                         dict(task_resources or {}))
+                where = task_catalog or str(catalog_dir)
+                for rows in map_tasks(solve_region_batch,
+                                      [(where, rid, kind, todo) for _, rid, kind, todo in jobs],
+                                      workers, task_resources, localize=localize):
+                    accept(rows)
     finally:
         flush()
         bar.close()
@@ -255,10 +259,10 @@ def run_ils_baseline(catalog_dir: Path | str | None = None,
     )
 
 
-def _run_ray(jobs, catalog_dir: str, workers: int, accept: Callable[[list[dict]], None],
-             localize: Localize | None, resources: dict[str, float]) -> None:
-    """One Ray task per job on the current cluster (else a local one of ``workers`` CPUs),
-    each :func:`solve_region_batch`; ``accept`` takes each task's rows as they arrive."""
+def map_tasks(fn: Callable[..., Any], calls: list[tuple], workers: int,
+              resources: Mapping[str, float] | None = None, **kwargs: Any) -> Iterator[Any]:
+    """``fn(*call, **kwargs)`` of each call as one Ray task (one CPU each) on the current
+    cluster, else on a local one of ``workers`` CPUs; results as they arrive."""
     import ray
 
     started = False
@@ -269,14 +273,13 @@ def _run_ray(jobs, catalog_dir: str, workers: int, accept: Callable[[list[dict]]
                  logging_level="ERROR")
         started = True
     try:
-        task = ray.remote(num_cpus=1, max_retries=0)(solve_region_batch)
+        task = ray.remote(num_cpus=1, max_retries=0)(fn)
         if resources:
-            task = task.options(resources=resources)
-        pending = [task.remote(catalog_dir, rid, kind, todo, localize=localize)
-                   for _, rid, kind, todo in jobs]
+            task = task.options(resources=dict(resources))
+        pending = [task.remote(*call, **kwargs) for call in calls]
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
-            accept(ray.get(ready[0]))
+            yield ray.get(ready[0])
     finally:
         if started:
             ray.shutdown()

@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from enum import Enum
 from pathlib import Path, PurePath
@@ -286,10 +287,12 @@ def log_demonstrations(run_id: str, demos: Mapping[str, Any], source: str,
     import pandas as pd
     from mlflow.entities import DatasetInput, InputTag
 
-    rows = [{"region": rid, "tourist": int(t), "score": float(s), "route": json.dumps(r)}
+    rows = [{"region": rid, "tourist": float(t), "score": float(s), "route": json.dumps(r)}
             for rid, d in demos.items()
             for t, s, r in zip(d.tourists.tourist_id, d.scores, d.routes, strict=True)]
-    dataset = mlflow.data.from_pandas(pd.DataFrame(rows), source=source,
-                                      name=f"demonstrations ({len(rows)})")
+    with warnings.catch_warnings():  # MLflow's notes on schema inference and source kinds
+        warnings.simplefilter("ignore")
+        dataset = mlflow.data.from_pandas(pd.DataFrame(rows), source=source,
+                                          name=f"demonstrations ({len(rows)})")._to_mlflow_entity()
     get_client(uri).log_inputs(run_id, [DatasetInput(
-        dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", "training")])])
+        dataset, tags=[InputTag("mlflow.data.context", "training")])])
