@@ -1,7 +1,8 @@
 """Time to quality: validation scores against CPU time, for the training recipes side by side.
 
 Trains each region from scratch (fixed seed, one torch thread) with each recipe
-(``TrainConfig`` ``recipe``: ``paper``, ``fast``, ``imitate``; docs/recipes.md). Every
+(``TrainConfig`` ``recipe``: ``paper``, ``fast``, ``imitate``; docs/recipes.md; a recipe
+with changed settings is written ``fast+beta=0+lr=5e-4``). Every
 ``--eval-every`` CPU-seconds of training it runs greedy and beam-8 on the region's validation
 tourists (evaluation is not training time) and records the mean scores beside the stored ILS
 mean of the same tourists. A recipe that learns from demonstrations is charged for them: its
@@ -14,6 +15,8 @@ first evaluation whose mean reaches the ILS mean; greedy and beam-8)::
 
     .venv/bin/python benchmarks/bench_learning.py --out runs/bench_learning   # ~40 min
     .venv/bin/python benchmarks/bench_learning.py --short --out /tmp/bl      # pr01, ~5 min
+    .venv/bin/python benchmarks/bench_learning.py --regions pr01 --minutes 2 \
+        --recipes fast,fast+beta=0,fast+beta=0.05 --out /tmp/entropy     # a setting's effect
 
 Needs the built catalog (``make catalog``); ILS results of the regions' validation tourists
 and the demonstrations that are not stored yet are computed first and stored.
@@ -93,6 +96,18 @@ def first_reaching(points: list[dict[str, float]], key: str, target: float) -> f
     return next((p["cpu_s"] for p in points if p[key] >= target), None)
 
 
+def recipe_settings(recipe: str) -> dict[str, Any]:
+    """``TrainConfig`` keys of a recipe name such as ``fast+beta=0`` (values parsed as TOML)."""
+    import tomllib
+
+    name, *changes = recipe.split("+")
+    out: dict[str, Any] = {"recipe": name}
+    for change in changes:
+        key, _, value = change.partition("=")
+        out[key] = tomllib.loads(f"v = {value}")["v"]
+    return out
+
+
 def one_run(rid: str, recipe: str, minutes: float, every_s: float, seed: int,
             n_tourists: int, catalog_dir: str | None) -> dict[str, Any]:
     """Train ``rid`` with ``recipe`` in this process (one thread); its curve and summary."""
@@ -107,9 +122,10 @@ def one_run(rid: str, recipe: str, minutes: float, every_s: float, seed: int,
     catalog = open_catalog(catalog_dir)
     ils = ils_validation_means(str(catalog.path), [rid], n_tourists)[rid]
     config = TrainConfig.from_dict({
-        "recipe": recipe, "regions": [rid], "epochs": 10**9, "val_every": 0, "val_tourists": 1,
-        "checkpoint_every": 0, "seed": seed, "threads": 1, **HORIZON.get(recipe, {}),
-        "max_minutes": minutes})
+        "regions": [rid], "epochs": 10**9, "val_every": 0, "val_tourists": 1,
+        "checkpoint_every": 0, "seed": seed, "threads": 1,
+        **HORIZON.get(recipe.split("+")[0], {}), "max_minutes": minutes,
+        **recipe_settings(recipe)})
     demos, demo_s = None, 0.0
     if config.demos:
         from optw.baselines.demos import get_demos
@@ -230,10 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     def mins(s: float | None) -> str:
         return "never" if s is None else f"{s / 60:.2f}"
 
-    print(f"\n{'region':<7}{'recipe':<9}{'CPU-min':>8}{'epochs':>8}{'greedy':>8}{'gap%':>7}"
+    print(f"\n{'region':<7}{'recipe':<16}{'CPU-min':>8}{'epochs':>8}{'greedy':>8}{'gap%':>7}"
           f"{'beam':>8}{'gap%':>7}{'parity greedy':>15}{'parity beam':>13}")
     for s in summary:
-        print(f"{s['region']:<7}{s['recipe']:<9}{s['cpu_s'] / 60:>8.1f}{s['epochs']:>8}"
+        print(f"{s['region']:<7}{s['recipe']:<16}{s['cpu_s'] / 60:>8.1f}{s['epochs']:>8}"
               f"{s['greedy']:>8.1f}{s['greedy_gap_pct']:>7.1f}{s['beam']:>8.1f}"
               f"{s['beam_gap_pct']:>7.1f}{mins(s['parity_greedy_s']):>15}"
               f"{mins(s['parity_beam_s']):>13}")

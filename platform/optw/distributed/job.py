@@ -375,10 +375,12 @@ def _nothing_to_do(name: str, uri: str, out: str, selected: list[str], skipped: 
 
 def _run_stages(remote, stages: list[list[Member]], ctx: JobContext, capacity: int,
                 progress: bool) -> dict[str, dict[str, Any]]:
-    """Run every stage's packs with at most ``capacity`` in flight, each as soon as the models
-    it starts from are done (a group's fine-tuning does not wait for another group's global
-    model); one progress bar per stage. A failed pack fails the job once the others are done
-    (they finish and are kept; a pack that starts from a failed model does not run)."""
+    """Run every stage's packs with at most ``capacity`` in flight, each once the models it
+    starts from are done; one progress bar per stage. A pack of a later stage starts while an
+    earlier stage still runs only on a core no running pack uses (a group's fine-tuning then
+    does not wait for another group's global model, and never slows it: a global model's time
+    cap is wall clock). A failed pack fails the job once the others are done (they finish and
+    are kept; a pack that starts from a failed model does not run)."""
     import ray
     from tqdm import tqdm
 
@@ -396,13 +398,25 @@ def _run_stages(remote, stages: list[list[Member]], ctx: JobContext, capacity: i
     failed: set[str] = set()
     errors: list[str] = []
 
+    order = {name: i for i, name in enumerate(left)}
+    cores = ray.cluster_resources().get("CPU", capacity)
+
+    def threads(pack: PackSpec) -> int:
+        return pack.members[0].config.threads or 1
+
     def ready(pack: PackSpec) -> bool:
-        return all(u.init_from is None or u.init_from in results for u in pack.units)
+        if not all(u.init_from is None or u.init_from in results for u in pack.units):
+            return False
+        stage = order[pack.units[0].stage]
+        if not any(left[s] for s in left if order[s] < stage):
+            return True
+        return sum(threads(p) for p in in_flight.values()) + threads(pack) <= cores
 
     while pending or in_flight:
         for pack in [p for p in pending if any(u.init_from in failed for u in p.units)]:
             pending.remove(pack)
             failed.update(pack.keys)
+            left[pack.units[0].stage] -= len(pack)
             errors.append(f"{pack.units[0].stage} {'+'.join(pack.keys)}: not run (the model "
                           "it starts from failed)")
         while len(in_flight) < capacity and (pack := next(filter(ready, pending), None)):
