@@ -13,7 +13,7 @@ against CPU minutes, ILS as a line) and ``learning_summary.json`` to ``--out``, 
 region and recipe the final scores and gaps to ILS and the **CPU time to ILS parity** (the
 first evaluation whose mean reaches the ILS mean; greedy and beam-8)::
 
-    .venv/bin/python benchmarks/bench_learning.py --out runs/bench_learning   # ~40 min
+    .venv/bin/python benchmarks/bench_learning.py --out runs/bench_learning   # ~47 min
     .venv/bin/python benchmarks/bench_learning.py --short --out /tmp/bl      # pr01, ~5 min
     .venv/bin/python benchmarks/bench_learning.py --regions pr01 --minutes 2 \
         --recipes fast,fast+beta=0,fast+beta=0.05 --out /tmp/entropy     # a setting's effect
