@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from optw.baselines.ils import ILS_VERSION
+from optw.baselines.store import map_tasks
 from optw.catalog.generator import sample_tourists
 from optw.catalog.region import Region, Tourists
 from optw.env.demos import Demonstrations
@@ -160,7 +161,8 @@ def get_demos(catalog, region_ids: Sequence[str], n: int, seed: int,
         args = [(task_catalog or str(catalog.path), rid, start, stop, seed, score_kind)
                 for rid, start, stop in jobs]
         try:
-            for got in _map(args, workers, localize, task_resources):
+            for got in map_tasks(solve_block, args, workers, task_resources,
+                                 localize=localize):
                 rows += got
                 if bar is not None:
                     bar.update(len(got))
@@ -188,12 +190,3 @@ def _demonstrations(region_id: str, df: pd.DataFrame) -> Demonstrations:
         np.array(df["scores"].tolist(), dtype=np.float64).reshape(len(df), -1))
     return Demonstrations(tourists, [list(map(int, r)) for r in df["route"]],
                           df["score"].to_numpy(np.float64))
-
-
-def _map(args: list[tuple], workers: int, localize, resources) -> Iterator[list[dict]]:
-    """:func:`solve_block` of each argument tuple, here or in Ray tasks, as they arrive."""
-    if workers <= 1:
-        return (solve_block(*a, localize=localize) for a in args)
-    from optw.baselines.store import map_tasks
-
-    return map_tasks(solve_block, args, workers, resources, localize=localize)

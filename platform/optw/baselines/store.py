@@ -235,15 +235,11 @@ def run_ils_baseline(catalog_dir: Path | str | None = None,
             from optw.baselines.ils import warm_up
 
             warm_up()  # compile once here, so workers load the numba cache
-            if workers == 1:
-                for _, rid, kind, todo in jobs:
-                    accept(solve_region_batch(str(catalog_dir), rid, kind, todo))
-            else:
-                where = task_catalog or str(catalog_dir)
-                for rows in map_tasks(solve_region_batch,
-                                      [(where, rid, kind, todo) for _, rid, kind, todo in jobs],
-                                      workers, task_resources, localize=localize):
-                    accept(rows)
+            where = task_catalog or str(catalog_dir)
+            for rows in map_tasks(solve_region_batch,
+                                  [(where, rid, kind, todo) for _, rid, kind, todo in jobs],
+                                  workers, task_resources, localize=localize):
+                accept(rows)
     finally:
         flush()
         bar.close()
@@ -261,8 +257,13 @@ def run_ils_baseline(catalog_dir: Path | str | None = None,
 
 def map_tasks(fn: Callable[..., Any], calls: list[tuple], workers: int,
               resources: Mapping[str, float] | None = None, **kwargs: Any) -> Iterator[Any]:
-    """``fn(*call, **kwargs)`` of each call as one Ray task (one CPU each) on the current
-    cluster, else on a local one of ``workers`` CPUs; results as they arrive."""
+    """``fn(*call, **kwargs)`` of each call, results as they arrive: in this process with one
+    worker, else as one Ray task each (one CPU) on the current cluster, or on a local one of
+    ``workers`` CPUs."""
+    if workers <= 1:
+        for call in calls:
+            yield fn(*call, **kwargs)
+        return
     import ray
 
     started = False
