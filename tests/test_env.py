@@ -152,7 +152,7 @@ def test_dynamic_and_static_features_follow_the_spec(catalog):
     state = step(inst, state, torch.zeros(2, dtype=torch.long))
     nxt = int(state.mask[k, 1:-1].nonzero()[0, 0]) + 1
     state = step(inst, state, torch.tensor([nxt, nxt]))
-    t, cur = state.time[k].item(), int(state.current[k])
+    t, cur = state.time_u[k].item() / 100, int(state.current[k])  # minutes
     ts, te = tourists.t_start[k], tourists.t_end[k]
     d = te - ts
     o, c = region.opening[j], region.closing[j]
@@ -233,7 +233,7 @@ def test_instances_validate_and_mark_unreachable_nodes(catalog):
     short = Tourists("c101", np.array([0]), "x", tourists.start_xy, np.array([0.0]),
                      np.array([1.0]), tourists.scores)
     inst = make_instances(region, short)
-    assert (inst.latest_u[0, 1:-1] == NEVER).all()
+    assert (inst.node_u[0, 1:-1, 3] == NEVER).all()
     full = make_instances(region, tourists)
     base = torch.as_tensor(np.rint(region.distances() * 100).astype(np.int32))
     assert torch.equal(full.dist_u[0, 1:-1, 1:-1], base[1:-1, 1:-1])

@@ -51,7 +51,7 @@ def test_padded_instances_change_nothing(catalog):
     both = stack_instances([a, b])
     assert both.n_nodes == b.n_nodes and both.n_tourists == 3
     pad = slice(a.n_nodes - 1, both.n_nodes - 1)
-    assert bool((both.latest_u[:2, pad] == NEVER).all())
+    assert bool((both.node_u[:2, pad, 3] == NEVER).all())
     assert not bool(reset(both).mask[:2, pad].any())
     torch.manual_seed(0)
     model = PointerNet(ModelConfig())

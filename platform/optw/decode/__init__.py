@@ -7,15 +7,13 @@
 Beam-width bounds and defaults live in :mod:`optw.decode.limits`.
 """
 
-from optw.decode.active_search import ActiveSearchResult, active_search
-from optw.decode.beam import BeamResult, beam_search
-from optw.decode.core import Decoder, Frontier, Pass, Rollout, rollout
-from optw.decode.limits import MAX_BEAMS, MIN_BEAMS, PAPER_BEAMS, SERVE_BEAMS, check_beams
-from optw.decode.reinforce import reinforce_loss
-from optw.decode.solve import METHODS, Solution, region_mismatch, solve
+from optw.decode.active_search import active_search
+from optw.decode.beam import beam_search
+from optw.decode.core import Rollout, rollout
+from optw.decode.limits import MAX_BEAMS, PAPER_BEAMS, check_beams
+from optw.decode.solve import METHODS, region_mismatch, solve
 
 __all__ = [
-    "MAX_BEAMS", "METHODS", "MIN_BEAMS", "PAPER_BEAMS", "SERVE_BEAMS", "ActiveSearchResult",
-    "BeamResult", "Decoder", "Frontier", "Pass", "Rollout", "Solution", "active_search",
-    "beam_search", "check_beams", "region_mismatch", "reinforce_loss", "rollout", "solve",
+    "MAX_BEAMS", "METHODS", "PAPER_BEAMS", "Rollout", "active_search", "beam_search",
+    "check_beams", "region_mismatch", "rollout", "solve",
 ]

@@ -7,13 +7,11 @@ Examples::
     optw solve --region t101 --checkpoint model.pt --active-search 128 --tourist me.json
     optw solve --region pr01 --checkpoint pr01_uni_samp_500000.pt --tourist paper --published
 
-``--tourist paper`` solves the paper's own 64 tourists of the region (a catalog built with
-``--paper-sets``; a CPU approximation of the paper's set is flagged on standard error).
-
-A tourist file holds one tourist object, a list of them, or ``{"tourists": [...]}``; a tourist
-is ``{"start": [x, y], "t_start": ..., "t_end": ..., "scores": [...]}`` (one score per point of
-interest, or per node) with an optional id ``"tourist"`` echoed in the output, checked by
-:func:`optw.catalog.read_tourists`.
+``--tourist paper``: the paper's own 64 tourists of the region (a catalog built with
+``--paper-sets``; a CPU approximation is flagged on standard error). A tourist file holds one
+tourist object, a list of them or ``{"tourists": [...]}``, each ``{"start": [x, y], "t_start":
+..., "t_end": ..., "scores": [...]}`` (per point of interest, or per node) with an optional id
+``"tourist"`` echoed in the output (checked by :func:`optw.catalog.read_tourists`).
 """
 
 from __future__ import annotations
@@ -21,8 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from optw.decode.limits import (
     MAX_ACTIVE_SEARCH_EPOCHS,
@@ -71,30 +70,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_solve)
 
 
-class SearchBar:
-    """A tqdm bar on stderr over the active-search epochs, with the tourist and its best sampled
-    score so far (a ``progress`` callback of :func:`optw.decode.solve.solve`)."""
+def search_bar(epochs: int, tourist_ids: list[int | str]) -> tuple[Any, Callable]:
+    """A tqdm bar on stderr over the active-search epochs and its ``progress`` callback for
+    :func:`optw.decode.solve.solve`, showing the tourist and its best sampled score so far."""
+    from tqdm import tqdm
 
-    def __init__(self, epochs: int, tourist_ids: list[int | str]) -> None:
-        from tqdm import tqdm
+    best: dict[int, float] = {}
+    bar = tqdm(total=epochs * len(tourist_ids), desc="active search", unit="epoch",
+               file=sys.stderr, dynamic_ncols=True)
 
-        self.ids = tourist_ids
-        self.best: dict[int, float] = {}
-        self.bar = tqdm(total=epochs * len(tourist_ids), desc="active search", unit="epoch",
-                        file=sys.stderr, dynamic_ncols=True)
+    def progress(k: int, reward: float) -> None:
+        best[k] = max(best.get(k, float("-inf")), reward)
+        bar.set_postfix(tourist=tourist_ids[k], best=f"{best[k]:g}", refresh=False)
+        bar.update(1)
 
-    def __call__(self, k: int, reward: float) -> None:
-        self.best[k] = max(self.best.get(k, float("-inf")), reward)
-        self.bar.set_postfix(tourist=self.ids[k], best=f"{self.best[k]:g}", refresh=False)
-        self.bar.update(1)
-
-    def close(self) -> None:
-        self.bar.close()
+    return bar, progress
 
 
 def read_tourists(path: Path, region: Region) -> TouristBatch:
-    """Tourists of ``region`` from a JSON file (see the module docstring); errors name the
-    file, the tourist and the field."""
+    """Tourists of ``region`` from a JSON file; errors name the file, tourist and field."""
     from optw.catalog import TouristError
     from optw.catalog import read_tourists as read_records
     from optw.catalog.tourist_json import load_json
@@ -127,13 +121,11 @@ def _solve(args) -> int:
     if args.threads is not None:
         check_threads(args.threads, "--threads")
     check_beams(args.beams, "--beams")
-    if args.samples is not None and not 1 <= args.samples <= MAX_SAMPLES:
-        raise UserError(f"--samples: expected a number of routes in 1..{MAX_SAMPLES}, got "
-                         f"{args.samples}")
-    if args.active_search is not None and not (
-            0 <= args.active_search <= MAX_ACTIVE_SEARCH_EPOCHS):
-        raise UserError(f"--active-search: expected a number of epochs in "
-                         f"0..{MAX_ACTIVE_SEARCH_EPOCHS}, got {args.active_search}")
+    for flag, value, what, lo, hi in (
+            ("--samples", args.samples, "routes", 1, MAX_SAMPLES),
+            ("--active-search", args.active_search, "epochs", 0, MAX_ACTIVE_SEARCH_EPOCHS)):
+        if value is not None and not lo <= value <= hi:
+            raise UserError(f"{flag}: expected a number of {what} in {lo}..{hi}, got {value}")
     set_torch_threads(args.threads)  # default: the cores that other work leaves free
     cat = open_catalog(args.catalog)
     region = cat.region(args.region)
@@ -158,12 +150,13 @@ def _solve(args) -> int:
     else:
         method, label = "beam", f"beam search {args.beams}"
     show = sys.stderr.isatty() if args.progress is None else args.progress
-    bar = (SearchBar(args.active_search, list(batch.ids))
-           if method == "active_search" and args.active_search and show else None)
+    bar, progress = (search_bar(args.active_search, list(batch.ids))
+                     if method == "active_search" and args.active_search and show
+                     else (None, None))
     try:
         solutions = solve(model, region, batch.tourists, method=method, beams=args.beams,
                           samples=args.samples or 128, epochs=args.active_search or 0,
-                          keep_greedy=not args.published, seed=args.seed, progress=bar)
+                          keep_greedy=not args.published, seed=args.seed, progress=progress)
     finally:
         if bar is not None:
             bar.close()

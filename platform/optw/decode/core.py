@@ -2,36 +2,31 @@
 
 Speed-ups, all exact (same outputs as evaluating every node at every step):
 
-- **Active-node compaction.** Only admissible nodes influence anything downstream: attention
-  columns are masked to admissible nodes (Ad[i, j] needs j admissible), the pointer masks the
-  others, the LSTM input is the chosen (admissible) node's encoding, and admissible sets only
-  shrink. So each route carries just its admissible nodes as packed rows ``[N, d]`` and every
-  pass costs O(admissible nodes) instead of O(n).
+- **Active-node compaction.** Only admissible nodes matter downstream (attention columns need j
+  admissible, the pointer masks the others, the LSTM input is the chosen node's encoding, and
+  admissible sets only shrink), so each route carries just its admissible nodes as packed rows
+  ``[N, d]``: a pass costs O(admissible nodes), not O(n).
 - **Shared prefixes.** Sampled routes of a tourist with the same prefix are in the same state;
-  :func:`rollout` evaluates each distinct prefix once (training and active search sample 32
-  routes of one tourist, and a trained policy's samples share long prefixes).
-- **Finished and forced routes leave the batch.** A route whose only admissible node is the end
-  takes it with probability exactly 1 (log-prob 0, no gradient), so it needs no network pass.
-- **No copies.** Routes point at their tourist by ``ids``; distances, node tables and static
-  embeddings are gathered from the shared per-tourist tensors, and a step's recursion input is
-  the previous pass's output indexed in place (beam siblings share their parent's rows).
-- **Attention buckets.** Attention runs on padded per-route tables; routes are grouped by row
-  count so that little padding is computed, with lengths that are multiples of 16 (much faster
-  in PyTorch's CPU kernel).
-- Fused projections and oneDNN linear layers (:mod:`optw.model`), vectorised masks and Ad in
-  exact integer time units (:mod:`optw.env`).
+  :func:`rollout` evaluates each distinct prefix once.
+- **Forced routes leave the batch.** A route whose only admissible node is the end takes it with
+  probability exactly 1 (log-prob 0): no network pass.
+- **No copies.** Routes point at their tourist by ``ids``; a step's recursion input is the
+  previous pass's output indexed in place (beam siblings share their parent's rows).
+- **Attention buckets.** Routes grouped by row count into padded tables of lengths that are
+  multiples of 16 (much faster in PyTorch's CPU kernel), so little padding is computed.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 
 from optw.allocator import reuse_large_blocks
 from optw.env.instances import Instances
-from optw.env.state import Features, State, adjacency, reset, step, visit, visit_end
-from optw.model.network import Bucket, Layout, PointerNet
+from optw.env.state import Features, State, adjacency, reset, visit, visit_end
+from optw.model.network import Bucket, Layout, PointerNet, graph_bias
 from optw.model.stacked import Groups, StackedPointerNet
 
 
@@ -42,16 +37,14 @@ def rows_of(count: torch.Tensor, parent: torch.Tensor) -> tuple[torch.Tensor, to
     total = int(c_count.sum())
     child = torch.repeat_interleave(torch.arange(parent.shape[0], device=count.device),
                                     c_count, output_size=total)
-    src_start = (torch.cumsum(count, 0) - count).index_select(0, parent)
-    new_start = torch.cumsum(c_count, 0) - c_count
-    offset = src_start - new_start
+    offset = (torch.cumsum(count, 0) - count).index_select(0, parent) - (
+        torch.cumsum(c_count, 0) - c_count)  # source start - new start
     return torch.arange(total, device=count.device) + offset.index_select(0, child), child
 
 
 def padded_rows(n: int) -> int:
-    """Row counts are rounded up on a grid of 8 sizes per octave (<= 12.5% padding), so the
-    linear layers see a bounded set of shapes (oneDNN compiles and caches one kernel per
-    shape)."""
+    """``n`` rounded up on a grid of 8 sizes per octave (<= 12.5% padding): the linear layers
+    see few shapes (oneDNN compiles one kernel per shape)."""
     if n <= 64:
         return max(16, -(-n // 16) * 16)
     q = 1 << (n.bit_length() - 4)
@@ -69,13 +62,10 @@ def with_padding(index: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Frontier:
-    """Live routes between two decoding steps, with their admissible nodes as packed rows.
-
-    Rows are grouped by route (``route[N]``, ``count[R]`` rows per route) with each route's nodes
-    ``node[N]`` in ascending order. The previous pass's output (the next pass's recursion input)
-    is ``prev`` as that pass left it, row ``src[i]`` for row i (rows are never copied; beam
-    siblings share their parent's); ``(h, c)`` the LSTM state and ``lstm_in`` its next input.
-    """
+    """Live routes between two decoding steps, their admissible nodes as packed rows grouped
+    by route (``route[N]``, ``count[R]`` per route, ``node[N]`` ascending). The recursion input
+    is the previous pass's output ``prev``, row ``src[i]`` for row i (never copied); ``(h, c)``
+    the LSTM state and ``lstm_in`` its next input."""
 
     state: State
     node: torch.Tensor
@@ -87,18 +77,12 @@ class Frontier:
     c: torch.Tensor
     lstm_in: torch.Tensor
 
-    @property
-    def n_routes(self) -> int:
-        return int(self.count.shape[0])
-
     def offsets(self) -> torch.Tensor:
         """First row of each route."""
         return torch.cumsum(self.count, 0) - self.count
 
     def index(self, idx: torch.Tensor) -> Frontier:
-        """The routes ``idx`` (index tensor or bool mask)."""
-        if idx.dtype == torch.bool:
-            idx = idx.nonzero().squeeze(1)
+        """The routes ``idx`` (an index tensor)."""
         rows, child = rows_of(self.count, idx)
         return Frontier(
             self.state.index(idx), self.node.index_select(0, rows), child,
@@ -110,9 +94,8 @@ class Frontier:
 
 @dataclass
 class Pass:
-    """One network evaluation of a frontier: encodings of its rows (``enc[i]`` for frontier row
-    i; :func:`padded_rows` rows, the extra ones are padding), the new LSTM state [R, d] and
-    logits [R, m] (per route and row number, ``-inf`` where there is no admissible node)."""
+    """A frontier's network pass: ``enc[i]`` of frontier row i (then padding rows), the new LSTM
+    state [R, d] and logits [R, m] by route and row number (``-inf``: no row)."""
 
     enc: torch.Tensor
     h: torch.Tensor
@@ -120,8 +103,7 @@ class Pass:
     logits: torch.Tensor
 
 
-#: Padded attention lengths are multiples of this (PyTorch's CPU attention kernel is much
-#: faster for them).
+#: Padded attention lengths are multiples of this (much faster in PyTorch's CPU kernel).
 ATTENTION_BLOCK = 16
 #: Cost model for grouping routes into attention buckets (microseconds): one padded row
 #: (gathers), one attention entry (both layers, all heads), one more bucket.
@@ -130,20 +112,13 @@ MAX_BUCKETS = 6
 
 
 def plan_buckets(counts: list[int]) -> list[tuple[int, int]]:
-    """Group routes sorted by decreasing row count into buckets: (number of routes, width).
-
-    Widths are the bucket's largest count rounded up to :data:`ATTENTION_BLOCK`; a group of
-    routes joins the previous bucket when the padding it costs is cheaper than a new bucket.
-    """
-    groups: list[list[int]] = []  # [width, routes]
-    for c in counts:
-        w = -(-max(c, 1) // ATTENTION_BLOCK) * ATTENTION_BLOCK
-        if groups and groups[-1][0] == w:
-            groups[-1][1] += 1
-        else:
-            groups.append([w, 1])
-    buckets: list[list[int]] = []
-    for w, g in groups:
+    """Group routes sorted by decreasing row count into buckets (number of routes, width
+    rounded up to :data:`ATTENTION_BLOCK`); a group joins the previous bucket when its padding
+    costs less than a new bucket."""
+    widths = (-(-max(c, 1) // ATTENTION_BLOCK) * ATTENTION_BLOCK for c in counts)
+    buckets: list[list[int]] = []  # [width, routes]
+    for w, same in itertools.groupby(widths):
+        g = len(list(same))
         if buckets:
             big = buckets[-1][0]
             waste = g * ((big - w) * _ROW_COST + (big * big - w * w) * _ENTRY_COST)
@@ -154,39 +129,16 @@ def plan_buckets(counts: list[int]) -> list[tuple[int, int]]:
     return [(g, w) for w, g in buckets]
 
 
-def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``torch.tensor(values)`` on ``device``; on CUDA through pinned memory without waiting
-    (a plain copy from pageable memory waits for every queued kernel first)."""
-    host = torch.tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
-
-
-def logit_table(logits: torch.Tensor, route: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """Packed row logits ``[N]`` -> ``[R, m]`` by route and row number (``-inf`` elsewhere)."""
-    r, m = count.shape[0], int(count.max())
-    rownum = torch.arange(route.shape[0], device=route.device) - (
-        torch.cumsum(count, 0) - count).index_select(0, route)
-    table = torch.full((r * m,), float("-inf"), device=logits.device)
-    return table.index_put((route * m + rownum,), logits).view(r, m)
-
-
 class Decoder:
-    """Runs the model over routes of ``inst``. ``compact=False`` keeps every node as a row at
-    every step (the authors' computation, for checks and comparisons)."""
+    """Runs the model over routes of ``inst``; its states carry only ids, node, time and mask
+    (no ``visited``, ``done`` or ``route``: :func:`~optw.env.state.visit`)."""
 
-    def __init__(self, model: PointerNet, inst: Instances, compact: bool = True,
-                 track_routes: bool = True):
+    def __init__(self, model: PointerNet, inst: Instances):
         reuse_large_blocks()  # large tables at every step: keep freed blocks (optw.allocator)
         self.model = model
         self.inst = inst
-        self.compact = compact
-        #: without: states carry only what the next passes need (see :meth:`child_state`)
-        self.track_routes = track_routes
         self.n = inst.n_nodes
         self.end = inst.n_nodes - 1
-        self.graph = model.cfg.graph
         emb = self._embed_static()  # [K, n, d/2], shared by all routes
         self.static_emb = emb.reshape(-1, emb.shape[-1])
         self.feat = Features(inst)
@@ -196,30 +148,36 @@ class Decoder:
                            and model.cfg.recursion else None)
 
     def child_state(self, state: State, parent: torch.Tensor, action: torch.Tensor) -> State:
-        """``step(state.index(parent), action)`` for actions other than the end. Without
-        ``track_routes`` only ids, current node, time and mask are carried (visited nodes are
-        out of the carried mask already, so clearing ``action`` is the whole visit)."""
-        if self.track_routes:
-            return step(self.inst, state.index(parent), action, check=False)
+        """The routes ``parent`` moved to ``action`` (never the end)."""
         ids = state.ids.index_select(0, parent)
         time_u, mask = visit(self.inst, ids, state.current.index_select(0, parent),
                              state.time_u.index_select(0, parent),
                              state.mask.index_select(0, parent), action, self._latest)
         return State(ids, action, time_u, None, mask, None, None)
 
-    def features(self, ids: torch.Tensor, cur: torch.Tensor, t: torch.Tensor,
-                 flat: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
-        """The dynamic features of rows (``flat = ids·n + node``), [N, 8]."""
+    def inputs(self, state: State, node: torch.Tensor,
+               route: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows' tourists [N], static embeddings [N, d/2] and dynamic features [N, 8]."""
+        ids, cur, t = self.state_rows(state, route)
+        flat = ids * self.n + node
         travel = self.inst.dist_u.view(-1).take((ids * self.n + cur) * self.n + node)
-        return self.feat.rows(ids, flat, t, travel)
+        return ids, self.static_emb.index_select(0, flat), self.feat.rows(ids, flat, t, travel)
 
     def _embed_static(self) -> torch.Tensor:
         return self.model.embed_static(self.inst.static)
 
-    def _keep(self, state: State, node: torch.Tensor, route: torch.Tensor) -> torch.Tensor:
-        """Rows that stay: admissible in ``state`` (every row without compaction)."""
-        if not self.compact:
-            return torch.ones_like(node, dtype=torch.bool)
+    @staticmethod
+    def _logit_table(logits: torch.Tensor, route: torch.Tensor,
+                     count: torch.Tensor) -> torch.Tensor:
+        """Packed row logits ``[N]`` -> ``[R, m]`` by route and row number (``-inf`` elsewhere)."""
+        r, m = count.shape[0], int(count.max())
+        rownum = torch.arange(route.shape[0], device=route.device) - (
+            torch.cumsum(count, 0) - count).index_select(0, route)
+        table = torch.full((r * m,), float("-inf"), device=logits.device)
+        return table.index_put((route * m + rownum,), logits).view(r, m)
+
+    def _admissible(self, state: State, node: torch.Tensor, route: torch.Tensor) -> torch.Tensor:
+        """Whether each row's node is admissible in its route's ``state``."""
         return state.mask.view(-1).index_select(0, route * self.n + node)
 
     @staticmethod
@@ -229,41 +187,29 @@ class Decoder:
 
     def _layout(self, state: State, node: torch.Tensor, route: torch.Tensor,
                 count: torch.Tensor) -> Layout:
-        """Attention buckets for the packed rows, with the graph Ad of each."""
+        """Attention buckets for the packed rows, with the graph Ad of each as the bias."""
         dev = node.device
-        n_rows = node.shape[0]
         offsets = torch.cumsum(count, 0) - count
         order = torch.argsort(count, descending=True, stable=True)
         plan = plan_buckets(count.index_select(0, order).tolist())
         widths = [w for g, w in plan for _ in range(g)]  # per route, in sorted order
-        starts, total = [], 0
-        for w in widths:
-            starts.append(total)
-            total += w
-        width, sorted_start = to_device([widths, starts], count.dtype, dev).unbind(0)
+        total = sum(widths)
+        host = torch.tensor([widths, [0, *itertools.accumulate(widths)][:-1]], dtype=count.dtype)
+        if dev.type == "cuda":  # pinned: a copy from pageable memory waits for queued kernels
+            host = host.pin_memory().to(dev, non_blocking=True)
+        width, sorted_start = host.unbind(0)
         row_start = torch.empty_like(width).index_copy_(0, order, sorted_start)
         att_route = torch.repeat_interleave(order, width, output_size=total)
         slot = torch.arange(total, device=dev) - row_start.index_select(0, att_route)
         cnt = count.index_select(0, att_route)
         gather = offsets.index_select(0, att_route) + torch.minimum(slot, cnt - 1)
-        back = row_start.index_select(0, route) + torch.arange(n_rows, device=dev) - (
+        back = row_start.index_select(0, route) + torch.arange(node.shape[0], device=dev) - (
             offsets.index_select(0, route))
         att_node = node.index_select(0, gather)
         valid = slot < cnt
-        if not self.compact:  # rows of inadmissible nodes are computed, never attended to
-            valid &= state.mask.view(-1).index_select(0, att_route * self.n + att_node)
-        buckets = self._graph_buckets(state, plan, order, att_route, att_node, valid)
-        # padding rows (copies of row 0) go through the row-wise blocks only
-        return Layout(with_padding(route), gather, with_padding(back), buckets)
-
-    def _graph_buckets(self, state: State, plan: list[tuple[int, int]], order: torch.Tensor,
-                       att_route: torch.Tensor, att_node: torch.Tensor,
-                       valid: torch.Tensor) -> list[Bucket]:
-        """The buckets of ``plan`` with their attention bias: the graph Ad of each
-        (:func:`~optw.env.state.adjacency`), its row-wise parts (leaving time, latest start)
-        computed once for all padded rows."""
+        # each bucket's graph Ad (its row-wise parts computed once for all padded rows)
         buckets, start = [], 0
-        lookahead = self.graph == "lookahead"
+        lookahead = self.model.cfg.graph == "lookahead"
         if lookahead:
             inst, n = self.inst, self.n
             ids, cur, t = self.state_rows(state, att_route)
@@ -280,47 +226,38 @@ class Decoder:
                 adj = adjacency(columns, leave[rows].view(g, w), sub, latest[rows].view(g, w))
             else:
                 adj = adjacency(columns)
-            buckets.append(Bucket(start, g, w, Layout.graph_bias(adj)))
+            buckets.append(Bucket(g, w, graph_bias(adj)))
             start += g * w
-        return buckets
+        # padding rows (copies of row 0) go through the row-wise blocks only
+        return Layout(with_padding(route), gather, with_padding(back), buckets)
 
     def _pass(self, state: State, node: torch.Tensor, route: torch.Tensor, count: torch.Tensor,
               fr: Frontier | None) -> Pass:
-        """Encoder pass (+ LSTM step and pointer when ``fr`` is given) over the packed rows
-        ``node``/``route`` (``count[R]`` per route); the recursion input is ``fr``'s previous
-        pass (without ``fr``: the embeddings themselves)."""
+        """Encoder pass over the packed rows ``node``/``route`` (``count[R]`` per route), with
+        ``fr``'s recursion input, LSTM step and pointer (without ``fr``: encodings only)."""
         layout = self._layout(state, node, route, count)
-        node_x = with_padding(node)
-        ids, cur, t = self.state_rows(state, layout.route)
-        flat = ids * self.n + node_x
-        static = self.static_emb.index_select(0, flat)
-        x = self.model.embed(static, self.features(ids, cur, t, flat, node_x))
+        _, static, dynamic = self.inputs(state, with_padding(node), layout.route)
+        x = self.model.embed(static, dynamic)
         if fr is None:
             return Pass(self.model.encode(x, x, layout, key_weight=self.key_weight),
                         None, None, None)  # type: ignore
         enc = self.model.encode(x, fr.prev, layout, fr.src, self.key_weight)
         h, c = self.model.lstm(fr.lstm_in, (fr.h, fr.c))
         logits = self.model.pointer(enc, h, layout.route)[:node.shape[0]]
-        if not self.compact:
-            adm = state.mask.view(-1).index_select(0, route * self.n + node)
-            logits = logits.masked_fill(~adm, float("-inf"))
-        return Pass(enc, h, c, logit_table(logits, route, count))
+        return Pass(enc, h, c, self._logit_table(logits, route, count))
 
     # --- the decoding sequence -----------------------------------------------------------------
     def start(self, ids: torch.Tensor) -> Frontier:
-        """Steps 1-2 of the spec's sequence: the first pass with the start still admissible
-        (recursion input = the embeddings), then the start marked visited."""
+        """Steps 1-2 of the spec: a first pass with the start admissible, then it is visited."""
         s0 = reset(self.inst, ids)
         r = s0.n_routes
-        rows0 = s0.mask if self.compact else torch.ones_like(s0.mask)
-        route, node = rows0.nonzero(as_tuple=True)
-        count = rows0.sum(1)
+        route, node = s0.mask.nonzero(as_tuple=True)
+        count = s0.mask.sum(1)
         e0 = self._pass(s0, node, route, count, None).enc
         lstm_in = e0.index_select(0, torch.cumsum(count, 0) - count)  # node 0 leads each route
-        s1 = step(self.inst, s0, torch.zeros(r, dtype=torch.long, device=ids.device), check=False)
-        if not self.track_routes:
-            s1 = State(s1.ids, s1.current, s1.time_u, None, s1.mask, None, None)
-        keep = self._keep(s1, node, route).nonzero().squeeze(1)
+        first = torch.arange(r, device=ids.device)
+        s1 = self.child_state(s0, first, torch.zeros_like(first))
+        keep = self._admissible(s1, node, route).nonzero().squeeze(1)
         route = route.index_select(0, keep)
         h, c = self._initial_state(s0)
         return Frontier(s1, node.index_select(0, keep), route,
@@ -334,14 +271,14 @@ class Decoder:
         return self._pass(fr.state, fr.node, fr.route, fr.count, fr)
 
     def advance(self, fr: Frontier, p: Pass, parent: torch.Tensor, slot: torch.Tensor) -> Frontier:
-        """Children of the routes ``parent[C]`` of ``fr`` (evaluated as ``p``), each moving to
-        its parent's row number ``slot[C]`` (never the end node)."""
+        """Children of routes ``parent[C]`` (evaluated as ``p``) moving to their parent's row
+        ``slot[C]`` (never the end node)."""
         chosen = fr.offsets().index_select(0, parent) + slot
         action = fr.node.index_select(0, chosen)
         state = self.child_state(fr.state, parent, action)
         src, child = rows_of(fr.count, parent)
         node = fr.node.index_select(0, src)
-        keep = self._keep(state, node, child).nonzero().squeeze(1)
+        keep = self._admissible(state, node, child).nonzero().squeeze(1)
         src, child = src.index_select(0, keep), child.index_select(0, keep)
         return Frontier(
             state, node.index_select(0, keep), child,
@@ -350,27 +287,21 @@ class Decoder:
             p.enc.index_select(0, chosen),
         )
 
-    def forced(self, fr: Frontier) -> torch.Tensor:
-        """[R] bool: routes whose only admissible node is the end."""
-        return fr.state.mask.sum(1) == 1
-
 
 class StackedDecoder(Decoder):
-    """:class:`Decoder` for a :class:`~optw.model.StackedPointerNet`: ``member[K]`` says which
-    member model each tourist of ``inst`` belongs to; every pass evaluates the routes of all
-    members at once (their rows packed, grouped by member)."""
+    """:class:`Decoder` for a :class:`~optw.model.StackedPointerNet`: ``member[K]`` is each
+    tourist's member; a pass evaluates all members' routes at once."""
 
-    def __init__(self, model: StackedPointerNet, inst: Instances, member: torch.Tensor,
-                 compact: bool = True, track_routes: bool = True):
+    def __init__(self, model: StackedPointerNet, inst: Instances, member: torch.Tensor):
         if member.shape != (inst.n_tourists,):
             raise ValueError(f"member has shape {tuple(member.shape)}, expected one entry per "
                              f"tourist ({inst.n_tourists})")
         self.member = member.to(device=inst.device, dtype=torch.long)
         self.p = model.n_members
-        super().__init__(model, inst, compact, track_routes)  # type: ignore[arg-type]
+        super().__init__(model, inst)  # type: ignore[arg-type]
 
     def _embed_static(self) -> torch.Tensor:
-        return self.model.embed_static(self.inst.static, Groups.of(self.member, self.p))
+        return self.model.embed_static(self.inst.static, self.member)
 
     def _initial_state(self, s0: State) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model.initial_state(self.member.index_select(0, s0.ids))
@@ -379,25 +310,16 @@ class StackedDecoder(Decoder):
               fr: Frontier | None) -> Pass:
         model: StackedPointerNet = self.model  # type: ignore[assignment]
         layout = self._layout(state, node, route, count)
-        ids, cur, t = self.state_rows(state, route)
+        ids, static, dynamic = self.inputs(state, node, route)
         rows = Groups.of(self.member.index_select(0, ids), self.p)
-        flat = ids * self.n + node
-        static = self.static_emb.index_select(0, flat)
-        x = model.embed(static, self.features(ids, cur, t, flat, node), rows)
+        x = model.embed(static, dynamic, rows)
         if fr is None:
             return Pass(model.encode(x, x, layout, rows), None, None, None)  # type: ignore
         enc = model.encode(x, fr.prev, layout, rows, fr.src)
         routes = Groups.of(self.member.index_select(0, state.ids), self.p)
         h, c = model.lstm(fr.lstm_in, fr.h, fr.c, routes)
         logits = model.pointer(enc, h, rows, route, routes)
-        if not self.compact:
-            adm = state.mask.view(-1).index_select(0, route * self.n + node)
-            logits = logits.masked_fill(~adm, float("-inf"))
-        return Pass(enc, h, c, logit_table(logits, route, count))
-
-
-def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        return Pass(enc, h, c, self._logit_table(logits, route, count))
 
 
 def _sample_members(probs: torch.Tensor, owner: torch.Tensor, fr: Frontier,
@@ -413,20 +335,17 @@ def _sample_members(probs: torch.Tensor, owner: torch.Tensor, fr: Frontier,
     start = 0
     for p, c in enumerate(counts):
         if c:
-            slot[start:start + c] = _sample(probs[start:start + c, :widths[p]], generators[p])
+            slot[start:start + c] = torch.multinomial(probs[start:start + c, :widths[p]], 1,
+                                                      generator=generators[p]).squeeze(1)
             start += c
     return slot
 
 
 @dataclass
 class Rollout:
-    """Routes built by :func:`rollout`.
-
-    ``routes[R, L]``: node indices from the start 0 to the end ``n-1``, padded with -1;
-    ``reward``: sum of scores; ``log_prob``: summed log-probability of the route's choices;
-    ``entropy``: summed entropy of the step policies (both differentiable; forced last steps
-    contribute 0); ``lengths``: nodes per route.
-    """
+    """Routes built by :func:`rollout`: ``routes[R, L]`` from 0 to the end ``n-1``, padded with
+    -1; ``reward``: sum of scores; ``log_prob`` and ``entropy``: summed over the route's step
+    policies (differentiable; forced last steps contribute 0); ``lengths``: nodes per route."""
 
     routes: torch.Tensor
     reward: torch.Tensor
@@ -444,8 +363,7 @@ class Rollout:
 
 
 class ForcedActionError(ValueError):
-    """A given action (teacher forcing) that is not admissible: route ``route`` (an index of
-    the rollout's ``ids``) at step ``step`` asks for ``node``."""
+    """A given (teacher-forced) action that is not admissible (``route``: an index of ids)."""
 
     def __init__(self, route: int, step: int, node: int):
         super().__init__(f"route {route}: node {node} at step {step} is not admissible")
@@ -453,80 +371,57 @@ class ForcedActionError(ValueError):
 
 
 def _forced_slots(fr: Frontier, owner: torch.Tensor, live: torch.Tensor, want: torch.Tensor,
-                  ) -> torch.Tensor:
-    """The row numbers of the nodes ``want`` [L] in their frontier routes ``owner`` [L] (a
-    route's rows are its admissible nodes in ascending order); :class:`ForcedActionError` for
-    one that is not admissible there."""
+                  step: int) -> torch.Tensor:
+    """The row numbers of the nodes ``want`` [L] in their frontier routes ``owner`` [L];
+    :class:`ForcedActionError` for one that is not admissible there."""
     mask = fr.state.mask.index_select(0, owner)
     col = want.clamp(0, mask.shape[1] - 1).unsqueeze(1)
     ok = (want >= 0) & mask.gather(1, col).squeeze(1)
     if not bool(ok.all()):
         i = int((~ok).nonzero()[0, 0])
-        raise ForcedActionError(int(live[i]), -1, int(want[i]))
+        raise ForcedActionError(int(live[i]), step, int(want[i]))
     return (mask.cumsum(1).gather(1, col).squeeze(1) - 1)
 
 
-def rollout(
-    model: PointerNet,
-    instances: Instances,
-    ids: torch.Tensor | None = None,
-    greedy: bool = False,
-    generator: torch.Generator | list[torch.Generator] | None = None,
-    compact: bool = True,
-    share_prefixes: bool = True,
-    member: torch.Tensor | None = None,
-    actions: torch.Tensor | None = None,
-) -> Rollout:
-    """Build one route per entry of ``ids`` (the tourist index of each route; default one per
-    tourist), sampling from the policy (or greedily), keeping the autograd graph when grad
-    is enabled. Training::
+def rollout(model: PointerNet, instances: Instances, ids: torch.Tensor | None = None,
+            greedy: bool = False,
+            generator: torch.Generator | list[torch.Generator] | None = None,
+            member: torch.Tensor | None = None, actions: torch.Tensor | None = None) -> Rollout:
+    """One route per entry of ``ids`` (each route's tourist; default one per tourist), sampled
+    from the policy (or greedily), with the autograd graph when grad is enabled. Each distinct
+    prefix of a tourist's routes is evaluated once (exact: they are in the same state).
 
-        ids = torch.arange(K).repeat_interleave(32)
-        out = rollout(model, inst, ids, generator=g)
-        baseline = out.reward.view(K, 32).mean(1).repeat_interleave(32)
-        loss = -((out.reward - baseline) * out.log_prob).mean() - beta * out.entropy.mean()
+    ``actions`` [R, L] (teacher forcing): route r follows ``actions[r]`` (0, its nodes, the end,
+    padded with -1; a row of -1 is drawn as usual), its ``log_prob`` the policy's
+    log-likelihood of it; an inadmissible action raises :class:`ForcedActionError`.
 
-    Routes of the same tourist with the same prefix are in the same state, so each distinct
-    prefix is evaluated once and shared (``share_prefixes``; exact): all routes of a tourist
-    share their first passes, and samples of a trained policy share long prefixes.
-
-    ``actions`` [R, L] (teacher forcing): route r follows ``actions[r]`` (the start 0, then its
-    nodes up to the end ``n - 1``, padded with -1) instead of drawing; its ``log_prob`` is then
-    the policy's log-likelihood of that route. A row of -1 is drawn as usual (given and
-    sampled routes in one rollout, prefixes still shared). An action that is not admissible
-    raises :class:`ForcedActionError`.
-
-    A pack (``model`` a :class:`~optw.model.StackedPointerNet`): ``member[K]`` gives each
-    tourist's member model, tourists must be grouped by member in ascending order, and
-    ``generator`` is a list with each member's generator: every member samples exactly what
-    its own model would alone with that generator.
+    A pack (``model`` a :class:`~optw.model.StackedPointerNet`): ``member[K]`` is each tourist's
+    member (in ascending order) and ``generator`` a list of one generator per member: each
+    member samples exactly what its own model would alone.
     """
     dev = instances.device
     if ids is None:
         ids = torch.arange(instances.n_tourists, device=dev)
     ids = ids.to(device=dev, dtype=torch.long)
-    forcing = actions is not None
+    forcing, drawing = actions is not None, True
     if forcing:
         actions = actions.to(device=dev, dtype=torch.long)
-        if not compact or actions.shape[0] != ids.shape[0]:
+        if actions.shape[0] != ids.shape[0]:
             raise ValueError("actions: one route per entry of ids, on the compacted decoder")
         given = actions[:, 0] >= 0  # the others are drawn
-        forcing = bool(given.any())
-        drawing = not bool(given.all())
-    else:
-        drawing = True
+        forcing, drawing = bool(given.any()), not bool(given.all())
     if isinstance(model, StackedPointerNet):
         if member is None or not (isinstance(generator, (list, tuple)) or greedy
                                   or not drawing):
             raise ValueError("a pack's rollout needs member (per tourist) and a list of "
                              "generators (one per member)")
-        dec: Decoder = StackedDecoder(model, instances, member, compact, track_routes=False)
+        dec: Decoder = StackedDecoder(model, instances, member)
         if not bool((member[1:] >= member[:-1]).all()):
             raise ValueError("a pack's tourists must be grouped by member in ascending order")
-        if ids is not None and not bool((ids[1:] >= ids[:-1]).all()):
+        if not bool((ids[1:] >= ids[:-1]).all()):
             raise ValueError("a pack's routes must be in tourist order")
     else:
-        dec = Decoder(model, instances, compact, track_routes=False)
+        dec = Decoder(model, instances)
     n, end = dec.n, dec.end
     r = ids.shape[0]
     routes = torch.full((r, n + 1), -1, dtype=torch.long, device=dev)
@@ -534,15 +429,12 @@ def rollout(
     steps_idx: list[torch.Tensor] = []
     steps_lp: list[torch.Tensor] = []
     steps_ent: list[torch.Tensor] = []
-    if share_prefixes:
-        first, owner = torch.unique(ids, return_inverse=True)  # one state per tourist
-    else:
-        first, owner = ids, torch.arange(r, device=dev)
+    first, owner = torch.unique(ids, return_inverse=True)  # one state per tourist
     fr = dec.start(first)  # the distinct states; live route i is in state owner[i]
     live = torch.arange(r, device=dev)
     col = 1
     while live.numel():
-        forced = dec.forced(fr)
+        forced = fr.state.mask.sum(1) == 1  # only the end admissible
         if bool(forced.any()):
             done = forced.index_select(0, owner)
             if forcing and col < actions.shape[1]:
@@ -556,7 +448,7 @@ def rollout(
             live, owner = live[~done], renumber.index_select(0, owner[~done])
             if not live.numel():
                 break
-            fr = fr.index(~forced)
+            fr = fr.index((~forced).nonzero().squeeze(1))
         p = dec.evaluate(fr)
         logp = torch.log_softmax(p.logits, dim=1)
         prob = logp.exp()  # one exp for the draw and the entropy
@@ -568,16 +460,13 @@ def rollout(
                 if isinstance(dec, StackedDecoder):
                     slot = _sample_members(probs, owner, fr, dec.member, list(generator))
                 else:
-                    slot = _sample(probs, generator)
+                    slot = torch.multinomial(probs, 1, generator=generator).squeeze(1)
         if forcing:
             rows = actions.index_select(0, live)
             pick = (rows[:, 0] >= 0).nonzero().squeeze(1)
             want = rows[pick, col] if col < actions.shape[1] else torch.full_like(pick, -1)
-            try:
-                forced_slot = _forced_slots(fr, owner.index_select(0, pick),
-                                            live.index_select(0, pick), want)
-            except ForcedActionError as exc:
-                raise ForcedActionError(exc.route, col, exc.node) from None
+            forced_slot = _forced_slots(fr, owner.index_select(0, pick),
+                                        live.index_select(0, pick), want, col)
             slot = (forced_slot if not drawing and not greedy
                     else slot.index_copy(0, pick, forced_slot))
         entropy = -(prob * logp.masked_fill(p.logits == float("-inf"), 0.0)).sum(1)
@@ -591,10 +480,7 @@ def rollout(
         if live.numel():
             m = p.logits.shape[1]
             key = owner.index_select(0, go) * m + slot.index_select(0, go)
-            if share_prefixes:
-                key, owner = torch.unique(key, return_inverse=True)
-            else:
-                owner = torch.arange(key.shape[0], device=dev)
+            key, owner = torch.unique(key, return_inverse=True)
             parent = torch.div(key, m, rounding_mode="floor")
             fr = dec.advance(fr, p, parent, key - parent * m)
         col += 1
@@ -609,8 +495,14 @@ def rollout(
     return Rollout.of(instances, ids, routes, log_prob, entropy)
 
 
+def greedy_routes(model: PointerNet, instances: Instances) -> list[list[int]]:
+    """Each tourist's greedy route (node lists), without gradients."""
+    with torch.inference_mode():
+        out = rollout(model, instances, greedy=True)
+    return [[v for v in route if v >= 0] for route in out.routes.tolist()]
+
+
 def route_reward(instances: Instances, ids: torch.Tensor, routes: torch.Tensor) -> torch.Tensor:
-    """Summed scores [R] of ``routes`` (padded with -1; route r is of tourist ``ids[r]``),
-    without a host synchronisation."""
+    """Summed scores [R] of ``routes`` (padded with -1) of tourists ``ids`` (no host sync)."""
     scores = instances.scores.index_select(0, ids)
     return (scores.gather(1, routes.clamp(min=0)) * (routes >= 0)).sum(1)

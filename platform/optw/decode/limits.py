@@ -15,8 +15,7 @@ MAX_BEAMS = 128
 PAPER_BEAMS = 128
 #: The default of the trip planner and of the MLflow pyfunc (fast enough for a service).
 SERVE_BEAMS = 16
-#: Largest number of active-search epochs (``optw solve --active-search``): the paper uses 128;
-#: 100,000 epochs already take hours per tourist on a CPU.
+#: Largest number of active-search epochs (the paper: 128; 100,000 take hours on a CPU).
 MAX_ACTIVE_SEARCH_EPOCHS = 100_000
 #: Largest number of sampled routes per tourist (``optw solve --samples``).
 MAX_SAMPLES = 100_000

@@ -1,9 +1,6 @@
 """The REINFORCE loss on a rollout's outputs, written once for training, packs and active
-search.
-
-Each tourist's routes use that tourist's mean reward as the baseline (the paper's Algorithm 1;
-with one tourist, the batch mean of active search, Algorithm 2), and an entropy bonus ``beta``
-is subtracted: ``-((R - mean_tourist R) · log p).mean() - beta · entropy.mean()``.
+search: each tourist's mean reward is its routes' baseline (the paper's Algorithms 1 and 2) and an
+entropy bonus is subtracted, ``-((R - mean_tourist R) · log p).mean() - beta · entropy.mean()``.
 """
 
 from __future__ import annotations
@@ -15,8 +12,7 @@ import torch
 
 @dataclass
 class ReinforceLoss:
-    """The loss to minimise, with the parts a training loop reports: ``reward[K, B]`` (per
-    tourist and route) and the mean step-policy ``entropy`` (both differentiable)."""
+    """The loss, and what a training loop reports: ``reward[K, B]`` and the mean entropy."""
 
     loss: torch.Tensor
     reward: torch.Tensor

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 import torch
 
 from optw.catalog.region import Region, Tourists
-from optw.decode.beam import beam_search
-from optw.decode.core import rollout
+from optw.decode.active_search import active_search
+from optw.decode.beam import beam_search, best_routes
+from optw.decode.core import greedy_routes, rollout
 from optw.decode.limits import PAPER_BEAMS
-from optw.env.instances import Instances, make_instances
+from optw.env.instances import make_instances
 from optw.env.validate import check_route
 from optw.errors import UserError
 from optw.model.network import PointerNet
@@ -25,13 +26,9 @@ METHODS = ("greedy", "sampling", "beam", "active_search")
 
 @dataclass
 class Solution:
-    """A route for one tourist.
-
-    ``tourist``: the batch's ``tourist_id``, or an id a caller gave (e.g. ``"alice"``);
-    ``route``: node indices from 0 to ``n-1``; ``arrival``/``start``: arrival and start-of-visit
-    times per route position (minutes); ``seconds``: the call's wall time divided by its number
-    of tourists (active search: this tourist's own time).
-    """
+    """A route for one tourist: ``tourist`` the batch's ``tourist_id`` or a caller's id (e.g.
+    ``"alice"``); ``route`` from 0 to ``n-1``; ``arrival``/``start``: per route position
+    (minutes); ``seconds``: the call's wall time per tourist (active search: its own)."""
 
     region: str
     tourist: int | str
@@ -48,44 +45,13 @@ class Solution:
 
 
 def region_mismatch(model: PointerNet, region: Region) -> str | None:
-    """A one-line warning when ``model`` was trained on other regions than ``region`` (None
-    when it was trained on it, or its file does not say)."""
+    """A one-line warning if ``model`` was trained on other regions than ``region``, else None."""
     trained = model.trained_on
     if not trained or region.id in trained:
         return None
     shown = ", ".join(trained[:3]) + (f" and {len(trained) - 3} more" if len(trained) > 3 else "")
     return (f"the model was trained on {shown}, not on {region.id} ({region.group}): "
             "its routes there may be poor")
-
-
-def _check_args(method: str, samples: int) -> None:
-    if method not in METHODS:
-        raise UserError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
-    if method in ("sampling", "active_search") and (
-            isinstance(samples, bool) or not isinstance(samples, int) or samples < 1):
-        raise UserError(f"samples must be a positive integer, got {samples!r}")
-
-
-def _best_of(inst: Instances, routes: torch.Tensor, ids: torch.Tensor) -> list[list[int]]:
-    """The highest-reward route per tourist among ``routes`` (first among ties)."""
-    scores = inst.scores.double().index_select(0, ids)
-    reward = (scores.gather(1, routes.clamp(min=0)) * (routes >= 0)).sum(1)
-    best: list[tuple[float, list[int]] | None] = [None] * inst.n_tourists
-    for t, route, total in zip(ids.tolist(), routes.tolist(), reward.tolist(), strict=True):
-        if best[t] is None or total > best[t][0]:
-            best[t] = (total, [v for v in route if v >= 0])
-    return [b[1] for b in best]  # type: ignore[index]
-
-
-def _greedy_routes(model: PointerNet, inst: Instances) -> list[list[int]]:
-    with torch.inference_mode():
-        out = rollout(model, inst, greedy=True)
-    return [[v for v in route if v >= 0] for route in out.routes.tolist()]
-
-
-def _better(a: list[int], b: list[int], scores: torch.Tensor) -> list[int]:
-    """``b`` if it scores strictly more than ``a``, else ``a``."""
-    return b if float(scores[b].sum()) > float(scores[a].sum()) else a
 
 
 def solve(model: PointerNet, region: Region, tourists: Tourists, method: str = "beam",
@@ -95,18 +61,21 @@ def solve(model: PointerNet, region: Region, tourists: Tourists, method: str = "
           progress: Callable[[int, float], None] | None = None,
           greedy: list[Solution] | None = None) -> list[Solution]:
     """Solve every tourist of ``tourists`` (one region) with ``method``: ``greedy``;
-    ``sampling`` (the best of ``samples`` sampled routes); ``beam`` (width ``beams``, checked at
-    the edge by :func:`~optw.decode.limits.check_beams`); ``active_search`` (``epochs`` of
-    REINFORCE on a copy of the model, ``batch_size`` routes, Adam ``lr``, then beam search).
+    ``sampling`` (the best of ``samples`` routes); ``beam`` (width ``beams``, checked at the edge
+    by :func:`~optw.decode.limits.check_beams`); ``active_search`` (``epochs`` of REINFORCE on a
+    copy of the model, ``batch_size`` routes, Adam ``lr``, then beam search).
 
     ``keep_greedy`` also considers the greedy route (and, in active search, the untuned model's
-    beam route and the best sample); ``False`` reproduces the published outputs exactly. ``seed``
-    seeds sampling and active search (None: unseeded). ``progress(k, reward)`` is called after
-    every active-search epoch of tourist ``k`` with its best sampled reward. ``greedy``: this
-    model's greedy solutions of these tourists, if the caller has them: ``keep_greedy`` takes
-    their routes and adds their seconds instead of decoding them again.
+    beam route and the best sample); ``False`` reproduces the published outputs. ``seed``: of
+    sampling and active search (None: unseeded). ``progress(k, reward)``: after every
+    active-search epoch of tourist ``k``, its best sampled reward. ``greedy``: the caller's
+    greedy solutions of these tourists, taken (with their seconds) instead of decoding again.
     """
-    _check_args(method, samples)
+    if method not in METHODS:
+        raise UserError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
+    if method in ("sampling", "active_search") and (
+            isinstance(samples, bool) or not isinstance(samples, int) or samples < 1):
+        raise UserError(f"samples must be a positive integer, got {samples!r}")
     if len(tourists) == 0:
         return []
     if greedy is not None and [g.tourist for g in greedy] != [
@@ -127,49 +96,43 @@ def solve(model: PointerNet, region: Region, tourists: Tourists, method: str = "
         per_tourist: list[float] | None = None
         t0 = time.perf_counter()
         if method == "greedy":
-            routes = _greedy_routes(model, inst)
+            routes = greedy_routes(model, inst)
         elif method == "sampling":
             ids = torch.arange(inst.n_tourists, device=device).repeat_interleave(samples)
             with torch.inference_mode():
                 out = rollout(model, inst, ids, generator=gen)
-            routes = _best_of(inst, out.routes, ids)
+            routes = best_routes(inst, [(ids, out.routes, out.log_prob)]).routes
         elif method == "beam":
             routes = beam_search(model, inst, beams).routes
         else:
-            from optw.decode.active_search import active_search
-
             routes, per_tourist = [], []
             for k in range(len(tourists)):
                 tk = time.perf_counter()
                 sub = make_instances(region, tourists[k], device)
-                res = active_search(model, sub, epochs=epochs, batch_size=batch_size, lr=lr,
-                                    beams=beams, generator=gen, keep_greedy=keep_greedy,
-                                    progress=None if progress is None
-                                    else functools.partial(progress, k))
-                routes.append(res.route)
+                routes.append(active_search(
+                    model, sub, epochs=epochs, batch_size=batch_size, lr=lr, beams=beams,
+                    generator=gen, keep_greedy=keep_greedy,
+                    progress=None if progress is None else functools.partial(progress, k)))
                 per_tourist.append(time.perf_counter() - tk)
         reused = 0.0
         if keep_greedy and method in ("sampling", "beam"):
             scores = inst.scores.double()
             if greedy is None:
-                kept = _greedy_routes(model, inst)
+                kept = greedy_routes(model, inst)
             else:
                 kept, reused = [g.route for g in greedy], sum(g.seconds for g in greedy)
-            routes = [_better(r, g, scores[k])
+            routes = [g if float(scores[k][g].sum()) > float(scores[k][r].sum()) else r
                       for k, (r, g) in enumerate(zip(routes, kept, strict=True))]
         elapsed = time.perf_counter() - t0 + reused
     finally:
         model.train(was_training)
-    return [_solution(region, tourists, k, method, route,
-                      per_tourist[k] if per_tourist is not None else elapsed / len(tourists))
-            for k, route in enumerate(routes)]
-
-
-def _solution(region: Region, tourists: Tourists, k: int, method: str, route: list[int],
-              seconds: float) -> Solution:
-    check = check_route(region, route, tourists, k)
-    check.raise_if_invalid(f"internal error: the {method} route for tourist "
-                           f"{int(tourists.tourist_id[k])} of {region.id}")
-    return Solution(region=region.id, tourist=int(tourists.tourist_id[k]), method=method,
-                    route=route, score=check.score, arrival=check.arrival, start=check.start,
-                    seconds=seconds)
+    solutions = []
+    for k, route in enumerate(routes):
+        check = check_route(region, route, tourists, k)
+        tourist = int(tourists.tourist_id[k])
+        check.raise_if_invalid(f"internal error: the {method} route for tourist {tourist} of "
+                               f"{region.id}")
+        solutions.append(Solution(
+            region.id, tourist, method, route, check.score, check.arrival, check.start,
+            per_tourist[k] if per_tourist is not None else elapsed / len(tourists)))
+    return solutions

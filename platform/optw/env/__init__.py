@@ -8,36 +8,11 @@ Typical use::
     state = step(inst, state, action)                # action[R] node indices
 """
 
-from optw.env.instances import (
-    N_DYNAMIC,
-    N_STATIC,
-    NEVER,
-    Instances,
-    make_instances,
-    stack_instances,
-)
-from optw.env.state import (
-    GRAPHS,
-    Features,
-    State,
-    adjacency,
-    dynamic_features,
-    feasible,
-    graph_mask,
-    lookahead,
-    node_features,
-    reset,
-    reward,
-    step,
-    still_admissible,
-    visit,
-    visit_end,
-)
+from optw.env.instances import NEVER, Instances, make_instances, stack_instances
+from optw.env.state import State, dynamic_features, lookahead, reset, reward, step
 from optw.env.validate import InvalidRoute, RouteCheck, check_route
 
 __all__ = [
-    "GRAPHS", "NEVER", "N_DYNAMIC", "N_STATIC", "Features", "Instances", "InvalidRoute",
-    "RouteCheck", "State", "adjacency", "check_route", "dynamic_features", "feasible",
-    "graph_mask", "lookahead", "make_instances", "node_features", "reset", "reward",
-    "stack_instances", "step", "still_admissible", "visit", "visit_end",
+    "NEVER", "Instances", "InvalidRoute", "RouteCheck", "State", "check_route",
+    "dynamic_features", "lookahead", "make_instances", "reset", "reward", "stack_instances", "step",
 ]

@@ -13,8 +13,7 @@ from optw.catalog.region import Tourists
 
 @dataclass(frozen=True)
 class Demonstrations:
-    """Routes ``routes[i]`` (node indices from the start 0 to the end ``n - 1``) of
-    ``tourists[i]`` of one region, and their scores."""
+    """Routes ``routes[i]`` (from 0 to the end ``n - 1``) of ``tourists[i]``, and scores."""
 
     tourists: Tourists
     routes: list[list[int]]
@@ -34,14 +33,13 @@ class Demonstrations:
                               self.scores[idx])
 
 
-def actions(routes: list[list[int]], n_nodes: list[int] | int, width: int,
+def actions(routes: list[list[int]], n_nodes: list[int], width: int,
             device: torch.device | str = "cpu") -> torch.Tensor:
     """``routes`` as the ``actions`` [R, L] of a teacher-forced rollout over instances of
     ``width`` nodes: each route's end node (``n_nodes[r] - 1`` of its own region) becomes
     ``width - 1``, the end of instances padded to ``width`` nodes
     (:func:`optw.env.instances.stack_instances`); padded with -1."""
-    sizes = [n_nodes] * len(routes) if isinstance(n_nodes, int) else n_nodes
     out = torch.full((len(routes), max(len(r) for r in routes)), -1, dtype=torch.long)
-    for i, (route, n) in enumerate(zip(routes, sizes, strict=True)):
+    for i, (route, n) in enumerate(zip(routes, n_nodes, strict=True)):
         out[i, : len(route)] = torch.tensor([width - 1 if v == n - 1 else v for v in route])
     return out.to(device)

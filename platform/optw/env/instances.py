@@ -1,9 +1,8 @@
 """Tensor form of a batch of K tourists of one region (the model's instances).
 
-Times are int32 *time units* (hundredths of a minute,
-:data:`~optw.catalog.TIME_UNITS_PER_MINUTE`) for the admissibility maths: every rounded travel
-time is a whole number of hundredths, so sums and comparisons are exact and a boundary case
-(arriving exactly at closing time) never flips with float rounding.
+Times are int32 *time units* (hundredths of a minute): every rounded travel time is a whole
+number of them, so the admissibility sums and comparisons are exact (arriving exactly at closing
+time never flips with float rounding).
 
 Static features follow ``shared/spec/published-checkpoints.md`` (the published weights), not the
 paper's prose: coordinates are divided by 100 (not min-max scaled), times by the region's
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from optw.catalog.region import TIME_UNITS_PER_MINUTE, Region, Tourists, to_time_units
+from optw.catalog.region import Region, Tourists, to_time_units
 
 #: Number of static / dynamic node features.
 N_STATIC = 7
@@ -28,19 +27,14 @@ NEVER = -(2**30)
 
 @dataclass(frozen=True, eq=False)
 class Instances:
-    """K tourists of one region as tensors (node 0 = start, ``n - 1`` = end copy of the start).
-
-    The start and end nodes carry the tourist's ``t_start`` as opening and ``t_end`` as
-    closing time, duration 0 and score 0. ``latest[k, j]`` is the latest start of a visit of
-    ``j`` that still respects its closing time and reaches the end by ``T_end``
-    (``min(c_j, T_end - d_j - dist(j, end))``), or :data:`NEVER` when even the opening time is
-    too late; a node is admissible iff ``max(arrival, opening) <= latest``, i.e. iff
-    ``arrival <= latest`` (equivalent to the paper's two conditions).
-    """
+    """K tourists of one region as tensors (node 0 = start, ``n - 1`` = end copy of the start,
+    both open from ``t_start`` to ``t_end``, duration and score 0). ``latest[k, j] = min(c_j,
+    T_end - d_j - dist(j, end))`` is the latest start of a visit of j (:data:`NEVER` when even
+    the opening is too late): j is admissible iff ``arrival <= latest`` (the paper's two
+    conditions)."""
 
     region_id: str
     tourist_id: torch.Tensor  # [K] int64
-    coords: torch.Tensor  # [K, n, 2] float64
     dist_u: torch.Tensor  # [K, n, n] int32 travel time units (shared block + start/end rows)
     node_u: torch.Tensor  # [K, n, 4] int32: opening, closing, duration, latest (time units)
     t_start_u: torch.Tensor  # [K] int32
@@ -67,23 +61,6 @@ class Instances:
     def device(self) -> torch.device:
         return self.dist_u.device
 
-    # The columns of node_u, and float views in minutes (for people and tests).
-    open_u = property(lambda self: self.node_u[..., 0])
-    close_u = property(lambda self: self.node_u[..., 1])
-    dur_u = property(lambda self: self.node_u[..., 2])
-    latest_u = property(lambda self: self.node_u[..., 3])
-    distances = property(lambda self: self.dist_u.double() / TIME_UNITS_PER_MINUTE)
-    opening = property(lambda self: self.open_u.double() / TIME_UNITS_PER_MINUTE)
-    closing = property(lambda self: self.close_u.double() / TIME_UNITS_PER_MINUTE)
-    duration = property(lambda self: self.dur_u.double() / TIME_UNITS_PER_MINUTE)
-    t_start = property(lambda self: self.t_start_u.double() / TIME_UNITS_PER_MINUTE)
-    t_end = property(lambda self: self.t_end_u.double() / TIME_UNITS_PER_MINUTE)
-
-    def to(self, device: str | torch.device) -> Instances:
-        """A copy on ``device``."""
-        return Instances(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v)
-                            for k, v in self.__dict__.items()})
-
 
 def make_instances(region: Region, tourists: Tourists,
                    device: str | torch.device = "cpu") -> Instances:
@@ -103,14 +80,11 @@ def make_instances(region: Region, tourists: Tourists,
                          f"after t_start {t_start[bad]:g}")
     coords = region.coordinates(tourists.start_xy)  # [K, n, 2]
     dist = tourists.distances(region)  # [K, n, n] rounded minutes
-    opening = np.broadcast_to(region.opening, (k, n)).copy()
-    closing = np.broadcast_to(region.closing, (k, n)).copy()
-    opening[:, 0] = opening[:, -1] = t_start
-    closing[:, 0] = closing[:, -1] = t_end
-    duration = np.broadcast_to(region.duration, (k, n)).copy()
-    duration[:, 0] = duration[:, -1] = 0.0
+    opening, closing, duration = (np.broadcast_to(v, (k, n)).copy()
+                                  for v in (region.opening, region.closing, region.duration))
     scores = np.asarray(tourists.scores, dtype=np.float64).copy()
-    scores[:, 0] = scores[:, -1] = 0.0
+    for table, ends in ((opening, t_start), (closing, t_end), (duration, 0.0), (scores, 0.0)):
+        table[:, 0] = table[:, -1] = ends
 
     dist_u, open_u, close_u, dur_u = map(to_time_units, (dist, opening, closing, duration))
     ts_u, te_u = to_time_units(t_start), to_time_units(t_end)
@@ -128,40 +102,33 @@ def make_instances(region: Region, tourists: Tourists,
 
     return Instances(
         region_id=region.id, tourist_id=torch.tensor(np.array(tourists.tourist_id, dtype=np.int64)),
-        coords=torch.as_tensor(coords, device=device), dist_u=i32(dist_u),
-        node_u=i32(np.stack([open_u, close_u, dur_u, latest], axis=-1)), t_start_u=i32(ts_u),
-        t_end_u=i32(te_u), scores=torch.as_tensor(scores, dtype=torch.float32, device=device),
+        dist_u=i32(dist_u), node_u=i32(np.stack([open_u, close_u, dur_u, latest], axis=-1)),
+        t_start_u=i32(ts_u), t_end_u=i32(te_u),
+        scores=torch.as_tensor(scores, dtype=torch.float32, device=device),
         static=torch.as_tensor(static, dtype=torch.float32, device=device), t_max=t_max,
         s_max=s_max)
 
 
-def _pad_nodes(t: torch.Tensor, n: int, dims: tuple[int, ...], fill: int | float = 0,
-               ) -> torch.Tensor:
-    """``t`` with its node dimensions ``dims`` grown to ``n``: padding nodes go just before the
-    end node (which stays last), filled with ``fill``."""
+def _pad_nodes(t: torch.Tensor, n: int, dims: tuple[int, ...]) -> torch.Tensor:
+    """``t`` with its node dimensions ``dims`` grown to ``n``: zero padding nodes go just before
+    the end node (which stays last)."""
     m = t.shape[dims[0]]
     if m == n:
         return t
-    keep = torch.cat([torch.arange(m - 1), torch.full((n - m,), -1), torch.tensor([m - 1])])
-    real = keep >= 0
+    idx = torch.cat([torch.arange(m - 1), torch.tensor([n - 1])]).to(t.device)
     for d in dims:
         shape = list(t.shape)
         shape[d] = n
-        out = torch.full(shape, fill, dtype=t.dtype, device=t.device)
-        idx = real.nonzero().squeeze(1).to(t.device)
-        out.index_copy_(d, idx, t.index_select(d, keep[real].to(t.device)))
-        t = out
+        t = torch.zeros(shape, dtype=t.dtype, device=t.device).index_copy_(d, idx, t)
     return t
 
 
 def stack_instances(parts: list[Instances]) -> Instances:
     """One :class:`Instances` holding the tourists of ``parts`` (of one or several regions) in
-    order, padded to the largest node count.
-
-    Padding nodes sit just before each part's end node (which stays last) and can never be
-    visited (``latest`` is :data:`NEVER`, score 0), so the compacted decoder never computes with
-    them: a padded tourist gets the same rollouts as alone. ``t_max``/``s_max`` are the first
-    part's (the static features are already scaled per region).
+    order, padded to the largest node count. Padding nodes sit just before each part's end node
+    and can never be visited (``latest`` is :data:`NEVER`, score 0), so the compacted decoder
+    never computes with them: a padded tourist gets the same rollouts as alone.
+    ``t_max``/``s_max`` are the first part's (static features are already scaled per region).
     """
     if not parts:
         raise ValueError("no instances to stack")
@@ -170,13 +137,10 @@ def stack_instances(parts: list[Instances]) -> Instances:
     n = max(p.n_nodes for p in parts)
     padded = []
     for p in parts:
-        node_fill = torch.tensor([0, 0, 0, NEVER], dtype=p.node_u.dtype, device=p.device)
         node_u = _pad_nodes(p.node_u, n, (1,))
-        if p.n_nodes < n:
-            node_u[:, p.n_nodes - 1:n - 1] = node_fill
+        node_u[:, p.n_nodes - 1:n - 1, 3] = NEVER  # padding: never admissible
         padded.append(dict(
-            tourist_id=p.tourist_id, coords=_pad_nodes(p.coords, n, (1,)),
-            dist_u=_pad_nodes(p.dist_u, n, (1, 2)), node_u=node_u,
+            tourist_id=p.tourist_id, dist_u=_pad_nodes(p.dist_u, n, (1, 2)), node_u=node_u,
             t_start_u=p.t_start_u, t_end_u=p.t_end_u, scores=_pad_nodes(p.scores, n, (1,)),
             static=_pad_nodes(p.static, n, (1,))))
     ids = list(dict.fromkeys(p.region_id for p in parts))

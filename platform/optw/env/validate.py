@@ -1,9 +1,7 @@
-"""Route validator, independent of the environment's masks.
-
-It re-simulates a route with exact integer time arithmetic (hundredths of a minute) and checks:
-starts at node 0, ends at node n-1, valid indices, no repeated point, every visit started by its
-closing time, the end reached by T_end; it recomputes the score. Every route the system outputs
-is checked with it.
+"""Route validator, independent of the environment's masks: it re-simulates a route in exact
+integer time units and checks start 0, end n-1, valid indices, no repeated point, every visit
+started by its closing time and the end reached by T_end, and recomputes the score. Every route
+the system outputs is checked with it.
 """
 
 from __future__ import annotations

@@ -7,25 +7,17 @@
 
 from optw.model.checkpoint import (
     CHECK_ENV,
-    FORMAT,
-    FORMAT_VERSION,
     CheckpointError,
-    check_plain,
     checkpoint_dict,
-    convert_published,
-    is_published_state_dict,
     load_model,
-    model_from_state_dict,
     read_checkpoint,
     save_model,
     write_checkpoint,
 )
 from optw.model.config import ModelConfig
-from optw.model.network import EncoderLayer, PointerNet, heads_to_linear
+from optw.model.network import PointerNet
 
 __all__ = [
-    "CHECK_ENV", "check_plain", "write_checkpoint",
-    "FORMAT", "FORMAT_VERSION", "CheckpointError", "EncoderLayer", "ModelConfig", "PointerNet",
-    "checkpoint_dict", "convert_published", "heads_to_linear", "is_published_state_dict",
-    "load_model", "model_from_state_dict", "read_checkpoint", "save_model",
+    "CHECK_ENV", "CheckpointError", "ModelConfig", "PointerNet", "checkpoint_dict", "load_model",
+    "read_checkpoint", "save_model", "write_checkpoint",
 ]

@@ -1,14 +1,10 @@
 """Model files: our own format and an importer for the paper authors' published weights.
 
-Our format is a ``torch.save`` of a dict, written by :func:`write_checkpoint` only::
-
-    {"format": "optw-model", "version": 1, "config": asdict(ModelConfig), "state_dict": ...,
-     ...extra keys (optimizer state, epoch, metrics) added by the training code}
-
-The authors' files (``*_500000.pt``) are bare state dicts of their ``RecPointerNetwork``
-(parameter names and shapes in ``shared/spec/published-checkpoints.md``); :func:`load_model`
-reads them as they are and maps them onto our layout. Everything is read with
-``torch.load(..., weights_only=True)``.
+Ours is a ``torch.save`` of ``{"format": "optw-model", "version": 1, "config": ...,
+"state_dict": ..., **extra}`` (optimizer state, epoch, metrics), written by
+:func:`write_checkpoint` only. The authors' files (``*_500000.pt``) are bare state dicts of their
+``RecPointerNetwork`` (``shared/spec/published-checkpoints.md``), mapped onto our layout on load.
+Everything is read with ``torch.load(..., weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -44,8 +40,7 @@ _LEAVES = (torch.Tensor, torch.dtype, torch.device, torch.Size)
 
 
 def check_plain(obj: Any, where: str = "") -> None:
-    """``TypeError`` naming the first value ``torch.load(weights_only=True)`` would refuse
-    (numpy scalars, dataclasses, paths, ...)."""
+    """``TypeError`` naming the first value ``torch.load(weights_only=True)`` would refuse."""
     if isinstance(obj, _LEAVES) or type(obj) in _PLAIN:  # exact: np.float64 is a float
         return
     if isinstance(obj, Mapping):
@@ -64,9 +59,8 @@ def check_plain(obj: Any, where: str = "") -> None:
 
 
 def write_checkpoint(obj: Mapping[str, Any], path: str | Path) -> Path:
-    """The one writer of model files, training snapshots and Ray Train checkpoints: checks
-    the object is plain (:func:`check_plain`) and replaces ``path`` atomically; with
-    ``$OPTW_CHECK_CHECKPOINTS`` set it also proves the bytes load with ``weights_only=True``."""
+    """The one writer of model files, training snapshots and Ray Train checkpoints: checks the
+    object is plain and replaces ``path`` atomically (:data:`CHECK_ENV`: and proves it loads)."""
     check_plain(obj)
     buf = io.BytesIO()
     torch.save(obj, buf)
@@ -79,8 +73,7 @@ def write_checkpoint(obj: Mapping[str, Any], path: str | Path) -> Path:
 
 
 def _numpy_scalar_globals() -> list:
-    """What a pickled numpy number needs (its reconstructor and numeric dtypes): the only
-    globals a checkpoint may name."""
+    """The only globals a checkpoint may name: what a pickled numpy number needs."""
     import numpy as np
 
     try:
@@ -122,18 +115,12 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return _to_plain(obj)
 
 
-_LAYER = re.compile(r"^encoder\.layers\.(\d+)\.")
-
-
-def is_published_state_dict(obj: Any) -> bool:
-    """True for a bare state dict in the authors' naming (``encoder.*`` / ``decoder.*``)."""
-    return isinstance(obj, Mapping) and bool(obj) and all(
-        isinstance(k, str) and k.startswith(("encoder.", "decoder.")) for k in obj)
-
-
-def _published_config(sd: Mapping[str, torch.Tensor]) -> ModelConfig:
+def convert_published(sd: Mapping[str, torch.Tensor]) -> tuple[ModelConfig, dict]:
+    """The authors' state dict -> (config, our state dict); :class:`CheckpointError` if it is
+    of another architecture."""
     try:
-        n_layers = 1 + max(int(m.group(1)) for k in sd if (m := _LAYER.match(k)))
+        n_layers = 1 + max(int(m.group(1)) for k in sd
+                           if (m := re.match(r"encoder\.layers\.(\d+)\.", k)))
         n_heads, d_model, _ = sd["encoder.layers.0.enc_self_attn.attention.w_q"].shape
         d_ff = sd["encoder.layers.0.pos_ffn.w_1.weight"].shape[0]
         n_static = sd["encoder.L1.weight"].shape[1]
@@ -142,16 +129,10 @@ def _published_config(sd: Mapping[str, torch.Tensor]) -> ModelConfig:
         raise CheckpointError("not the authors' recursive pointer network (missing or odd "
                               f"entry: {exc})") from exc
     try:
-        return ModelConfig(d_model=int(d_model), n_heads=int(n_heads), n_layers=n_layers,
-                           d_ff=int(d_ff), n_static=int(n_static), n_dynamic=int(n_dynamic))
+        cfg = ModelConfig(d_model=int(d_model), n_heads=int(n_heads), n_layers=n_layers,
+                          d_ff=int(d_ff), n_static=int(n_static), n_dynamic=int(n_dynamic))
     except ValueError as exc:
         raise CheckpointError(f"incompatible published checkpoint: {exc}") from exc
-
-
-def convert_published(sd: Mapping[str, torch.Tensor]) -> tuple[ModelConfig, dict]:
-    """The authors' state dict -> (config, our state dict). Raises :class:`CheckpointError` on
-    missing, unexpected or mis-shaped entries (another architecture)."""
-    cfg = _published_config(sd)
     src = dict(sd)
 
     def take(name: str) -> torch.Tensor:
@@ -184,23 +165,24 @@ def convert_published(sd: Mapping[str, torch.Tensor]) -> tuple[ModelConfig, dict
     return cfg, out
 
 
-def model_from_state_dict(cfg: ModelConfig, state_dict: Mapping[str, torch.Tensor]) -> PointerNet:
-    """A :class:`PointerNet` with these weights; shape or name mismatches raise
-    :class:`CheckpointError`."""
+def model_from_state_dict(cfg: ModelConfig, state_dict: Mapping[str, torch.Tensor],
+                          path: str | Path) -> PointerNet:
+    """A :class:`PointerNet` with these weights (:class:`CheckpointError` naming ``path`` if
+    they misfit)."""
     model = PointerNet(cfg)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(f"weights do not fit the model: missing {missing[:5]}, "
+        raise CheckpointError(f"{path}: weights do not fit the model: missing {missing[:5]}, "
                               f"unexpected {unexpected[:5]}")
     for name, value in state_dict.items():
         if not isinstance(value, torch.Tensor) or value.shape != expected[name].shape:
             shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value)
-            raise CheckpointError(f"{name} has shape {shape}, the model expects "
+            raise CheckpointError(f"{path}: {name} has shape {shape}, the model expects "
                                   f"{tuple(expected[name].shape)}")
         if not torch.isfinite(value).all():
-            raise CheckpointError(f"{name} holds non-finite values (corrupt checkpoint?)")
+            raise CheckpointError(f"{path}: {name} holds non-finite values (corrupt checkpoint?)")
     model.load_state_dict(state_dict)
     return model
 
@@ -218,27 +200,19 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> Po
             state_dict = obj["state_dict"]
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{path}: bad optw-model checkpoint ({exc})") from exc
-    elif is_published_state_dict(obj):
+    elif isinstance(obj, Mapping) and obj and all(  # the authors' bare state dict
+            isinstance(k, str) and k.startswith(("encoder.", "decoder.")) for k in obj):
         cfg, state_dict = convert_published(obj)
     else:
         kind = type(obj).__name__
         keys = f" with keys {sorted(map(str, obj))[:5]}" if isinstance(obj, Mapping) else ""
         raise CheckpointError(f"{path} is not an OPTW model checkpoint (a {kind}{keys}); expected "
                               "our 'optw-model' format or the authors' published state dict")
-    try:
-        model = model_from_state_dict(cfg, state_dict)
-    except CheckpointError as exc:
-        raise CheckpointError(f"{path}: {exc}") from exc
-    model.trained_on = trained_regions(obj)
-    return model.to(map_location).eval()
-
-
-def trained_regions(obj: Any) -> tuple[str, ...] | None:
-    """The regions a checkpoint was trained on (its training state's), or None where the file
-    does not say (the authors' published weights)."""
-    train = obj.get("train") if isinstance(obj, Mapping) else None
+    model = model_from_state_dict(cfg, state_dict, path)
+    train = obj.get("train") if isinstance(obj, Mapping) else None  # None: published weights
     regions = train.get("regions") if isinstance(train, Mapping) else None
-    return tuple(str(r) for r in regions) if regions else None
+    model.trained_on = tuple(str(r) for r in regions) if regions else None
+    return model.to(map_location).eval()
 
 
 def checkpoint_dict(model: PointerNet, **extra: Any) -> dict:

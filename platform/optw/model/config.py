@@ -15,13 +15,10 @@ MAX_D_MODEL, MAX_D_FF, MAX_LAYERS = 8192, 65536, 64
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The paper's pointer network; defaults are the published architecture.
-
-    ``recursion``: attention keys come from the previous decoding step's final encoder output
-    (the paper's "transformer with recursion"); False gives a vanilla transformer whose keys come
-    from each layer's input. ``graph``: attention masked by the ``"lookahead"`` graph Ad, or by
-    the ``"complete"`` graph over the admissible nodes.
-    """
+    """The paper's pointer network; defaults are the published architecture. ``recursion``:
+    attention keys from the previous step's final encoder output (False: from each layer's
+    input, a vanilla transformer). ``graph``: attention masked by the ``"lookahead"`` graph Ad or
+    the ``"complete"`` graph over the admissible nodes."""
 
     d_model: int = 128
     n_heads: int = 8
@@ -34,8 +31,7 @@ class ModelConfig:
     n_dynamic: int = N_DYNAMIC
 
     def __post_init__(self) -> None:
-        """Every value checked in turn (sizes before their ratios: ``n_heads = 0`` is an error
-        naming it, not a ZeroDivisionError); :class:`ConfigError` naming the key."""
+        """Every value checked, sizes before their ratios; :class:`ConfigError` names the key."""
         for name, hi in (("d_model", MAX_D_MODEL), ("n_heads", MAX_D_MODEL),
                          ("n_layers", MAX_LAYERS), ("d_ff", MAX_D_FF)):
             v = getattr(self, name)

@@ -1,24 +1,24 @@
 """Fast CPU building blocks: linear layers through the faster of MKL and oneDNN, and
 memory-lean training blocks.
 
-:func:`linear` sends 2-D float32 CPU inputs of at least :data:`MIN_ROWS` rows to oneDNN
-(``torch.ops.mkldnn._linear_pointwise``, which fuses the activation or a residual addition),
-with a hand-written backward, and takes ``F.linear`` anywhere else. Inference uses oneDNN
-wherever it is present, training only on AVX-512 processors (``docs/measurements.md``); a
-computation always takes the same kernels on a given machine, so resumed runs stay exact.
+:func:`linear` sends 2-D float32 CPU inputs of at least :data:`MIN_ROWS` rows to oneDNN (which
+fuses the activation or a residual addition), with a hand-written backward, else ``F.linear``.
+Inference uses oneDNN wherever present, training only on AVX-512 processors
+(``docs/measurements.md``); a machine always takes the same kernels, so resumed runs stay exact.
 oneDNN compiles one kernel per input shape: callers keep the distinct row counts few.
 
 :func:`layer_norm`, :func:`feed_forward`, :func:`pointer_logits` and :func:`embed` compute the
-values of the plain compositions but keep fewer tensors for the backward. Inside
-:func:`deferred_grads` their backward sums each weight's gradient in place over its uses.
+plain compositions' values but keep fewer tensors for the backward, which inside
+:func:`deferred_grads` sums each weight's gradient in place over its uses.
 """
 
 from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -66,21 +66,25 @@ def _mm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, act: str,
     return y if act == "none" else (y.relu_() if act == "relu" else y.tanh_())
 
 
-_WT: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
+def _cached(cache: dict, w: torch.Tensor, make: Callable, size: int) -> Any:
+    """``make(w)``, cached per tensor until its version or storage changes."""
+    key = (w._version, w.data_ptr())
+    entry = cache.get(id(w))
+    if entry is not None and entry[0]() is w and entry[1] == key:
+        return entry[2]
+    value = make(w)
+    if len(cache) > size:  # the others are of weights long gone
+        cache.clear()
+    cache[id(w)] = (weakref.ref(w), key, value)
+    return value
+
+
+_WT: dict = {}
 
 
 def _transposed(w: torch.Tensor) -> torch.Tensor:
-    """``w.t().contiguous()``, cached per weight until its version or storage changes (a
-    backward through T decoding steps uses each weight T times)."""
-    entry = _WT.get(id(w))
-    if (entry is not None and entry[0]() is w and entry[1] == w._version
-            and entry[2] == w.data_ptr()):
-        return entry[3]
-    wt = w.detach().t().contiguous()
-    if len(_WT) > 256:  # weights long gone
-        _WT.clear()
-    _WT[id(w)] = (weakref.ref(w), w._version, w.data_ptr(), wt)
-    return wt
+    """``w.t().contiguous()``, cached (a backward through T steps uses each weight T times)."""
+    return _cached(_WT, w, lambda w: w.detach().t().contiguous(), 256)
 
 
 def _grad_needed(*tensors: torch.Tensor | None) -> bool:
@@ -88,9 +92,8 @@ def _grad_needed(*tensors: torch.Tensor | None) -> bool:
 
 
 class WeightGrads:
-    """Weight gradients of a backward summed in place (:func:`deferred_grads`): each use of a
-    weight adds ``gᵀ·x`` into its sum with one ``addmm_`` (its bias's: ``g.sum(0)``) instead of
-    a product and an addition per use; :meth:`flush` moves the sums into ``.grad``."""
+    """Weight gradients of a backward summed in place (:func:`deferred_grads`): each use adds
+    ``gᵀ·x`` with one ``addmm_`` (not a product and an addition); :meth:`flush` fills ``.grad``."""
 
     def __init__(self) -> None:
         self._sums: dict[tuple[int, int], list] = {}
@@ -114,9 +117,11 @@ class WeightGrads:
     def flush(self) -> None:
         """Add every weight's sum to its ``.grad``."""
         for w, b, gw, gb in self._sums.values():
-            _accumulate(w, gw)
-            if b is not None:
-                _accumulate(b, gb)
+            for p, g in ((w, gw), (b, gb)):
+                if p is not None and p.grad is None:
+                    p.grad = g.contiguous()
+                elif p is not None:
+                    p.grad.add_(g)
         self._sums.clear()
 
 
@@ -132,13 +137,6 @@ def _weight_grad(g: torch.Tensor, x: torch.Tensor,
     else:
         into.addmm_(g.t(), x)
     return into
-
-
-def _accumulate(p: torch.Tensor, g: torch.Tensor) -> None:
-    if p.grad is None:
-        p.grad = g.contiguous()
-    else:
-        p.grad.add_(g)
 
 
 _DEFERRED: WeightGrads | None = None
@@ -169,9 +167,8 @@ def _defer(w: torch.Tensor, b: torch.Tensor | None, g: torch.Tensor, x: torch.Te
     return (_weight_grad(g, x) if need_w else None), (g.sum(0) if need_b else None)
 
 
-def tracing() -> bool:
-    """Whether ``torch.compile`` is tracing (compiled code takes the plain compositions)."""
-    return torch.compiler.is_compiling()
+#: Whether ``torch.compile`` is tracing (compiled code takes the plain compositions).
+tracing = torch.compiler.is_compiling
 
 
 def fast_rows(x: torch.Tensor) -> bool:
@@ -248,21 +245,12 @@ class _LayerNormFromOutput(torch.autograd.Function):
 
 #: The output-based layer-norm backward is used while every |weight| is at least this.
 LN_MIN_WEIGHT = 0.05
-_LN_OK: dict[int, tuple[weakref.ref, int, bool]] = {}
+_LN_OK: dict = {}
 
 
 def ln_weight_ok(weight: torch.Tensor) -> bool:
-    """``min |weight| >= LN_MIN_WEIGHT``, cached per parameter until its version changes."""
-    if not isinstance(weight, torch.nn.Parameter):
-        return bool(weight.detach().abs().min() >= LN_MIN_WEIGHT)
-    entry = _LN_OK.get(id(weight))
-    if entry is not None and entry[0]() is weight and entry[1] == weight._version:
-        return entry[2]
-    ok = bool(weight.detach().abs().min() >= LN_MIN_WEIGHT)
-    if len(_LN_OK) > 4096:  # parameters of models long gone
-        _LN_OK.clear()
-    _LN_OK[id(weight)] = (weakref.ref(weight), weight._version, ok)
-    return ok
+    """``min |weight| >= LN_MIN_WEIGHT``, cached."""
+    return _cached(_LN_OK, weight, lambda w: bool(w.detach().abs().min() >= LN_MIN_WEIGHT), 4096)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,

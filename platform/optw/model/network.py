@@ -1,20 +1,15 @@
 """The paper's recursive, graph-masked pointer network (one decoding step at a time).
 
-Blocks (``shared/spec/published-checkpoints.md``):
+Blocks (``shared/spec/published-checkpoints.md``): embeddings ``[tanh(L1 · static), tanh(L2 ·
+dynamic)]``; transformer layers with, per head, ``q = x·W_q``, ``k = r·W_k``, ``v = x·W_v`` (``x``
+the layer's input, ``r`` the encoder's FINAL output of the previous decoding step: recursion),
+scores ``q·kᵀ/sqrt(d_k)``, -1e32 where ``Ad = 0``, heads concatenated, output projection,
+``LN(x + ·)``, then ``LN(y + W2 relu(W1 y))``; an LSTM cell with learned ``(h0, c0)``; an
+additive pointer ``C·tanh(Vᵀ tanh(W1 h_j + W2 h_lstm))``, inadmissible nodes ``-inf``.
 
-- embeddings ``e = [tanh(L1 · static), tanh(L2 · dynamic)]`` (64 + 64);
-- a set encoder of transformer layers. Per head, ``q = x·W_q``, ``k = r·W_k``, ``v = x·W_v``
-  where ``x`` is the layer's input and ``r`` the encoder's FINAL output of the previous decoding
-  step (recursion; both layers use the same ``r``); scores ``q·kᵀ/sqrt(d_k)``, -1e32 where
-  ``Ad = 0`` (their weight is exactly 0); heads concatenated, output projection, ``LN(x + ·)``; then
-  ``LN(y + W2 relu(W1 y))``;
-- a sequence encoder: an LSTM cell with learned initial state ``(h0, c0)``;
-- an additive pointer: ``u_j = Vᵀ tanh(W1 h_j + W2 h_lstm)``, logits ``C·tanh(u_j)``,
-  inadmissible nodes ``-inf``.
-
-Per-head projections are fused (queries and values of all heads in one ``d -> 2d`` product,
-the keys of all layers in one ``d -> n_layers·d`` product). The network works on packed node
-rows of many routes at once; a :class:`Layout` says which rows form each route's attention table.
+Per-head projections are fused (queries and values of all heads in one ``d -> 2d`` product, the
+keys of all layers in one ``d -> n_layers·d`` product). The network works on packed node rows of
+many routes; a :class:`Layout` says which rows form each route's attention table.
 """
 
 from __future__ import annotations
@@ -42,19 +37,21 @@ MASKED_SCORE = -1e32
 
 
 def heads_to_linear(w: torch.Tensor) -> torch.Tensor:
-    """Per-head projections ``w[H, d_in, d_k]`` -> a Linear weight ``[H·d_k, d_in]`` (the heads'
-    outputs concatenated in head order)."""
+    """Per-head projections ``w[H, d_in, d_k]`` -> a Linear weight ``[H·d_k, d_in]``."""
     h, d_in, d_k = w.shape
     return w.permute(0, 2, 1).reshape(h * d_k, d_in)
 
 
+def graph_bias(adj: torch.Tensor) -> torch.Tensor:
+    """Attention bias [R, 1, m, m] from the bool graph ``adj[R, m, m]``."""
+    return torch.where(adj, 0.0, MASKED_SCORE).unsqueeze(1)
+
+
 @dataclass
 class Bucket:
-    """Routes whose rows form one padded table ``[n_routes, width]`` starting at row ``start``;
-    ``bias[n_routes, 1, width, width]`` is 0 where the graph allows attention, -1e32 elsewhere
-    (padding rows are never a column and attend to themselves only)."""
+    """Routes whose rows form one padded table ``[n_routes, width]``; ``bias[n_routes, 1, width,
+    width]``: 0 where the graph allows attention, else -1e32 (padding is never a column)."""
 
-    start: int
     n_routes: int
     width: int
     bias: torch.Tensor
@@ -62,23 +59,15 @@ class Bucket:
 
 @dataclass
 class Layout:
-    """Where the packed node rows ``[N, ...]`` of a batch of routes go for attention.
-
-    Row-wise blocks run on the N packed rows; attention runs per bucket (routes of similar row
-    counts, laid end to end) on a padded table: ``gather[T]`` is the packed row of each padded
-    position (padding repeats a row of the same route, masked as a column), ``back[N]`` the
-    padded position of each packed row, ``route[N]`` each packed row's route.
-    """
+    """Where the packed node rows ``[N, ...]`` go for attention, which runs per bucket on a
+    padded table: ``gather[T]`` is the packed row of each padded position (padding repeats a row
+    of the route, masked as a column), ``back[N]`` each packed row's padded position,
+    ``route[N]`` its route."""
 
     route: torch.Tensor
     gather: torch.Tensor
     back: torch.Tensor
     buckets: list[Bucket]
-
-    @staticmethod
-    def graph_bias(adj: torch.Tensor) -> torch.Tensor:
-        """Attention bias [R, 1, m, m] from the bool graph ``adj[R, m, m]``."""
-        return torch.where(adj, 0.0, MASKED_SCORE).unsqueeze(1)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
@@ -93,8 +82,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
 
 
 def _products_win(r: int, m: int, grad: bool) -> bool:
-    """Whether batched products beat PyTorch's fused CPU attention for ``r`` tables of ``m``
-    rows (``benchmarks/bench_attention.py``)."""
+    """Whether batched products beat the fused CPU attention (``benchmarks/bench_attention.py``)."""
     if torch.get_num_threads() >= 2:
         return (r >= 4 and 32 <= m <= 64) or (r >= 32 and m <= 16)
     return grad and r >= 16 and m <= 48
@@ -102,8 +90,7 @@ def _products_win(r: int, m: int, grad: bool) -> bool:
 
 def bucket_attention(q_all: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor,
                      layout: Layout, n_heads: int) -> torch.Tensor:
-    """Multi-head attention on the padded tables ``q_all, k_all, v_all [T, d]`` of
-    ``layout``, bucket by bucket: the heads' outputs concatenated, [T, d]."""
+    """Multi-head attention on the padded tables ``[T, d]`` of ``layout``, bucket by bucket."""
     d = q_all.shape[1]
     dk = d // n_heads
     buckets = layout.buckets
@@ -141,9 +128,8 @@ class EncoderLayer(nn.Module):
         d = x.shape[1]
         q, v = linear(x, self.qv.weight).split(d, dim=1)
         # separate contiguous gathers: the attention kernel then keeps them without copies
-        q_all = q.index_select(0, layout.gather)
-        v_all = v.index_select(0, layout.gather)
-        o = bucket_attention(q_all, keys, v_all, layout, self.n_heads)  # [T, d]
+        o = bucket_attention(q.index_select(0, layout.gather), keys,
+                             v.index_select(0, layout.gather), layout, self.n_heads)  # [T, d]
         # projecting in the padded layout keeps only the kernel's output for the backward
         z = linear(o, self.out.weight, self.out.bias).index_select(0, layout.back) + x
         y = layer_norm(z, self.norm1.weight, self.norm1.bias, self.norm1.eps)
@@ -151,15 +137,11 @@ class EncoderLayer(nn.Module):
         return layer_norm(z, self.norm2.weight, self.norm2.bias, self.norm2.eps)
 
     def dense(self, x: torch.Tensor, keys: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """The same layer on full tables: ``x`` and ``keys`` [R·n, d] (route-major rows of R
-        routes of n nodes), ``bias`` [R, 1, n, n]; no gathers, one attention call."""
+        """The same layer on full route-major tables ``x``, ``keys`` [R·n, d]: no gathers."""
         r, n = bias.shape[0], bias.shape[-1]
-        d = x.shape[1]
-        h = self.n_heads
+        d, h = x.shape[1], self.n_heads
         qv = linear(x, self.qv.weight)
-        q = qv[:, :d].reshape(r, n, h, d // h).transpose(1, 2)
-        v = qv[:, d:].reshape(r, n, h, d // h).transpose(1, 2)
-        k = keys.reshape(r, n, h, d // h).transpose(1, 2)
+        q, v, k = (t.reshape(r, n, h, d // h).transpose(1, 2) for t in (qv[:, :d], qv[:, d:], keys))
         o = attention(q, k, v, bias, 1.0 / math.sqrt(d // h)).transpose(1, 2).reshape(r * n, d)
         z = linear(o, self.out.weight, self.out.bias, add=x)
         y = layer_norm(z, self.norm1.weight, self.norm1.bias, self.norm1.eps)
@@ -189,9 +171,8 @@ class PointerNet(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """The authors' initialisation: Xavier-uniform for every weight with 2+ dimensions, in
-        the authors' layouts (per-head projections as ``[H, d, d_k]``, ``V`` as ``[d, 1]``,
-        ``h0``/``c0`` as ``[1, d]``); biases keep PyTorch's defaults, layer norms (1, 0)."""
+        """The authors' initialisation: Xavier-uniform for weights with 2+ dimensions in their
+        layouts (per-head projections ``[H, d, d_k]``); biases and layer norms PyTorch's."""
         h, d = self.cfg.n_heads, self.cfg.d_model
         for name, p in self.named_parameters():
             if p.dim() < 2:
@@ -216,20 +197,18 @@ class PointerNet(nn.Module):
     def encode(self, x: torch.Tensor, rec: torch.Tensor, layout: Layout,
                rec_rows: torch.Tensor | None = None, key_weight: torch.Tensor | None = None,
                ) -> torch.Tensor:
-        """One set-encoder pass over the packed rows ``x[N, d]`` of ``layout``. ``rec``: the
-        previous pass's output (recursion), ``rec_rows`` its row for each row of ``x`` (None: the
-        same rows); keys are projected from ``rec`` then gathered, so rows shared by beam
-        siblings are projected once. ``key_weight``: :meth:`key_weight`, made once by a caller."""
-        layers = self.layers
+        """One set-encoder pass over the packed rows ``x[N, d]``. ``rec``: the previous pass's
+        output, ``rec_rows`` its row for each row of ``x`` (None: the same rows); keys are
+        projected from ``rec``, then gathered (rows shared by beam siblings projected once)."""
         d = x.shape[1]
         if self.cfg.recursion:
             w = self.key_weight() if key_weight is None else key_weight
             keys = linear(rec, w)  # every layer's keys in one product
             rows = layout.gather if rec_rows is None else rec_rows.index_select(0, layout.gather)
-            for layer, k in zip(layers, keys.split(d, dim=1), strict=True):
+            for layer, k in zip(self.layers, keys.split(d, dim=1), strict=True):
                 x = layer(x, k.index_select(0, rows), layout)
         else:
-            for layer in layers:
+            for layer in self.layers:
                 x = layer(x, linear(x, layer.k.weight).index_select(0, layout.gather), layout)
         return x
 
@@ -239,8 +218,7 @@ class PointerNet(nn.Module):
 
     def encode_dense(self, x: torch.Tensor, rec: torch.Tensor, bias: torch.Tensor,
                      ) -> torch.Tensor:
-        """:meth:`encode` on full tables (every node a row, the static rollout): ``x`` and
-        ``rec`` [R·n, d] route-major, ``bias`` [R, 1, n, n] the graph's attention bias."""
+        """:meth:`encode` on full route-major tables ``[R·n, d]`` (the static rollout)."""
         d = x.shape[1]
         if self.cfg.recursion:
             keys = linear(rec, self.key_weight())

@@ -3,11 +3,10 @@
 :class:`StackedPointerNet` holds each parameter of P :class:`~optw.model.PointerNet` models of
 one config as one tensor with a leading member dimension. Rows stay packed ``[N, d]``, grouped
 by member in ascending order (:class:`Groups`). A member's linear layer is one product on its
-own slice on the CPU, and one batched product over a padded ``[P, M, ·]`` table on a GPU; the
-padded table exists only inside the product, so the backward keeps packed rows and a pack's
-activation memory is about its members' own. Attention runs on the decoder's buckets of all
-members' routes at once. Each member computes what its own network computes (the same blocks in
-the same order, up to float rounding), and its slice gets gradients only from its own rows.
+own slice on the CPU, one batched product over a padded ``[P, M, ·]`` table on a GPU (made only
+inside the product, so a pack's activation memory is about its members' own). Attention runs on
+all members' buckets at once. Each member computes what its own network computes (up to float
+rounding), and its slice gets gradients only from its own rows.
 """
 
 from __future__ import annotations
@@ -20,15 +19,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from optw.model import fastops
-from optw.model.config import ModelConfig
 from optw.model.network import Layout, PointerNet, bucket_attention
 
 
 @dataclass
 class Groups:
-    """Rows ``[N]`` of P members, grouped by member in ascending order: member p's rows are
-    ``starts[p] : starts[p] + counts[p]``; ``pos[i]`` is row i's slot in a padded table
-    ``[P, width]``."""
+    """Rows ``[N]`` of P members in member order (member p's: ``starts[p]`` on, ``counts[p]``);
+    ``pos[i]``: row i's slot in a padded table ``[P, width]``."""
 
     member: torch.Tensor
     pos: torch.Tensor
@@ -48,10 +45,6 @@ class Groups:
         rank = torch.arange(member.shape[0], device=member.device) - first.index_select(
             0, member)
         return Groups(member, member * width + rank, n_members, width, counts, starts)
-
-    def repeat(self, times: int) -> Groups:
-        """The groups of every row repeated ``times`` times in place (tourists -> node rows)."""
-        return Groups.of(self.member.repeat_interleave(times), self.n_members)
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """Packed rows ``x[N, f]`` -> the padded table ``[P, width, f]`` (padding zeros)."""
@@ -76,9 +69,8 @@ def _batched(x: torch.Tensor) -> bool:
 
 
 class _MemberLinear(torch.autograd.Function):
-    """``y_i = x_{index_i}·W[m_i]ᵀ + b[m_i]`` for the rows ``index`` (None: all) of ``x``, rows
-    of members ``m`` (``groups``). The backward keeps ``x`` (kept by its producer anyway), not
-    the gathered rows."""
+    """``y_i = x_{index_i}·W[m_i]ᵀ + b[m_i]`` for rows ``index`` (None: all) of members ``m``
+    (``groups``); the backward keeps ``x`` (kept by its producer anyway), not the gathered rows."""
 
     @staticmethod
     def forward(ctx, x, w, b, groups, index):
@@ -133,16 +125,9 @@ class _MemberLinear(torch.autograd.Function):
         return gx, gw, gb, None, None
 
 
-def _member_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, groups: Groups,
-                   index: torch.Tensor | None = None) -> torch.Tensor:
-    """:class:`_MemberLinear`: each member's ``x[index]·W[p]ᵀ + b[p]`` on its rows."""
-    return _MemberLinear.apply(x, w, b, groups, index)
-
-
 class _MemberLayerNorm(torch.autograd.Function):
     """Layer norm of packed rows ``x[N, d]`` with each row's member's ``w, b [P, d]``; the
-    backward recovers the normalised rows from the output while every ``|w|`` is at least
-    ``fastops.LN_MIN_WEIGHT`` (as the single model's does), else keeps them."""
+    backward recovers the normalised rows from the output as the single model's does."""
 
     @staticmethod
     def forward(ctx, x, w, b, member, eps):
@@ -197,7 +182,7 @@ class StackedPointerNet(nn.Module):
     def member(self, p: int) -> PointerNet:
         """Member ``p`` as a plain ``PointerNet`` (a copy of its weights, on their device)."""
         with torch.random.fork_rng(devices=[]):  # its random init must not move torch's RNG
-            net = PointerNet(ModelConfig.from_dict(self.cfg.to_dict()))
+            net = PointerNet(self.cfg)
         net.load_state_dict({name: w[p].detach().clone() for name, w in zip(
             self.names, self.weights, strict=True)})
         return net.to(self.weights[0].device)
@@ -205,19 +190,19 @@ class StackedPointerNet(nn.Module):
     def _linear(self, x: torch.Tensor, weight: str, bias: str | None, groups: Groups,
                 index: torch.Tensor | None = None) -> torch.Tensor:
         """Each member's linear layer on its rows of the packed ``x[N, in]`` (or ``x[index]``)."""
-        return _member_linear(x, self.w(weight), None if bias is None else self.w(bias), groups,
-                              index)
+        return _MemberLinear.apply(x, self.w(weight), None if bias is None else self.w(bias),
+                                   groups, index)
 
     def _layer_norm(self, x: torch.Tensor, name: str, rows: Groups) -> torch.Tensor:
         """Each member's layer norm ``name`` on its rows of the packed ``x[N, d]``."""
         return _MemberLayerNorm.apply(x, self.w(name + ".weight"), self.w(name + ".bias"),
                                       rows.member, self.eps)
 
-    def embed_static(self, static: torch.Tensor, tourists: Groups) -> torch.Tensor:
-        """``tanh(L1 · static)`` [K, n, d/2] for ``static[K, n, 7]`` of tourists ``tourists``."""
+    def embed_static(self, static: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
+        """``tanh(L1 · static)`` [K, n, d/2] for ``static[K, n, 7]`` of members ``member[K]``."""
         k, n, f = static.shape
         emb = self._linear(static.reshape(k * n, f), "static_embed.weight", "static_embed.bias",
-                           tourists.repeat(n))
+                           Groups.of(member.repeat_interleave(n), self.n_members))
         return torch.tanh(emb).view(k, n, -1)
 
     def embed(self, static_emb: torch.Tensor, dynamic: torch.Tensor, rows: Groups) -> torch.Tensor:
@@ -228,15 +213,13 @@ class StackedPointerNet(nn.Module):
 
     def encode(self, x: torch.Tensor, rec: torch.Tensor, layout: Layout, rows: Groups,
                rec_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """One set-encoder pass over the packed rows ``x[N, d]`` of ``layout`` (``rows``);
-        ``rec`` is the recursion input (ignored without recursion), ``rec_rows`` the row of
-        ``rec`` for each row of ``x`` (None: the same rows)."""
+        """:meth:`PointerNet.encode` of the packed rows ``x[N, d]`` of members ``rows``."""
         d = x.shape[1]
         n_layers = self.cfg.n_layers
         back = layout.back[:x.shape[0]]
         if self.cfg.recursion:
             w = torch.cat([self.w(f"layers.{i}.k.weight") for i in range(n_layers)], dim=1)
-            keys = _member_linear(rec, w, None, rows, rec_rows)
+            keys = _MemberLinear.apply(rec, w, None, rows, rec_rows)
         for i in range(n_layers):
             pre = f"layers.{i}."
             if self.cfg.recursion:
@@ -262,8 +245,8 @@ class StackedPointerNet(nn.Module):
     def lstm(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor, routes: Groups,
              ) -> tuple[torch.Tensor, torch.Tensor]:
         """One LSTM-cell step of routes ``routes`` (``x, h, c`` [R, d]), PyTorch's gate order."""
-        gates = (_member_linear(x, self.w("lstm.weight_ih"),
-                                self.w("lstm.bias_ih") + self.w("lstm.bias_hh"), routes)
+        gates = (_MemberLinear.apply(x, self.w("lstm.weight_ih"),
+                                     self.w("lstm.bias_ih") + self.w("lstm.bias_hh"), routes, None)
                  + self._linear(h, "lstm.weight_hh", None, routes))
         i, f, g, o = gates.chunk(4, dim=1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
@@ -271,10 +254,9 @@ class StackedPointerNet(nn.Module):
 
     def pointer(self, enc: torch.Tensor, h: torch.Tensor, rows: Groups, route: torch.Tensor,
                 routes: Groups) -> torch.Tensor:
-        """Logits [N] of the packed rows ``enc[N, d]`` (``rows``; ``route[N]`` their route)
-        for routes with LSTM states ``h[R, d]`` (``routes``)."""
+        """Logits [N] of rows ``enc[N, d]`` of routes ``route[N]``, LSTM states ``h[R, d]``."""
         query = self._linear(h, "ptr_query.weight", "ptr_query.bias", routes)
         u = torch.tanh(self._linear(enc, "ptr_ref.weight", None, rows)
                        + query.index_select(0, route))
-        t = _member_linear(u, self.w("ptr_v").transpose(1, 2), None, rows)  # [N, 1]
+        t = _MemberLinear.apply(u, self.w("ptr_v").transpose(1, 2), None, rows, None)  # [N, 1]
         return self.cfg.clip * torch.tanh(t).squeeze(1)
