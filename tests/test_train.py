@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from optw.checks import load_mapping
 from optw.errors import ConfigError
 from optw.train import Checkpointer, MetricsHistory, TrainConfig, train
 
@@ -93,20 +94,20 @@ def test_learning_rate_schedule():
 
 
 def test_config_files_and_errors(tmp_path):
-    """Configs load from TOML and YAML; unknown keys and bad values are named."""
+    """Configs build from TOML and YAML tables; unknown keys and bad values are named."""
     (tmp_path / "a.toml").write_text('[train]\nregions = ["c101"]\nepochs = 7\nbeta = 0.02\n')
-    assert TrainConfig.from_file(tmp_path / "a.toml").epochs == 7
+    assert TrainConfig.from_dict(load_mapping(tmp_path / "a.toml")["train"]).epochs == 7
     (tmp_path / "b.yaml").write_text("regions: [c101]\nbatch_size: 16\n")
-    assert TrainConfig.from_file(tmp_path / "b.yaml", epochs=3).batch_size == 16
+    assert TrainConfig.from_dict(load_mapping(tmp_path / "b.yaml")).batch_size == 16
     (tmp_path / "c.toml").write_text("epochz = 3\n")
     with pytest.raises(ConfigError, match="epochz"):
-        TrainConfig.from_file(tmp_path / "c.toml")
+        TrainConfig.from_dict(load_mapping(tmp_path / "c.toml"), "c.toml")
     with pytest.raises(ConfigError, match="batch_size"):
         TrainConfig(batch_size=0)
     with pytest.raises(ConfigError, match="lr_decay"):
         TrainConfig(lr_decay=1.5)
     with pytest.raises(ConfigError, match="not found"):
-        TrainConfig.from_file(tmp_path / "missing.toml")
+        load_mapping(tmp_path / "missing.toml")
     assert TrainConfig().config_hash() == TrainConfig(threads=2).config_hash()
     assert TrainConfig().config_hash() != TrainConfig(beta=0.1).config_hash()
     with pytest.raises(ConfigError, match="rollout = 'graphs': must be one of"):

@@ -10,9 +10,7 @@ from pathlib import Path
 
 def _names(values: list[str] | None) -> list[str] | None:
     """Accept ``--regions a b``, ``--regions a,b`` and repeated flags."""
-    if not values:
-        return None
-    return [v for item in values for v in item.split(",") if v]
+    return [v for item in values for v in item.split(",") if v] if values else None
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -6,8 +6,7 @@
   :data:`FIRST_ID` on; a tourist equal to one of the region's validation or benchmark tourists
   is dropped, so a demonstration is never a tourist the models are scored on. The first n
   tourists of a longer set are the n of a shorter one.
-- **Routes** are ILS's (:func:`~optw.baselines.ils.solve_ils`), each checked by the route
-  validator.
+- **Routes** are ILS's (:func:`~optw.baselines.ils.solve_ils`), each checked.
 - **Stored** in ``<catalog>/baselines/demos.parquet``, one row per demonstration, keyed by
   (region, seed, score kind, ILS version, index): a run that needs n demonstrations reads the
   first n and computes only the missing ones (:func:`get_demos`; on Ray with ``workers`` > 1).
@@ -23,11 +22,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tqdm import tqdm
 
-from optw.baselines.ils import ILS_VERSION
+from optw.baselines.ils import ILS_VERSION, solve_ils
 from optw.baselines.store import map_tasks
 from optw.catalog.generator import sample_tourists
 from optw.catalog.region import Region, Tourists
+from optw.catalog.store import open_catalog
 from optw.env.demos import Demonstrations
 from optw.env.validate import check_route
 from optw.paths import replace_atomic
@@ -76,38 +77,29 @@ def demo_tourists(region: Region, n: int, seed: int, held_out: Sequence[Tourists
                     out.start_xy, out.t_start, out.t_end, out.scores)
 
 
-def _rows(region: Region, tourists: Tourists, first: int, seed: int, kind: str) -> list[dict]:
-    """ILS routes of ``tourists`` (demonstrations ``first``, ``first + 1``, ...) as store
-    rows; an invalid route is a bug in the ILS and raises."""
-    from optw.baselines.ils import solve_ils
-
+def solve_block(catalog: str, region_id: str, start: int, stop: int, seed: int,
+                score_kind: str | None, localize: Callable[[str], str] | None = None,
+                ) -> list[dict]:
+    """Demonstrations ``start..stop-1`` of a region as store rows, each ILS route checked (an
+    invalid one is a bug in the ILS and raises). A Ray task; ``localize`` makes ``catalog`` a
+    folder on the task's node, as for the ILS baseline's tasks."""
+    cat = open_catalog(localize(catalog) if localize is not None else catalog)
+    region = cat.region(region_id)
+    tourists = demo_tourists(region, stop, seed, [cat.validation(region_id),
+                                                  cat.benchmark(region_id)], score_kind)
     rows = []
-    for i in range(len(tourists)):
+    for i in range(start, stop):
         res = solve_ils(region, tourists, i)
         check_route(region, res.route, tourists, i, claimed_score=res.score).raise_if_invalid(
-            f"the ILS route of demonstration {first + i} of {region.id}")
+            f"the ILS route of demonstration {i} of {region.id}")
         rows.append({
-            "region": region.id, "seed": int(seed), "score_kind": kind,
-            "ils_version": ILS_VERSION, "index": first + i,
+            "region": region.id, "seed": int(seed), "score_kind": score_kind or "default",
+            "ils_version": ILS_VERSION, "index": i,
             "tourist": int(tourists.tourist_id[i]), "start_x": float(tourists.start_xy[i, 0]),
             "start_y": float(tourists.start_xy[i, 1]), "t_start": float(tourists.t_start[i]),
             "t_end": float(tourists.t_end[i]), "scores": tourists.scores[i].tolist(),
             "route": list(res.route), "score": res.score, "seconds": res.seconds})
     return rows
-
-
-def solve_block(catalog: str, region_id: str, start: int, stop: int, seed: int,
-                score_kind: str | None, localize: Callable[[str], str] | None = None,
-                ) -> list[dict]:
-    """Demonstrations ``start..stop-1`` of a region as store rows (a Ray task; ``localize``
-    makes ``catalog`` a folder on the task's node, as for the ILS baseline's tasks)."""
-    from optw.catalog.store import open_catalog
-
-    cat = open_catalog(localize(catalog) if localize is not None else catalog)
-    region = cat.region(region_id)
-    tourists = demo_tourists(region, stop, seed, [cat.validation(region_id),
-                                                  cat.benchmark(region_id)], score_kind)
-    return _rows(region, tourists[start:stop], start, seed, score_kind or "default")
 
 
 def _read(path: Path) -> pd.DataFrame:
@@ -139,47 +131,37 @@ def get_demos(catalog, region_ids: Sequence[str], n: int, seed: int,
     :class:`~optw.catalog.Catalog`): the stored ones, and the missing ones computed (in
     ``workers`` Ray tasks when more than one, opening ``task_catalog`` through ``localize``
     as the ILS baseline's tasks do) and added to the store (unless ``write`` is false)."""
-    kind = score_kind or "default"
+    def ours(df: pd.DataFrame) -> pd.DataFrame:
+        return df[(df["seed"] == seed) & (df["score_kind"] == (score_kind or "default"))
+                  & (df["ils_version"] == ILS_VERSION)] if len(df) else df
+
     path = demos_path(catalog.path)
     stored = _read(path)
-    mine = stored[(stored["seed"] == seed) & (stored["score_kind"] == kind)
-                  & (stored["ils_version"] == ILS_VERSION)] if len(stored) else stored
+    mine = ours(stored)
     have = mine.groupby("region")["index"].apply(set).to_dict() if len(mine) else {}
     jobs = []
     for rid in region_ids:
         first = next((i for i in range(n) if i not in have.get(rid, set())), n)
         if first < n:
-            jobs.append((rid, first, n))
-    rows: list[dict] = []
+            jobs.append((task_catalog or str(catalog.path), rid, first, n, seed, score_kind))
     if jobs:
-        todo = sum(stop - start for _, start, stop in jobs)
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=todo, desc="demonstrations", unit="tourist", smoothing=0.05)
-        args = [(task_catalog or str(catalog.path), rid, start, stop, seed, score_kind)
-                for rid, start, stop in jobs]
+        rows: list[dict] = []
+        bar = tqdm(total=sum(n - job[2] for job in jobs), desc="demonstrations",
+                   unit="tourist", smoothing=0.05, disable=not progress)
         try:
-            for got in map_tasks(solve_block, args, workers, task_resources,
+            for got in map_tasks(solve_block, jobs, workers, task_resources,
                                  localize=localize):
                 rows += got
-                if bar is not None:
-                    bar.update(len(got))
+                bar.update(len(got))
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
         if write:
             stored = _write(path, stored, rows)
         else:
             stored = pd.concat([stored, pd.DataFrame(rows, columns=SCHEMA.names)])
-        mine = stored[(stored["seed"] == seed) & (stored["score_kind"] == kind)
-                      & (stored["ils_version"] == ILS_VERSION)]
-    out = {}
-    for rid in region_ids:
-        df = mine[(mine["region"] == rid) & (mine["index"] < n)].sort_values("index")
-        out[rid] = _demonstrations(rid, df)
-    return out
+        mine = ours(stored)
+    return {rid: _demonstrations(rid, mine[(mine["region"] == rid) & (mine["index"] < n)]
+                                 .sort_values("index")) for rid in region_ids}
 
 
 def _demonstrations(region_id: str, df: pd.DataFrame) -> Demonstrations:

@@ -1,21 +1,9 @@
 """Iterated Local Search (Vansteenwegen et al., 2009) for one OPTW route, compiled with numba.
 
-The algorithm and its pinned details follow ``shared/spec/ils.md`` (summary in ``docs/ils.md``):
-
-- insertion by the ratio S_j^2 / Shift_j, each node at its cheapest feasible position, O(1)
-  feasibility via Wait/MaxShift; ties go to the lower node index and the earliest position;
-- after inserting, a forward walk updates arrival/Wait/start/MaxShift of later visits until
-  the shift is absorbed, then MaxShift is recomputed backwards up to the start;
-- ``shake(R, S)`` removes R consecutive visits from visit ``S mod m`` (wrapping), then the
-  schedule is moved as early as possible;
-- stop after ``max_iter_no_improve`` iterations without a STRICTLY better score;
-- all times are exact integers in hundredths of a minute (rounded distances are whole
-  hundredths), so boundary cases never flip on floating-point noise.
-
-Two pins of our own: points with score <= 0 are never inserted, and an insertion with
-Shift <= 0 (zero visit durations and rounded-down distances) has ratio +inf. The forward walk
-is written as ``s_k' = max(a_k + shift, O_k)``, the published update for Shift >= 0 and still
-exact for a negative shift.
+The algorithm and its pinned details (tie-breaking, shake, stopping rule, our own pins for
+scores <= 0 and Shift <= 0) follow ``shared/spec/ils.md``, summarised in ``docs/ils.md``. All
+times are exact integers in hundredths of a minute, so boundary cases never flip on
+floating-point noise.
 """
 
 from __future__ import annotations
@@ -78,7 +66,8 @@ def _insertion_shift(rt, p, j, dist, opening, closing, duration, w, s, ms):
 
 @nb.njit(cache=True)
 def _best_insertion(rt, length, inr, dist, opening, closing, duration, score, w, s, ms):
-    """(node, position, shift) of the best S^2/Shift insertion, node -1 if none fits."""
+    """(node, position, shift) of the best S^2/Shift insertion, node -1 if none fits (scores
+    <= 0 never inserted; Shift <= 0 has ratio +inf)."""
     best_j, best_p, best_shift, best_ratio = -1, -1, 0, -1.0
     for j in range(1, dist.shape[0] - 1):
         if inr[j] or score[j] <= 0.0:
@@ -115,7 +104,7 @@ def _insert(rt, length, j, p, shift, inr, dist, opening, closing, duration, a, w
         if delta == 0:
             break
         a[q] += delta
-        new_s = max(a[q], opening[rt[q]])
+        new_s = max(a[q], opening[rt[q]])  # the published update, exact for shift < 0 too
         delta = new_s - s[q]  # == max(0, shift - old Wait) for a non-negative shift
         w[q] = new_s - a[q]
         s[q] = new_s
@@ -249,7 +238,7 @@ class RouteState:
     """A route with its Wait/MaxShift bookkeeping (exposes the kernels for tests/debugging)."""
 
     def __init__(self, problem: IlsProblem, route: list[int] | None = None):
-        n = problem.n_nodes
+        n, p = problem.n_nodes, problem
         self.p = problem
         self.rt, self.a, self.w, self.s, self.ms = (np.zeros(n + 1, np.int64) for _ in range(5))
         self.inr = np.zeros(n, dtype=np.bool_)
@@ -257,7 +246,7 @@ class RouteState:
         self.length = len(route)
         self.rt[: self.length] = route
         self.inr[route[1:-1]] = True
-        p = problem
+        self.times = (p.dist, p.opening, p.closing, p.duration)  # the kernels' instance args
         _forward(self.rt, self.length, p.dist, p.opening, p.duration, self.a, self.w, self.s)
         _backward(self.rt, self.length - 1, self.length, p.closing, self.w, self.s, self.ms)
 
@@ -267,22 +256,17 @@ class RouteState:
 
     def schedule(self) -> dict[str, np.ndarray]:
         """Copies of arrival, wait, start and MaxShift per position."""
-        n = self.length
-        return {"a": self.a[:n].copy(), "w": self.w[:n].copy(), "s": self.s[:n].copy(),
-                "ms": self.ms[:n].copy()}
+        return {k: getattr(self, k)[: self.length].copy() for k in ("a", "w", "s", "ms")}
 
     def insertion_shift(self, j: int, pos: int) -> int | None:
         """Shift of inserting ``j`` after position ``pos``, None when the O(1) check fails."""
-        p = self.p
-        sh = _insertion_shift(self.rt, pos, j, p.dist, p.opening, p.closing, p.duration,
-                              self.w, self.s, self.ms)
+        sh = _insertion_shift(self.rt, pos, j, *self.times, self.w, self.s, self.ms)
         return None if sh == _BIG else int(sh)
 
     def best_insertion(self) -> tuple[int, int, int] | None:
         """(node, position, shift) the local search would insert next, None at a local optimum."""
-        p = self.p
-        j, pos, sh = _best_insertion(self.rt, self.length, self.inr, p.dist, p.opening,
-                                     p.closing, p.duration, p.score, self.w, self.s, self.ms)
+        j, pos, sh = _best_insertion(self.rt, self.length, self.inr, *self.times, self.p.score,
+                                     self.w, self.s, self.ms)
         return None if j < 0 else (int(j), int(pos), int(sh))
 
     def insert(self, j: int, pos: int) -> None:
@@ -290,20 +274,16 @@ class RouteState:
         sh = self.insertion_shift(j, pos)
         if sh is None:
             raise ValueError(f"inserting node {j} after position {pos} is infeasible")
-        p = self.p
-        self.length = _insert(self.rt, self.length, j, pos, sh, self.inr, p.dist, p.opening,
-                              p.closing, p.duration, self.a, self.w, self.s, self.ms)
+        self.length = _insert(self.rt, self.length, j, pos, sh, self.inr, *self.times, self.a,
+                              self.w, self.s, self.ms)
 
     def local_search(self) -> None:
-        p = self.p
-        self.length = _local_search(self.rt, self.length, self.inr, p.dist, p.opening,
-                                    p.closing, p.duration, p.score, self.a, self.w, self.s,
-                                    self.ms)
+        self.length = _local_search(self.rt, self.length, self.inr, *self.times, self.p.score,
+                                    self.a, self.w, self.s, self.ms)
 
     def shake(self, r: int, start: int) -> None:
-        p = self.p
-        self.length = _shake(self.rt, self.length, r, start, self.inr, p.dist, p.opening,
-                             p.closing, p.duration, self.a, self.w, self.s, self.ms)
+        self.length = _shake(self.rt, self.length, r, start, self.inr, *self.times, self.a,
+                             self.w, self.s, self.ms)
 
 
 @dataclass(frozen=True)
@@ -376,6 +356,4 @@ def warm_up() -> None:
         duration=np.ones(4), opening=np.zeros(4), closing=np.full(4, 100.0),
         score=np.array([0, 1.0, 2.0, 0]), t_start=0.0, t_end=100.0, decimals=1,
     )
-    problem = IlsProblem.from_region(region)
-    solve_problem(problem, max_iter_no_improve=3)
-    solve_problem(problem, max_iter_no_improve=3, time_limit=10.0)
+    solve_problem(IlsProblem.from_region(region), max_iter_no_improve=3)

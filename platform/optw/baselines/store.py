@@ -1,12 +1,9 @@
 """Stored ILS results: Parquet files beside the catalog, filled incrementally and in parallel.
 
-One row per (region, tourist) (:data:`SCHEMA`) in two stores that never mix:
-``<catalog>/baselines/ils.parquet`` for our tourists (benchmark id 0, validation 1..64) and
-``ils_paper.parquet`` for the paper's sets (ids 1000..1063). Each file's metadata records the
-hash of the catalog file its tourists come from; rows of another ILS version or another build
-of those tourists are stale and are recomputed. Every write merges with the file on disk and
-replaces it atomically. Work runs as one Ray task per (region, kind) batch, or in-process with
-``workers=1``.
+One row per (region, tourist) (:data:`SCHEMA`) in two stores that never mix: ``ils.parquet``
+for our tourists and ``ils_paper.parquet`` for the paper's sets. Each file's metadata records
+the hash of the catalog file its tourists come from; rows of another ILS version or another
+build of those tourists are stale and are recomputed (docs/ils.md).
 """
 
 from __future__ import annotations
@@ -22,9 +19,17 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tqdm import tqdm
 
-from optw.baselines.ils import ILS_VERSION
-from optw.catalog.store import TOURIST_KINDS, CatalogError, write_parquet_atomic
+from optw.baselines.ils import ILS_VERSION, solve_ils, warm_up
+from optw.catalog.store import (
+    TOURIST_KINDS,
+    CatalogError,
+    default_catalog_dir,
+    open_catalog,
+    write_parquet_atomic,
+)
+from optw.env.validate import check_route
 from optw.errors import UserError
 from optw.raylocal import ensure_token
 
@@ -48,25 +53,17 @@ def ils_store_path(catalog_dir: Path | str | None = None, kind: str = "validatio
 
 
 def _store_path(catalog_dir: Path | str | None, store: str) -> Path:
-    from optw.catalog.store import default_catalog_dir
-
     return Path(catalog_dir or default_catalog_dir()) / "baselines" / store
 
 
 def _catalog_hash(catalog_dir: Path | str | None, store: str) -> str | None:
     """Hash of the catalog file the store's tourists come from (None: the catalog has none)."""
-    from optw.catalog.store import open_catalog
-
     return open_catalog(catalog_dir).manifest["files"].get(_SOURCE_OF[store])
-
-
-def _empty() -> pd.DataFrame:
-    return SCHEMA.empty_table().to_pandas()
 
 
 def _read(path: Path) -> tuple[pd.DataFrame, str | None]:
     if not path.exists():
-        return _empty(), None
+        return SCHEMA.empty_table().to_pandas(), None
     table = pq.read_table(path)
     sha = (table.schema.metadata or {}).get(_META_KEY)
     return table.to_pandas(), sha.decode() if sha else None
@@ -82,7 +79,7 @@ def load_ils_results(catalog_dir: Path | str | None = None) -> pd.DataFrame:
             parts.append(df[df["ils_version"] == ILS_VERSION])
     parts = [df for df in parts if len(df)]
     if not parts:
-        return _empty()
+        return SCHEMA.empty_table().to_pandas()
     df = pd.concat(parts, ignore_index=True)
     return df.sort_values(["region", "tourist"]).reset_index(drop=True)
 
@@ -117,10 +114,6 @@ def solve_region_batch(catalog_dir: str, region_id: str, kind: str, tourist_ids:
                        *, localize: Localize | None = None) -> list[dict]:
     """Store rows of the listed tourists of one region, each route checked (a Ray task;
     ``localize`` turns ``catalog_dir`` into a folder on this node, e.g. mirrors a URI)."""
-    from optw.baselines.ils import solve_ils
-    from optw.catalog.store import open_catalog
-    from optw.env.validate import check_route
-
     folder = localize(catalog_dir) if localize is not None else catalog_dir
     manifest = Path(folder) / "manifest.json"
     key = (str(folder), manifest.stat().st_mtime_ns if manifest.is_file() else 0)
@@ -167,14 +160,10 @@ def run_ils_baseline(catalog_dir: Path | str | None = None,
     ``tourists``: ``benchmark``, ``validation``, ``paper`` or ``all`` (every kind the catalog
     holds); ``force`` recomputes stored pairs; ``on_result`` gets each new row. New rows are
     flushed to the stores every ``flush_seconds`` and at the end (also when interrupted). The
-    Ray tasks open ``task_catalog`` (default: ``catalog_dir``) through ``localize`` on their
-    node (picklable, e.g. :func:`optw.distributed.mirror.local_catalog`) and each asks for the
-    custom resources ``task_resources``.
+    Ray tasks (one per (region, kind) batch, or in-process with ``workers=1``) open
+    ``task_catalog`` (default: ``catalog_dir``) through ``localize`` on their node (picklable,
+    e.g. :func:`optw.distributed.mirror.local_catalog`), asking for ``task_resources``.
     """
-    from tqdm import tqdm
-
-    from optw.catalog.store import default_catalog_dir, open_catalog
-
     t0 = time.perf_counter()
     catalog_dir = Path(catalog_dir or default_catalog_dir()).resolve()
     cat = open_catalog(catalog_dir)
@@ -221,25 +210,19 @@ def run_ils_baseline(catalog_dir: Path | str | None = None,
             flushed = len(new_rows)
         last_flush = time.perf_counter()
 
-    def accept(rows: list[dict]) -> None:
-        new_rows.extend(rows)
-        if on_result is not None:
-            for row in rows:
-                on_result(row)
-        bar.update(len(rows))
-        if time.perf_counter() - last_flush >= flush_seconds:
-            flush()
-
     try:
         if jobs:
-            from optw.baselines.ils import warm_up
-
             warm_up()  # compile once here, so workers load the numba cache
             where = task_catalog or str(catalog_dir)
             for rows in map_tasks(solve_region_batch,
                                   [(where, rid, kind, todo) for _, rid, kind, todo in jobs],
                                   workers, task_resources, localize=localize):
-                accept(rows)
+                new_rows.extend(rows)
+                for row in rows if on_result is not None else ():
+                    on_result(row)
+                bar.update(len(rows))
+                if time.perf_counter() - last_flush >= flush_seconds:
+                    flush()
     finally:
         flush()
         bar.close()
@@ -266,13 +249,12 @@ def map_tasks(fn: Callable[..., Any], calls: list[tuple], workers: int,
         return
     import ray
 
-    started = False
-    if not ray.is_initialized():
+    started = not ray.is_initialized()  # a local cluster of our own, shut down at the end
+    if started:
         ensure_token()
         ray.init(address="local", num_cpus=workers, include_dashboard=False,
                  object_store_memory=200 * 1024**2, configure_logging=True,
                  logging_level="ERROR")
-        started = True
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(fn)
         if resources:

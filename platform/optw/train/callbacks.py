@@ -43,44 +43,39 @@ class Callback:
 class ProgressBar(Callback):
     """A tqdm bar: epochs/s, mean reward, last validation score."""
 
-    def __init__(self, desc: str | None = None, every: int = 1):
-        self.desc, self.every, self.bar = desc, max(1, every), None
+    bar: Any = None
 
     def on_train_start(self, ctx: TrainContext) -> None:
         from tqdm import tqdm
 
-        desc = self.desc or ",".join(ctx.region_ids[:3]) + ("…" if len(ctx.region_ids) > 3 else "")
+        desc = ",".join(ctx.region_ids[:3]) + ("…" if len(ctx.region_ids) > 3 else "")
         self.bar = tqdm(total=ctx.total_epochs, initial=ctx.epoch, desc=desc, unit="epoch",
                         dynamic_ncols=True)
 
     def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
-        if self.bar is not None and (ctx.epoch % self.every == 0
-                                     or ctx.epoch == ctx.total_epochs):
-            self.bar.n = ctx.epoch
-            post = ({"reward": f"{metrics['mean_reward']:.1f}"} if "mean_reward" in metrics
-                    else {"imitation": f"{metrics['imitation_loss']:.3f}"})
-            if ctx.last_validation:
-                post["val"] = f"{ctx.last_validation['val_score']:.1f}"
-            self.bar.set_postfix(post, refresh=False)
-            self.bar.refresh()
+        self.bar.n = ctx.epoch
+        post = ({"reward": f"{metrics['mean_reward']:.1f}"} if "mean_reward" in metrics
+                else {"imitation": f"{metrics['imitation_loss']:.3f}"})
+        if ctx.last_validation:
+            post["val"] = f"{ctx.last_validation['val_score']:.1f}"
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.refresh()
 
     def on_train_end(self, ctx: TrainContext) -> None:
-        if self.bar is not None:
-            self.bar.n = ctx.epoch
-            self.bar.close()
+        self.bar.n = ctx.epoch
+        self.bar.close()
 
 
 class EarlyStopping(Callback):
     """Stop when the validation score has not improved for ``patience`` validations."""
 
-    def __init__(self, patience: int, min_delta: float = 0.0):
-        self.patience, self.min_delta = patience, min_delta
+    def __init__(self, patience: int):
+        self.patience, self.bad = patience, 0
         self.best: float | None = None
-        self.bad = 0
 
     def on_validation(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
         score = metrics["val_score"]
-        if self.best is None or score > self.best + self.min_delta:
+        if self.best is None or score > self.best:
             self.best, self.bad = score, 0
         else:
             self.bad += 1
@@ -107,15 +102,8 @@ class Checkpointer(Callback):
     validation score. ``last.pt`` resumes the run exactly (see :func:`optw.train.train`)."""
 
     def __init__(self, folder: str | Path, every: int = 0, keep_best: bool = True):
-        self.folder, self.every, self.keep_best = Path(folder), every, keep_best
-
-    @property
-    def last(self) -> Path:
-        return self.folder / "last.pt"
-
-    @property
-    def best(self) -> Path:
-        return self.folder / "best.pt"
+        self.every, self.keep_best = every, keep_best
+        self.last, self.best = Path(folder) / "last.pt", Path(folder) / "best.pt"
 
     def _save(self, ctx: TrainContext, path: Path, last: bool = True) -> None:
         from optw.model import write_checkpoint  # torch only where checkpoints are written

@@ -27,10 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=None, help="folder (default: runs/train/REGION)")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the weights and of training, 0..4294967295 (default: config)")
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--tourists-per-epoch", type=int, default=None)
-    p.add_argument("--val-every", type=int, default=None)
-    p.add_argument("--checkpoint-every", type=int, default=None)
+    for option in ("--batch-size", "--tourists-per-epoch", "--val-every", "--checkpoint-every"):
+        p.add_argument(option, type=int, default=None)
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads, 1..256 (default: the cores not busy with other work, "
                    "see optw.threads)")
@@ -46,7 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_train)
 
 
-#: TrainConfig key -> the ``optw train`` option that sets it, for error messages.
+#: TrainConfig key -> the ``optw train`` option that sets it (its value: the option's
+#: attribute of the parsed arguments, unless None or False).
 OPTIONS = {"regions": "--region", "epochs": "--epochs", "seed": "--seed",
            "batch_size": "--batch-size", "tourists_per_epoch": "--tourists-per-epoch",
            "val_every": "--val-every", "checkpoint_every": "--checkpoint-every",
@@ -63,13 +62,8 @@ def _config(args, base: dict | None = None):
     from optw.errors import ConfigError, UserError
     from optw.train.config import TrainConfig
 
-    overrides = {k: v for k, v in {
-        "regions": args.region, "epochs": args.epochs, "seed": args.seed,
-        "batch_size": args.batch_size, "tourists_per_epoch": args.tourists_per_epoch,
-        "val_every": args.val_every, "checkpoint_every": args.checkpoint_every,
-        "threads": args.threads, "device": args.device,
-        "finetune": True if args.finetune else None, "rollout": args.rollout,
-    }.items() if v is not None}
+    given = {k: getattr(args, opt[2:].replace("-", "_")) for k, opt in OPTIONS.items()}
+    overrides = {k: v for k, v in given.items() if v is not None and v is not False}
     data, source = {}, "command line"
     if args.config:
         data = load_mapping(args.config)
@@ -90,15 +84,23 @@ def _config(args, base: dict | None = None):
         raise
 
 
-def _check_device(device: str, named: str) -> None:
-    """A CUDA device that this machine has (before anything is written)."""
-    from optw.errors import ConfigError
-
-    if not device.startswith("cuda"):
-        return
+def _check_device(config, args) -> None:
+    """A CUDA device that this machine has, and one for the ``graph`` rollout (before
+    anything is written)."""
     import torch
 
-    if not torch.cuda.is_available():
+    from optw.errors import ConfigError, UserError
+
+    device, cuda = config.device, torch.cuda.is_available()
+    if not device.startswith("cuda"):
+        if config.rollout == "graph" and (device == "cpu" or not cuda):
+            named = "--rollout graph" if args.rollout else f"rollout = 'graph' in {args.config}"
+            raise UserError(f"{named} replays CUDA graphs, but this run's device is the CPU; "
+                            "use a CUDA device or another rollout")
+        return
+    named = ("--device" if args.device is not None
+             else f"device in {args.config or 'the checkpoint'}")
+    if not cuda:
         raise ConfigError(f"{named}: {device} asked for, but CUDA is not available on this "
                           "machine; use cpu or auto", "device")
     index = int(device[5:]) if device.startswith("cuda:") else 0
@@ -143,15 +145,7 @@ def _train(args) -> int:
                         "the --config file)")
     if args.patience is not None and args.patience < 1:
         raise UserError(f"--patience {args.patience}: give a number of validations >= 1")
-    _check_device(config.device, "--device" if args.device is not None else
-                  f"device in {args.config or 'the checkpoint'}")
-    if config.rollout == "graph" and not config.device.startswith("cuda"):
-        import torch
-
-        if config.device == "cpu" or not torch.cuda.is_available():
-            named = "--rollout graph" if args.rollout else f"rollout = 'graph' in {args.config}"
-            raise UserError(f"{named} replays CUDA graphs, but this run's device is the CPU; "
-                            "use a CUDA device or another rollout")
+    _check_device(config, args)
     catalog = open_catalog(args.catalog)
     nodes = max(catalog.region(rid).n_nodes for rid in config.regions)  # unknown: named
     check_fits(config, nodes, "--batch-size × --tourists-per-epoch")
@@ -194,9 +188,7 @@ def _train(args) -> int:
                 if not any(out.iterdir()):
                     out.rmdir()
         raise
-    val = result.last_validation
-    nan = float("nan")
-    trained = result.epochs - done
+    val, nan, trained = result.last_validation, float("nan"), result.epochs - done
     what = (f"trained {trained} more epochs ({result.epochs} in all)" if done
             else f"trained {trained} epochs")
     stopped = f" (stopped at {result.epochs} of {config.total_epochs})" if (

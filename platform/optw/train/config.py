@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optw.catalog.generator import VALIDATION_SIZE
-from optw.checks import from_table, integer, load_mapping, number, require
+from optw.catalog.generator import SCORE_KINDS, VALIDATION_SIZE
+from optw.checks import from_table, integer, number, require
 from optw.errors import ConfigError
 from optw.model.config import ModelConfig
 from optw.threads import MAX_THREADS
@@ -43,29 +43,26 @@ class TrainConfig:
     """REINFORCE training of one region (or of a global model over several regions).
 
     Defaults are the paper's and the published training args (B = 32, β = 0.01, gradient-norm
-    clip 1, Adam lr 1e-4 × 0.96 every 5,000 epochs down to 1e-5; fine-tuning fixed 1e-5).
+    clip 1, Adam lr 1e-4 × 0.96 every 5,000 epochs down to 1e-5; fine-tuning fixed 1e-5); every
+    setting is described in docs/recipes.md.
     """
 
     regions: list[str] = field(default_factory=list)
     epochs: int = 500_000
     batch_size: int = 32  # B sampled routes per tourist
     tourists_per_epoch: int = 1  # K tourists × B routes per step (per-tourist mean baseline)
-    #: several regions (a global model): false draws one region per step (the paper); true
-    #: draws a region for each of the K tourists, in one batch padded to the largest region
-    mix_regions: bool = False
+    mix_regions: bool = False  # a global model: a region per step (false) or per tourist
     lr: float = 1e-4
     lr_decay: float = 0.96
     lr_decay_every: int = 5_000
     lr_min: float = 1e-5
     #: step: lr·decay^(epoch // every) (the paper); cosine: to lr_min over ``epochs``;
-    #: cosine_time: to lr_min over ``max_minutes`` of training (time-boxed runs);
-    #: cosine_budget: to lr_min over ``epochs`` or ``max_minutes``, whichever ends first (a
-    #: run capped in time still finishes its schedule on a slow machine)
+    #: cosine_time: over ``max_minutes``; cosine_budget: over whichever of the two ends first
     lr_schedule: str = "step"
     warmup_epochs: int = 0  # linear warm-up of the lr over the first epochs (0: none)
     recipe: str = "paper"  # the preset the other values started from (RECIPES), logged
     #: stop after this many minutes of training (validation and callbacks excluded) even if
-    #: epochs remain; None: the epoch budget alone (reproducible). For time-boxed runs.
+    #: epochs remain; None: the epoch budget alone (reproducible)
     max_minutes: float | None = None
     finetune: bool = False  # fixed lr = finetune_lr, no decay
     finetune_lr: float = 1e-5
@@ -83,16 +80,14 @@ class TrainConfig:
     threads: int | None = None
     #: the training rollout: auto | compact | static | graph (optw.train.rollouts)
     rollout: str = "auto"
-    #: learning from demonstrations: ILS routes of ``demos`` generated tourists per region
-    #: (optw.baselines.demos); the first ``imitation_epochs`` epochs maximise their
-    #: log-likelihood under the policy (teacher forcing, ``imitation_batch`` routes per step,
-    #: Adam at ``imitation_lr``), then REINFORCE runs its ``epochs``
+    #: learning from demonstrations (ILS routes of ``demos`` tourists per region): the first
+    #: ``imitation_epochs`` maximise their log-likelihood, then REINFORCE runs its ``epochs``
     demos: int = 0
     imitation_epochs: int = 0
     imitation_batch: int = 32
     imitation_lr: float = 1e-3
-    #: REINFORCE epochs draw their tourists from the demonstrations, each one's ILS route
-    #: joining its ``batch_size`` sampled routes (and their mean baseline)
+    #: REINFORCE epochs draw their tourists from the demonstrations, whose routes join the
+    #: sampled ones
     demo_tourists: bool = False
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides
 
@@ -105,9 +100,9 @@ class TrainConfig:
 
         if isinstance(self.regions, str):
             self.regions = [self.regions]
-        need(isinstance(self.regions, list), "regions", "must be a list of region ids")
-        need(all(isinstance(r, str) and r for r in self.regions), "regions",
-             "must be a list of region ids")
+        need(isinstance(self.regions, list) and all(isinstance(r, str) and r
+                                                    for r in self.regions),
+             "regions", "must be a list of region ids")
         need(integer(self.seed) and 0 <= self.seed <= MAX_SEED, "seed",
              f"must be an integer in 0..{MAX_SEED}")
         for name in ("epochs", "batch_size", "tourists_per_epoch", "lr_decay_every",
@@ -128,7 +123,8 @@ class TrainConfig:
              "tourists each region has)")
         need(integer(self.demos) and 0 <= self.demos <= MAX_DEMOS, "demos",
              f"must be an integer in 0..{MAX_DEMOS:,}")
-        need(type(self.demo_tourists) is bool, "demo_tourists", "must be true or false")
+        for name in ("demo_tourists", "finetune", "mix_regions"):
+            need(type(getattr(self, name)) is bool, name, "must be true or false")
         need(self.demos > 0 or not (self.imitation_epochs or self.demo_tourists), "demos",
              "imitation_epochs and demo_tourists need demonstrations (demos >= 1)")
         need(self.demos == 0 or self.imitation_epochs or self.demo_tourists, "demos",
@@ -141,8 +137,6 @@ class TrainConfig:
         need(number(self.lr_decay) and 0 < self.lr_decay <= 1, "lr_decay", "must be in (0, 1]")
         need(number(self.beta) and 0 <= self.beta <= MAX_BETA, "beta",
              f"must be a number in 0..{MAX_BETA:g}")
-        need(type(self.finetune) is bool, "finetune", "must be true or false")
-        need(type(self.mix_regions) is bool, "mix_regions", "must be true or false")
         need(self.lr_schedule in LR_SCHEDULES, "lr_schedule",
              f"must be one of {list(LR_SCHEDULES)}")
         need(self.recipe in RECIPES, "recipe", f"must be one of {sorted(RECIPES)}")
@@ -152,8 +146,6 @@ class TrainConfig:
         need(self.lr_schedule not in ("cosine_time", "cosine_budget")
              or self.max_minutes is not None, "lr_schedule",
              f"{self.lr_schedule} decays over max_minutes: set max_minutes")
-        from optw.catalog.generator import SCORE_KINDS
-
         need(self.score_kind is None or self.score_kind in SCORE_KINDS, "score_kind",
              f"must be one of {list(SCORE_KINDS)} or unset")
         need(isinstance(self.device, str) and (self.device in ("auto", "cpu", "cuda") or (
@@ -186,14 +178,6 @@ class TrainConfig:
             raise ConfigError(f"{source}: recipe = {recipe!r}: must be one of {sorted(RECIPES)}")
         return from_table(cls, {**RECIPES[recipe], **data}, source)
 
-    @classmethod
-    def from_file(cls, path: str | Path, **overrides: Any) -> TrainConfig:
-        """Load a ``.toml``, ``.yaml``/``.yml`` or ``.json`` file (a ``[train]`` table, or top
-        level); keyword overrides win."""
-        data = load_mapping(path)
-        data = data.get("train", data)
-        return cls.from_dict({**data, **overrides}, source=str(path))
-
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
 
@@ -206,18 +190,15 @@ class TrainConfig:
         return {k: v for k, v in self.to_dict().items() if k not in exclude
                 and not (k in ADDED_DEFAULTS and v == ADDED_DEFAULTS[k])}
 
-    def config_hash(self, exclude: tuple[str, ...] = ("device", "threads")) -> str:
+    def config_hash(self) -> str:
         """Stable short hash of the settings that change the result."""
-        d = self.hash_dict(exclude)
+        d = self.hash_dict()
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def learning_rate(self, epoch: int, train_s: float = 0.0, start_s: float = 0.0) -> float:
-        """The REINFORCE schedule at its ``epoch`` (counted after the imitation epochs):
-        fixed for fine-tuning; else ``step`` (lr·decay^(epoch // every)), ``cosine`` (lr to
-        lr_min over ``epochs``), ``cosine_time`` (lr to lr_min over ``max_minutes``,
-        ``train_s`` being the seconds trained so far, ``start_s`` of them before REINFORCE
-        began) or ``cosine_budget`` (over whichever of the two ends first), floored at lr_min,
-        after a linear warm-up over ``warmup_epochs``."""
+        """The REINFORCE lr at its ``epoch`` (counted after the imitation epochs) by
+        ``lr_schedule`` (see its field), floored at lr_min, after the warm-up; ``train_s``:
+        seconds trained so far, ``start_s`` of them before REINFORCE began."""
         if self.finetune:
             return self.finetune_lr
         if self.lr_schedule in ("cosine", "cosine_time", "cosine_budget"):
@@ -237,10 +218,8 @@ class TrainConfig:
 
 LR_SCHEDULES = ("step", "cosine", "cosine_time", "cosine_budget")
 #: Named presets of training settings (``[train] recipe = "..."``; keys given beside it win).
-#: ``paper`` is the paper's and the published weights' (the defaults above). ``fast`` takes
-#: more, cheaper and larger steps (8 routes of one tourist, lr 1e-3 with cosine decay): it
-#: learns sooner per sampled route; docs/recipes.md says how it departs from the paper and what
-#: was measured, per route and per second (benchmarks/bench_learning.py).
+#: ``paper``: the defaults above. ``fast``: more, cheaper and larger steps, which learn sooner
+#: per sampled route; docs/recipes.md says how each departs from the paper, and what it gives.
 RECIPES: dict[str, dict[str, Any]] = {
     "paper": {},
     "fast": {"tourists_per_epoch": 1, "batch_size": 8, "lr": 1e-3, "lr_min": 1e-5,
@@ -272,12 +251,11 @@ def machine_memory() -> int:
     return total
 
 
-def check_fits(config: TrainConfig, n_nodes: int, where: str = "config",
-               memory: int | None = None) -> None:
+def check_fits(config: TrainConfig, n_nodes: int, where: str = "config") -> None:
     """A :class:`ConfigError` naming ``batch_size`` and ``tourists_per_epoch`` when an epoch of
-    ``config`` on regions of up to ``n_nodes`` nodes would need more than 80 % of ``memory``
-    (default: :func:`machine_memory`), at :data:`ROW_BYTES` per node row."""
-    memory = machine_memory() if memory is None else memory
+    ``config`` on regions of up to ``n_nodes`` nodes would need more than 80 % of the
+    :func:`machine_memory`, at :data:`ROW_BYTES` per node row."""
+    memory = machine_memory()
     routes = config.batch_size * config.tourists_per_epoch
     need = routes * n_nodes * ROW_BYTES
     if need > 0.8 * memory:

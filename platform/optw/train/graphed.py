@@ -1,18 +1,12 @@
 """Training steps replayed as CUDA graphs (opt-in: ``[train] rollout = "graph"``, CUDA only).
 
 An epoch's forward and backward (:func:`~optw.decode.static.static_rollout` with ``"free"``
-sampling and a fixed number of steps S, the rewards, the REINFORCE loss and its backward) is
-captured once as a CUDA graph and replayed every epoch; clipping and the Adam step run eagerly
-after it. Each epoch's tourists are copied into the buffers the graph reads.
-
-- S comes from the longest route of the eager warm-up epochs (:func:`graph_steps`); if after a
-  replay some route has not reached the end, S grows (up to n), the graph is captured again and
-  the epoch is redone, so no route is ever cut short.
-- The graph draws Gumbel noise from the device's default CUDA generator: the same distribution
-  as the other rollouts but another random stream, so a run differs from the ``compact`` and
-  ``static`` rollouts' for the same seed and a resumed run does not repeat its epochs exactly.
-- The first :data:`WARMUP` epochs of each node count run eagerly on a side stream, as capture
-  asks; they are real training epochs.
+sampling and S steps, the rewards, the REINFORCE loss and its backward) is captured once as a
+CUDA graph and replayed every epoch on buffers holding its tourists; clipping and Adam run
+eagerly after it. The first :data:`WARMUP` epochs of each node count run eagerly on a side
+stream (as capture asks) and set S from their longest route; a replay that leaves a route
+unfinished makes S grow and the epoch is redone. The graph draws Gumbel noise from the
+device's default CUDA generator: another random stream than the other rollouts' (docs/gpu.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """REINFORCE training of the pointer network, top to bottom (the paper's Algorithm 1).
 
-Each epoch draws a region (uniformly from the list: one region, or a "global" model's many;
-with ``mix_regions`` a region per tourist, in one padded batch), samples K generated tourists
-and B routes per tourist, uses each tourist's mean reward as the baseline, adds an entropy bonus
-β, clips the gradient norm and takes one Adam step.
+Each epoch draws a region (one of the list; with ``mix_regions`` one per tourist, in one padded
+batch), K generated tourists and B sampled routes per tourist, uses each tourist's mean reward
+as the baseline, adds an entropy bonus β, clips the gradient norm and takes one Adam step.
 Logging, checkpointing and early stopping are callbacks (:mod:`optw.train.callbacks`).
 """
 
@@ -26,7 +25,7 @@ from optw.env.demos import Demonstrations
 from optw.errors import ConfigError, UserError
 from optw.model import ModelConfig, PointerNet, checkpoint_dict, load_model, read_checkpoint
 from optw.train.callbacks import Callback, TrainContext
-from optw.train.config import TrainConfig
+from optw.train.config import ADDED_DEFAULTS, TrainConfig
 from optw.train.rollouts import choose_rollout
 from optw.train.step import (
     check_finite,
@@ -60,12 +59,8 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def validate(
-    model: PointerNet,
-    regions: list[Region],
-    validation: dict[str, Tourists],
-    benchmark: dict[str, Tourists],
-) -> dict[str, float]:
+def validate(model: PointerNet, regions: list[Region], validation: dict[str, Tourists],
+             benchmark: dict[str, Tourists]) -> dict[str, float]:
     """Greedy scores: mean over each region's validation tourists and its benchmark tourist,
     averaged over regions (plus per-region values when there are several)."""
     t0 = time.perf_counter()
@@ -87,24 +82,21 @@ def validate(
 def end_epoch(model: Callable[[], PointerNet], regions: list[Region],
               validation: dict[str, Tourists], benchmark: dict[str, Tourists],
               ctx: TrainContext, callbacks: Sequence[Callback], metrics: dict[str, float],
-              last: bool) -> bool:
-    """The end of one of a run's epochs (``ctx.epoch`` already counts it): the callbacks get
-    ``metrics``; then, every ``val_every`` epochs and after the ``last`` one, the greedy
-    validation (kept in ``ctx``, best score too) of the network ``model()`` gives (asked for
-    only then: a pack member's is a copy) goes to the callbacks. Returns whether it validated.
-    Shared by :func:`train` and each member of :func:`~optw.train.pack.train_pack`."""
+              last: bool) -> None:
+    """The end of an epoch (``ctx.epoch`` already counts it), for :func:`train` and each pack
+    member: the callbacks get ``metrics``; every ``val_every`` epochs and after the ``last``
+    one, the greedy validation of ``model()`` (called only then: a pack member's is a copy)
+    goes into ``ctx`` and to the callbacks."""
     for cb in callbacks:
         cb.on_epoch_end(ctx, metrics)
     c = ctx.config
     if not ((c.val_every and ctx.epoch % c.val_every == 0) or last):
-        return False
-    val = validate(model(), regions, validation, benchmark)
-    ctx.last_validation = val
+        return
+    val = ctx.last_validation = validate(model(), regions, validation, benchmark)
     if ctx.best_validation is None or val["val_score"] > ctx.best_validation:
         ctx.best_validation = val["val_score"]
     for cb in callbacks:
         cb.on_validation(ctx, val)
-    return True
 
 
 #: Settings a resumed run may change: they do not change what the next epochs compute.
@@ -115,18 +107,14 @@ RESUMABLE_CHANGES = ("epochs", "val_every", "checkpoint_every", "device", "threa
 def check_resume(state: dict[str, Any], config: TrainConfig, source: str = "checkpoint",
                  ) -> dict[str, tuple[Any, Any]]:
     """Refuse to resume ``state`` with a ``config`` it was not trained with (other regions,
-    another model shape or training setting: a ``ValueError`` with the reason); returns the
-    harmless changes (e.g. the epoch budget) as ``{key: (before, now)}`` for the caller to
-    state."""
+    model or training settings: a :class:`UserError` with the reason); returns the harmless
+    changes (e.g. the epoch budget) as ``{key: (before, now)}`` for the caller to state."""
     if "train" not in state:
         raise UserError(f"{source} is a model file, not a training checkpoint (use init=)")
     t = state["train"]
-    before = dict(t.get("config", {}))
-    if before:  # settings added since the checkpoint was written had their defaults then
-        from optw.train.config import ADDED_DEFAULTS
-
-        before = {**ADDED_DEFAULTS, **before}
-    if list(t.get("regions", before.get("regions", []))) != list(config.regions):
+    # settings added since the checkpoint was written had their defaults then
+    before = {**ADDED_DEFAULTS, **t["config"]}
+    if list(t["regions"]) != list(config.regions):
         raise UserError(f"{source} was trained on regions {t.get('regions')}, not "
                          f"{config.regions}; resume with the same regions or start afresh")
     want = ModelConfig.from_dict(config.model).to_dict()
@@ -139,41 +127,72 @@ def check_resume(state: dict[str, Any], config: TrainConfig, source: str = "chec
     diff = {k: (before.get(k), now.get(k)) for k in sorted(set(before) | set(now))
             if k not in ("regions", "model") and before.get(k) != now.get(k)}
     refused = sorted(k for k in diff if k not in RESUMABLE_CHANGES)
-    if before and refused:
+    if refused:
         what = ", ".join(f"{k}: {diff[k][0]!r} there, {diff[k][1]!r} now" for k in refused)
         raise UserError(f"{source} was trained with other settings ({what}); only "
                          f"{', '.join(RESUMABLE_CHANGES)} may change on resume")
-    if int(t.get("epoch", 0)) > config.total_epochs:
+    if int(t["epoch"]) > config.total_epochs:
         raise UserError(f"{source} has already trained {t['epoch']} epochs, more than the "
                         f"{config.total_epochs} of this run")
-    return diff if before else {}
+    return diff
 
 
-def start_model(config: TrainConfig, init: str | Path | None = None,
-                state: dict[str, Any] | None = None) -> PointerNet:
-    """The network a run starts from: a training checkpoint's (``state``, resuming), a model
-    file's (``init``, fine-tuning), or fresh weights of ``config.model`` drawn under
-    ``torch.manual_seed(config.seed)``."""
+def start_run(config: TrainConfig, region_ids: list[str], device: torch.device,
+              init: str | Path | None, resume: str | Path | dict | None, source: str,
+              ) -> tuple[PointerNet, dict[str, Any] | None, TrainContext,
+                         np.random.Generator, torch.Generator]:
+    """Where a run (or pack member) starts: the checkpoint ``resume`` (a file, or its dict
+    named ``source``) checked, the RNG streams seeded, the network (the checkpoint's, the model
+    file ``init``'s, or fresh weights drawn under ``torch.manual_seed(config.seed)``) and the
+    context; a checkpoint's epoch, RNG states and validations are put back, not its optimiser."""
+    state = None
+    if resume is not None:
+        state = resume if isinstance(resume, dict) else read_checkpoint(resume)
+        check_resume(state, config, source if isinstance(resume, dict) else str(resume))
+    random.seed(config.seed)
+    np_rng = np.random.default_rng(config.seed)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(config.seed)
+    ctx = TrainContext(region_ids=region_ids, config=config, total_epochs=config.total_epochs)
     if state is not None:
         model = PointerNet(ModelConfig.from_dict(state["config"]))
         model.load_state_dict(state["state_dict"])
-        return model
-    if init is not None:
-        return load_model(init)
-    torch.manual_seed(config.seed)
-    return PointerNet(ModelConfig.from_dict(config.model))
+        t = state["train"]
+        ctx.epoch = int(t["epoch"])
+        np_rng.bit_generator.state = t["rng"]["numpy"]
+        gen.set_state(t["rng"]["torch"])
+        random.setstate(t["rng"]["python"])
+        ctx.best_validation = t.get("best_validation")
+        ctx.last_validation = t.get("last_validation", {})
+    elif init is not None:
+        model = load_model(init)
+    else:
+        torch.manual_seed(config.seed)
+        model = PointerNet(ModelConfig.from_dict(config.model))
+    return model, state, ctx, np_rng, gen
 
 
-def restore_run(state: dict[str, Any], ctx: TrainContext, np_rng: np.random.Generator,
-                gen: torch.Generator) -> None:
-    """Put a checkpoint's epoch, RNG states and validation scores back (not the optimiser)."""
-    t = state["train"]
-    ctx.epoch = int(t["epoch"])
-    np_rng.bit_generator.state = t["rng"]["numpy"]
-    gen.set_state(t["rng"]["torch"])
-    random.setstate(t["rng"]["python"])
-    ctx.best_validation = t.get("best_validation")
-    ctx.last_validation = t.get("last_validation", {})
+def begin_run(ctx: TrainContext, callbacks: Sequence[Callback], model: Callable[[], PointerNet],
+              regions: list[Region], validation: dict[str, Tourists],
+              benchmark: dict[str, Tourists], fine_tuning: bool) -> None:
+    """The callbacks' start; a run ``fine_tuning`` a model file validates ``model()`` first
+    (the starting model on these regions, for comparison; as in :func:`end_epoch`)."""
+    for cb in callbacks:
+        cb.on_train_start(ctx)
+    if fine_tuning and ctx.epoch == 0:
+        ctx.last_validation = validate(model(), regions, validation, benchmark)
+        for cb in callbacks:
+            cb.on_validation(ctx, ctx.last_validation)
+
+
+def finish_run(ctx: TrainContext, callbacks: Sequence[Callback], model: PointerNet,
+               t_run: float) -> TrainResult:
+    """The callbacks' end and the run's result (``model`` put in eval mode)."""
+    for cb in callbacks:
+        cb.on_train_end(ctx)
+    return TrainResult(model=model.eval(), epochs=ctx.epoch, last_validation=ctx.last_validation,
+                       best_validation=ctx.best_validation,
+                       seconds=time.perf_counter() - t_run, checkpoint=ctx.last_checkpoint)
 
 
 def training_snapshot(model: PointerNet, config: TrainConfig, ctx: TrainContext,
@@ -189,14 +208,10 @@ def training_snapshot(model: PointerNet, config: TrainConfig, ctx: TrainContext,
     })
 
 
-def train(
-    config: TrainConfig,
-    catalog: Catalog,
-    callbacks: list[Callback] | tuple[Callback, ...] = (),
-    init: str | Path | None = None,
-    resume: str | Path | dict | None = None,
-    demos: Mapping[str, Demonstrations] | None = None,
-) -> TrainResult:
+def train(config: TrainConfig, catalog: Catalog,
+          callbacks: list[Callback] | tuple[Callback, ...] = (), init: str | Path | None = None,
+          resume: str | Path | dict | None = None,
+          demos: Mapping[str, Demonstrations] | None = None) -> TrainResult:
     """Train a model on ``config.regions``: ``config.imitation_epochs`` of imitation of the
     demonstrations, then ``config.epochs`` of REINFORCE.
 
@@ -214,28 +229,15 @@ def train(
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
-    random.seed(config.seed)
-    np_rng = np.random.default_rng(config.seed)
-    gen = torch.Generator(device=device)
-    gen.manual_seed(config.seed)
 
     # -- model, optimiser, state to resume
-    state: dict[str, Any] | None = None
-    if resume is not None:
-        state = resume if isinstance(resume, dict) else read_checkpoint(resume)
-        check_resume(state, config, "the checkpoint" if isinstance(resume, dict) else
-                     str(resume))
-    model = start_model(config, init, state)
+    model, state, ctx, np_rng, gen = start_run(config, [r.id for r in regions], device, init,
+                                               resume, "the checkpoint")
     model.to(device).train()
     optimizer = make_optimizer(model, config.learning_rate(0))
-    imitation, total = config.imitation_epochs, config.total_epochs
-    ctx = TrainContext(region_ids=[r.id for r in regions], config=config, total_epochs=total)
     if state is not None:
         optimizer.load_state_dict(state["train"]["optimizer"])
-        for group in optimizer.param_groups:  # checkpoints from before foreach (same values)
-            group["foreach"] = True
-        restore_run(state, ctx, np_rng, gen)
-    start_epoch = ctx.epoch
+    imitation, total, start_epoch = config.imitation_epochs, config.total_epochs, ctx.epoch
     if start_epoch < imitation or config.demo_tourists:
         demos = _demos(config, catalog, regions, demos)
 
@@ -246,12 +248,7 @@ def train(
         return training_snapshot(model, config, ctx, optimizer.state_dict(), np_rng, gen)
 
     ctx.snapshot = snapshot
-    for cb in callbacks:
-        cb.on_train_start(ctx)
-    if init is not None and start_epoch == 0:  # the starting model, for comparison
-        ctx.last_validation = validate(model, regions, validation, benchmark)
-        for cb in callbacks:
-            cb.on_validation(ctx, ctx.last_validation)
+    begin_run(ctx, callbacks, lambda: model, regions, validation, benchmark, init is not None)
 
     B, K = config.batch_size, config.tourists_per_epoch
     ids = torch.arange(K, device=device).repeat_interleave(B)  # route r -> tourist r // B
@@ -323,12 +320,7 @@ def train(
         if ctx.stop or out_of_time:
             break
 
-    for cb in callbacks:
-        cb.on_train_end(ctx)
-    model.eval()
-    return TrainResult(model=model, epochs=ctx.epoch, last_validation=ctx.last_validation,
-                       best_validation=ctx.best_validation,
-                       seconds=time.perf_counter() - t_run, checkpoint=ctx.last_checkpoint)
+    return finish_run(ctx, callbacks, model, t_run)
 
 
 def _demos(config: TrainConfig, catalog: Catalog, regions: list[Region],

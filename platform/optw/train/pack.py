@@ -1,18 +1,15 @@
 """A pack: several per-region models trained side by side in one batched step.
 
-Each member has what :func:`optw.train.train` would give its config alone: region, weights,
-Adam state, learning-rate schedule, gradient clip, RNG streams, validations, callbacks and
-checkpoints. What they share is the work: every epoch, all members' tourists go through ONE
-rollout of a :class:`~optw.model.StackedPointerNet`, and one backward and one optimiser step
-update each member's slice from its own loss only. A member samples exactly what it would alone,
-so the pack trains the same models as training each region alone with the same seeds, within
-float rounding. A member's snapshot is an ordinary training checkpoint (it resumes in a pack or
-alone); a member that has finished its epochs leaves the batch.
+Each member has its own weights, Adam state, schedule, RNG streams, callbacks and checkpoints,
+as :func:`optw.train.train` would give its config alone; they share the work: every epoch, all
+members' tourists go through ONE rollout of a :class:`~optw.model.StackedPointerNet`, and one
+backward and optimiser step update each member's slice from its own loss only. So the pack
+trains the models each region would alone with the same seeds, within float rounding. A
+member's snapshot is an ordinary training checkpoint; a finished member leaves the batch.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,19 +23,18 @@ from optw.catalog import Catalog, Region, Tourists, sample_tourists
 from optw.decode import rollout
 from optw.decode.reinforce import reinforce_loss
 from optw.env import make_instances, stack_instances
-from optw.model import PointerNet, read_checkpoint
+from optw.model import PointerNet
 from optw.model.stacked import StackedPointerNet
 from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import TrainConfig
 from optw.train.loop import (
     TrainResult,
-    check_resume,
+    begin_run,
     end_epoch,
+    finish_run,
     resolve_device,
-    restore_run,
-    start_model,
+    start_run,
     training_snapshot,
-    validate,
 )
 from optw.train.rollouts import PACK_ROLLOUTS
 from optw.train.step import check_finite
@@ -58,16 +54,14 @@ class StackedAdam:
         self.steps = [0] * n_members
 
     def step(self, lrs: Sequence[float], active: Sequence[int]) -> None:
-        idx = torch.tensor(list(active), device=self.params[0].device)
+        dev = self.params[0].device
+        idx = torch.tensor(list(active), device=dev)
         for p in active:
             self.steps[p] += 1
         b1, b2 = BETAS
-        bc1 = [1 - b1 ** self.steps[p] for p in active]
-        bc2 = [(1 - b2 ** self.steps[p]) ** 0.5 for p in active]
-        dev = self.params[0].device
-        step_size = torch.tensor([-lrs[p] / c for p, c in zip(active, bc1, strict=True)],
+        step_size = torch.tensor([-lrs[p] / (1 - b1 ** self.steps[p]) for p in active],
                                  device=dev)
-        bc2_sqrt = torch.tensor(bc2, device=dev)
+        bc2_sqrt = torch.tensor([(1 - b2 ** self.steps[p]) ** 0.5 for p in active], device=dev)
         with torch.no_grad():
             for param, m, v in zip(self.params, self.exp_avg, self.exp_avg_sq, strict=True):
                 shape = (-1,) + (1,) * (param.dim() - 1)
@@ -128,8 +122,7 @@ class _Member:
     gen: torch.Generator
     validation: dict[str, Tourists]
     benchmark: dict[str, Tourists]
-    done: bool = False
-    result: TrainResult | None = None
+    result: TrainResult | None = None  # set when the member has finished
 
 
 def train_pack(configs: Sequence[TrainConfig], catalog: Catalog,
@@ -169,20 +162,9 @@ def train_pack(configs: Sequence[TrainConfig], catalog: Catalog,
     states: list[dict[str, Any] | None] = []
     for i, config in enumerate(configs):
         region = catalog.region(config.regions[0])
-        state, source = resumes[i], f"pack member {i}'s checkpoint"
-        if state is not None and not isinstance(state, dict):
-            source = str(state)
-            state = read_checkpoint(state)
-        if state is not None:
-            check_resume(state, config, source)
-        random.seed(config.seed)
-        np_rng = np.random.default_rng(config.seed)
-        gen = torch.Generator(device=device)
-        gen.manual_seed(config.seed)
-        models.append(start_model(config, inits[i], state))
-        ctx = TrainContext(region_ids=[region.id], config=config, total_epochs=config.epochs)
-        if state is not None:
-            restore_run(state, ctx, np_rng, gen)
+        model, state, ctx, np_rng, gen = start_run(config, [region.id], device, inits[i],
+                                                   resumes[i], f"pack member {i}'s checkpoint")
+        models.append(model)
         members.append(_Member(
             i, config, region, callbacks[i], ctx, np_rng, gen,
             {region.id: catalog.validation(region.id)[: config.val_tourists]},
@@ -209,40 +191,27 @@ def train_pack(configs: Sequence[TrainConfig], catalog: Catalog,
     t_run = time.perf_counter()
 
     def finish(mb: _Member) -> None:
-        mb.done = True
-        for cb in mb.callbacks:
-            cb.on_train_end(mb.ctx)
-        mb.result = TrainResult(
-            model=stacked.member(mb.index).eval(), epochs=mb.ctx.epoch,
-            last_validation=mb.ctx.last_validation, best_validation=mb.ctx.best_validation,
-            seconds=time.perf_counter() - t_run, checkpoint=mb.ctx.last_checkpoint)
+        mb.result = finish_run(mb.ctx, mb.callbacks, stacked.member(mb.index), t_run)
 
     for mb in members:
         mb.ctx.snapshot = snapshot_of(mb)
-        for cb in mb.callbacks:
-            cb.on_train_start(mb.ctx)
-        if inits[mb.index] is not None and mb.ctx.epoch == 0:  # the starting model
-            mb.ctx.last_validation = validate(stacked.member(mb.index), [mb.region],
-                                              mb.validation, mb.benchmark)
-            for cb in mb.callbacks:
-                cb.on_validation(mb.ctx, mb.ctx.last_validation)
+        begin_run(mb.ctx, mb.callbacks, lambda mb=mb: stacked.member(mb.index), [mb.region],
+                  mb.validation, mb.benchmark, inits[mb.index] is not None)
     for mb in members:
         if mb.ctx.epoch >= mb.config.epochs:
             finish(mb)
 
     rate, t_last = None, time.perf_counter()
-    while active := [mb for mb in members if not mb.done]:
+    while active := [mb for mb in members if mb.result is None]:
         # 1. each member's K tourists (its own generator), one padded batch in member order
-        parts, ids, member = [], [], []
-        offset = 0
+        parts, ids, member = [], [], []  # member: each tourist's member
         for mb in active:
-            c = mb.config
-            tourists = sample_tourists(mb.region, c.tourists_per_epoch, mb.np_rng, c.score_kind)
+            c, k = mb.config, mb.config.tourists_per_epoch
+            tourists = sample_tourists(mb.region, k, mb.np_rng, c.score_kind)
             parts.append(make_instances(mb.region, tourists, device))
-            ids.append(torch.arange(offset, offset + c.tourists_per_epoch, device=device)
+            ids.append(torch.arange(len(member), len(member) + k, device=device)
                        .repeat_interleave(c.batch_size))
-            member += [mb.index] * c.tourists_per_epoch
-            offset += c.tourists_per_epoch
+            member += [mb.index] * k
         instances = stack_instances(parts)
 
         # 2. every member's B routes per tourist in one rollout
@@ -251,7 +220,7 @@ def train_pack(configs: Sequence[TrainConfig], catalog: Catalog,
                       member=torch.tensor(member, device=device))
 
         # 3. each member's REINFORCE loss; their sum has each member's gradient in its slice
-        losses, rewards, entropies, start, stepped = [], [], [], 0, []
+        rls, start, stepped = [], 0, []
         for mb, part in zip(active, ids, strict=True):
             c, sl = mb.config, slice(start, start + part.shape[0])
             start += part.shape[0]
@@ -259,15 +228,12 @@ def train_pack(configs: Sequence[TrainConfig], catalog: Catalog,
             # Adam would leave its parameters, moments and step count untouched
             if bool((out.lengths[sl] > 2).any()):
                 stepped.append(mb.index)
-            rl = reinforce_loss(out.reward[sl], out.log_prob[sl], out.entropy[sl],
-                                c.batch_size, c.beta)
-            losses.append(rl.loss)
-            rewards.append(rl.reward)
-            entropies.append(rl.entropy)
+            rls.append(reinforce_loss(out.reward[sl], out.log_prob[sl], out.entropy[sl],
+                                      c.batch_size, c.beta))
         for w in stacked.weights:
             w.grad = None
         lrs = [mb.config.learning_rate(mb.ctx.epoch, train_s) for mb in members]
-        total = torch.stack(losses).sum()
+        total = torch.stack([rl.loss for rl in rls]).sum()
         if total.requires_grad:
             total.backward()
         norms = clip_members(stacked.weights, [mb.config.max_grad_norm for mb in members])
@@ -281,10 +247,10 @@ def train_pack(configs: Sequence[TrainConfig], catalog: Catalog,
         rate = inst_rate if rate is None else 0.9 * rate + 0.1 * inst_rate
         for mb in active:
             mb.ctx.epoch += 1
-        for mb, reward, loss, entropy in zip(active, rewards, losses, entropies, strict=True):
+        for mb, rl in zip(active, rls, strict=True):
             ctx, c = mb.ctx, mb.config
-            metrics = {"mean_reward": float(reward.mean()), "loss": float(loss.detach()),
-                       "entropy": float(entropy.detach()), "grad_norm": float(norms[mb.index]),
+            metrics = {"mean_reward": float(rl.reward.mean()), "loss": float(rl.loss.detach()),
+                       "entropy": float(rl.entropy.detach()), "grad_norm": float(norms[mb.index]),
                        "lr": lrs[mb.index], "epochs_per_s": rate}
             check_finite(metrics, ctx.epoch, lrs[mb.index])
             last = ctx.epoch == c.epochs or bool(c.max_minutes and train_s >= 60 * c.max_minutes)

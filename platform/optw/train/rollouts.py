@@ -1,15 +1,7 @@
 """Which rollout a training run samples with: ``[train] rollout`` (a :class:`TrainConfig`
-field, logged with the run), resolved once per epoch shape by :func:`choose_rollout`. No
-torch here: reading a config stays light.
-
-- ``compact`` (:func:`optw.decode.rollout`): only the admissible nodes of distinct prefixes
-  are computed; the fastest on a CPU, where the work is arithmetic.
-- ``static`` (:func:`optw.decode.static.static_rollout`): every node a row, fixed shapes,
-  the same draws as ``compact``; for CUDA, where launching kernels is the bottleneck.
-- ``graph`` (:mod:`optw.train.graphed`, CUDA only, opt-in): ``static`` with Gumbel sampling
-  and a fixed number of steps, each epoch's forward and backward replayed as one CUDA graph
-  (the same distribution, another random stream).
-- ``auto``: ``static`` on CUDA up to :data:`STATIC_MAX_ROWS` node rows, else ``compact``.
+field, logged with the run), resolved once per epoch shape by :func:`choose_rollout`; the
+choices (``compact``, ``static``, ``graph``, ``auto``) are described in docs/gpu.md. No torch
+here: reading a config stays light.
 """
 
 from __future__ import annotations
@@ -31,8 +23,6 @@ GRAPH_MAX_ROWS = 1 << 14
 def choose_rollout(choice: str, device_type: str, rows: int) -> str:
     """The rollout for an epoch of ``rows`` node rows (routes × nodes) on a device of type
     ``device_type`` (``"cpu"``, ``"cuda"``), for the setting ``choice`` (:data:`ROLLOUTS`)."""
-    if choice not in ROLLOUTS:
-        raise ValueError(f"rollout = {choice!r}; expected one of {ROLLOUTS}")
     cuda = device_type == "cuda"
     if choice == "graph" and not cuda:
         raise ValueError(f"rollout = graph replays CUDA graphs: it needs a CUDA device, not "

@@ -35,39 +35,39 @@ def clip_gradients(params: Iterable[torch.Tensor], max_norm: float) -> torch.Ten
     return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
 
 
-def sample(model: PointerNet, instances: Instances, ids: torch.Tensor,
-           generator: torch.Generator, mode: str, actions: torch.Tensor | None = None,
-           ) -> Rollout:
-    """One sampled route per entry of ``ids`` with rollout ``mode`` (``compact`` or
-    ``static``: :func:`~optw.train.rollouts.choose_rollout`); ``actions``: routes given
-    instead (rows of -1 are sampled; compacted rollout)."""
-    if mode == "static" and actions is None:
-        from optw.decode.static import static_rollout  # for CUDA: not on the CPU's path
-
-        return Rollout.of(instances, ids, *static_rollout(model, instances, ids,
-                                                          generator=generator))
-    return rollout(model, instances, ids, generator=generator, actions=actions)
+def descend(model: PointerNet, optimizer: torch.optim.Optimizer, loss: torch.Tensor,
+            lr: float, max_grad_norm: float) -> torch.Tensor:
+    """One optimiser step at ``lr`` down ``loss``'s gradient, clipped to ``max_grad_norm``;
+    returns the gradient norm before clipping."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+    with deferred_grads():  # each weight's uses summed in place (fastops.WeightGrads)
+        loss.backward()
+    grad_norm = clip_gradients(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return grad_norm
 
 
 def reinforce_step(model: PointerNet, optimizer: torch.optim.Optimizer, instances: Instances,
                    ids: torch.Tensor, generator: torch.Generator, config: TrainConfig,
                    lr: float, mode: str = "compact", actions: torch.Tensor | None = None,
                    ) -> tuple[ReinforceLoss, torch.Tensor]:
-    """One epoch's learning step: ``config.batch_size`` sampled routes per tourist (route r is
-    of tourist ``ids[r]``; with ``actions``, its given routes join them), REINFORCE with the
-    per-tourist mean baseline and the entropy bonus β, the gradient norm clipped, one optimiser
-    step at ``lr``. Returns the loss and the gradient norm."""
-    out = sample(model, instances, ids, generator, mode, actions)
+    """One epoch's learning step: one route per entry of ``ids`` (route r is of tourist
+    ``ids[r]``) sampled with rollout ``mode`` (``compact`` or ``static``), or given by the rows
+    of ``actions`` that are not -1 (compacted rollout); REINFORCE with the per-tourist mean
+    baseline and the entropy bonus β, one clipped optimiser step at ``lr``. Returns the loss
+    and the gradient norm."""
+    if mode == "static" and actions is None:
+        from optw.decode.static import static_rollout  # for CUDA: not on the CPU's path
+
+        out = Rollout.of(instances, ids, *static_rollout(model, instances, ids,
+                                                         generator=generator))
+    else:
+        out = rollout(model, instances, ids, generator=generator, actions=actions)
     per_tourist = int(ids.shape[0] // instances.n_tourists)
     rl = reinforce_loss(out.reward, out.log_prob, out.entropy, per_tourist, config.beta)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
-    with deferred_grads():  # each weight's uses summed in place (fastops.WeightGrads)
-        rl.loss.backward()
-    grad_norm = clip_gradients(model.parameters(), config.max_grad_norm)
-    optimizer.step()
-    return rl, grad_norm
+    return rl, descend(model, optimizer, rl.loss, lr, config.max_grad_norm)
 
 
 class TrainingDiverged(UserError):
@@ -134,19 +134,11 @@ def imitation_step(model: PointerNet, optimizer: torch.optim.Optimizer, instance
                    acts: torch.Tensor, names: list[tuple[str, int]], config: TrainConfig,
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """One step of imitation: the demonstrations' length-normalised negative log-likelihood
-    under the policy (teacher forcing through the sampling decoder), the gradient norm
-    clipped, one optimiser step at ``imitation_lr``. Returns the loss and the gradient norm. A
-    demonstration the environment does not admit is a :class:`UserError` naming its region
-    and tourist."""
+    under the policy (teacher forcing through the sampling decoder), one clipped optimiser
+    step at ``imitation_lr``. Returns the loss and the gradient norm; a demonstration the
+    environment does not admit is a :class:`UserError` naming its region and tourist."""
     ids = torch.arange(acts.shape[0], device=acts.device)
     with named_demos(names):
         out = rollout(model, instances, ids, actions=acts)
     loss = -(out.log_prob / (out.lengths - 1).clamp(min=1)).mean()
-    for group in optimizer.param_groups:
-        group["lr"] = config.imitation_lr
-    optimizer.zero_grad(set_to_none=True)
-    with deferred_grads():
-        loss.backward()
-    grad_norm = clip_gradients(model.parameters(), config.max_grad_norm)
-    optimizer.step()
-    return loss, grad_norm
+    return loss, descend(model, optimizer, loss, config.imitation_lr, config.max_grad_norm)
