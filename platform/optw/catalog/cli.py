@@ -105,7 +105,7 @@ def _remove(args) -> int:
 
 
 def _finite(value: Any) -> Any:
-    """``value`` with every non-finite float (and numpy float) replaced by None."""
+    """``value`` with every non-finite float (numpy floats too) replaced by None."""
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -136,15 +136,14 @@ def _build(args) -> int:
                         "--paper-sets or leave --device out")
     if args.out is not None:
         check_catalog_dir(args.out, "--out")
-    if args.if_missing:
-        try:
-            cat = Catalog(args.out)
-            if cat.has_paper_sets or not args.paper_sets:
-                if not args.quiet:
-                    print(f"catalog {cat.path} is current ({len(cat)} regions); nothing to do")
-                return 0
-        except CatalogError:
-            pass
+    try:
+        cat = Catalog(args.out) if args.if_missing else None
+    except CatalogError:
+        cat = None
+    if cat is not None and (cat.has_paper_sets or not args.paper_sets):
+        if not args.quiet:
+            print(f"catalog {cat.path} is current ({len(cat)} regions); nothing to do")
+        return 0
     manifest = build_catalog(args.source, args.out, progress=not args.quiet,
                              paper_sets=args.paper_sets, device=args.device)
     if not args.quiet:
@@ -165,13 +164,10 @@ def _build(args) -> int:
 def _row(cat, rid: str) -> dict:
     """A region's line of ``catalog list``."""
     r = cat.regions_table.loc[rid]
-    return {
-        "region": rid, "group": r["group"], "points": int(r["points"]),
-        "t_start": float(r["t_start"]), "t_end": float(r["t_end"]), "t_max": float(r["t_max"]),
-        "s_max": float(r["s_max"]), "score_kind": r["score_kind"],
-        "subset": bool(r["paper_subset"]),
-        "validation_tourists": int(cat.manifest["validation_size"]),
-    }
+    return {"region": rid, "group": r["group"], "points": int(r["points"]),
+            **{k: float(r[k]) for k in ("t_start", "t_end", "t_max", "s_max")},
+            "score_kind": r["score_kind"], "subset": bool(r["paper_subset"]),
+            "validation_tourists": int(cat.manifest["validation_size"])}
 
 
 def format_table(rows: list[dict], columns: list[str]) -> str:
@@ -179,12 +175,9 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
     def fmt(v):
         return f"{v:g}" if isinstance(v, float) else str(v)
     cells = [[fmt(r[c]) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c)
-              for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(lines)
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True))
+                     for row in [columns, ["-" * w for w in widths], *cells])
 
 
 def _list(args) -> int:
@@ -207,11 +200,9 @@ def _tourist_summary(batch) -> dict:
     """Count and min/median/max times of a batch of tourists, their mean point score."""
     import numpy as np
 
-    def spread(v: np.ndarray) -> list[float]:
-        return [float(v.min()), float(np.median(v)), float(v.max())]
-
-    return {"tourists": len(batch), "t_start": spread(batch.t_start),
-            "t_end": spread(batch.t_end), "mean_score": float(batch.scores[:, 1:-1].mean())}
+    spread = {k: [float(f(getattr(batch, k))) for f in (np.min, np.median, np.max)]
+              for k in ("t_start", "t_end")}
+    return {"tourists": len(batch), **spread, "mean_score": float(batch.scores[:, 1:-1].mean())}
 
 
 def _show(args) -> int:
@@ -243,14 +234,12 @@ def _show(args) -> int:
         for k in ("start", "t_start", "t_end", "t_max", "t_day"):
             row.pop(k)
         row["start_latlon"] = f"{row['start_latlon'][0]:.6f}, {row['start_latlon'][1]:.6f}"
+        bench = f"start {row['start_latlon']} ({region.start_name}), {row['day']}"
+    else:
+        bench = f"start {region.start_xy}, T {region.t_start:g}-{region.t_end:g}"
     for k, v in row.items():
         print(f"{k:>20}: {v}")
-    if latlon:
-        print(f"{'benchmark tourist':>20}: start {row['start_latlon']} ({region.start_name}), "
-              f"{row['day']}, total score {region.score.sum():g}")
-    else:
-        print(f"{'benchmark tourist':>20}: start {region.start_xy}, T {region.t_start:g}-"
-              f"{region.t_end:g}, total score {region.score.sum():g}")
+    print(f"{'benchmark tourist':>20}: {bench}, total score {region.score.sum():g}")
     for name, s in sets.items():
         flag = "" if s.get("exact", True) else " (CPU approximation, not exact)"
         if latlon:

@@ -37,7 +37,7 @@ CUSTOM_DECIMALS = 2
 #: Fewest points of interest (besides the start place).
 MIN_POINTS = 2
 POINT_FILE_TYPES = {".csv": "csv", ".geojson": "geojson", ".json": "geojson"}
-#: Column names (after lower-casing and stripping) and the aliases accepted for them.
+#: Column names (lower-cased, stripped) and the aliases accepted for them.
 COLUMNS = ("name", "lat", "lon", "x", "y", "visit_minutes", "opens", "closes", "score")
 ALIASES = {"latitude": "lat", "longitude": "lon", "lng": "lon", "duration": "visit_minutes"}
 RESERVED_NAMES = ("start", "end")
@@ -45,8 +45,7 @@ RESERVED_NAMES = ("start", "end")
 MAX_MINUTES = 48 * 60 - 1
 #: Largest |x| and |y| of planar points, in minutes of travel from the origin.
 MAX_XY = 1e5
-#: Longest travel time of a matrix entry, in minutes (a pair that should never be travelled
-#: is better left out of a route by its time windows).
+#: Longest travel time of a matrix entry, in minutes.
 MAX_TRAVEL_MINUTES = 1e5
 _HHMM = re.compile(r"^(\d{1,2}):(\d{2})$")
 
@@ -93,20 +92,21 @@ def clock(minutes: float) -> str:
 
 @dataclass
 class _Record:
-    """One place as read: its file, position (``unit`` ``row``, CSV ``line``), raw values."""
+    """One place as read: its file, position (``unit`` ``row``/``feature``, CSV ``line``), raw
+    values and GeoJSON ``geometry`` (lat, lon)."""
 
     path: Path
     row: int
-    unit: str  # "row" | "feature"
+    unit: str
     values: dict[str, Any]
     line: int | None = None
-    geometry: tuple[float, float] | None = None  # GeoJSON (lat, lon)
+    geometry: tuple[float, float] | None = None
 
     def error(self, field: str | None, problem: str) -> CustomRegionError:
         return CustomRegionError(self.path, self.row, field, problem, self.unit, self.line)
 
     def number(self, field: str, limit: float | None = None, what: str = "value") -> float:
-        """The number ``field`` (required); with ``limit``: ``|value| <= limit``."""
+        """The required number ``field``; with ``limit``: ``|value| <= limit``."""
         v = self.values.get(field)
         if _blank(v):
             raise self.error(field, "missing value")
@@ -116,7 +116,7 @@ class _Record:
         return out
 
     def time(self, field: str) -> float:
-        """The time ``field``: ``"HH:MM"`` or minutes, in ``[0, MAX_MINUTES]``."""
+        """The time ``field`` (``"HH:MM"`` or minutes) in ``[0, MAX_MINUTES]``."""
         v = self.values.get(field)
         if _blank(v):
             raise self.error(field, "missing value (a time \"HH:MM\" or minutes since midnight)")
@@ -136,25 +136,9 @@ class _Record:
         return t
 
 
-@dataclass(frozen=True)
-class PlaceRows:
-    """Parsed places (index 0 = start place), their coordinates and records."""
-
-    names: list[str]
-    coords: str  # "latlon" | "xy"
-    a: np.ndarray  # lat or x
-    b: np.ndarray  # lon or y
-    duration: np.ndarray
-    opening: np.ndarray
-    closing: np.ndarray
-    score: np.ndarray
-    records: list[_Record]
-
-
 def check_region_id(region_id: str, group: str, groups: Iterable[str] = ()) -> None:
-    """A custom region id and group: safe identifiers (:data:`SAFE_ID`); the id must not be
-    (or look like) a benchmark region, nor be a group name (a benchmark group, ``custom``,
-    ``group`` or one of ``groups``, the catalog's); the group must not be a benchmark group."""
+    """Refuse an unsafe id or group (:data:`SAFE_ID`), an id that is (or looks like) a benchmark
+    region or that is a group name (``groups``: the catalog's) and a benchmark ``group``."""
     for what, value in (("region", region_id), ("group", group)):
         if not isinstance(value, str) or not SAFE_ID.match(value):
             raise CustomRegionError(None, None, what, f"{what} {value!r} is not a safe "
@@ -189,8 +173,7 @@ def _read_text(path: Path) -> str:
 def _csv_rows(path: Path) -> list[tuple[int, list[str]]]:
     """The non-blank rows of a CSV file, cells stripped, with their line numbers."""
     reader = csv.reader(io.StringIO(_read_text(path)))
-    rows = [(reader.line_num, [c.strip() for c in r]) for r in reader]
-    return [(no, r) for no, r in rows if any(r)]
+    return [(reader.line_num, cells) for r in reader if any(cells := [c.strip() for c in r])]
 
 
 def _canon(header: str) -> str:
@@ -270,7 +253,10 @@ def _geojson_records(path: Path) -> list[_Record]:
     return out
 
 
-def _place_rows(path: Path) -> PlaceRows:
+def _place_rows(path: Path) -> tuple[str, list[str], list[_Record], np.ndarray]:
+    """The places of a points file (index 0 = start place): their coordinates (``latlon`` or
+    ``xy``), names, records and ``[P, 6]`` values (lat or x, lon or y, visit minutes, opens,
+    closes, score)."""
     kind = POINT_FILE_TYPES.get(path.suffix.lower())
     if kind is None:
         raise CustomRegionError(path, None, None, f"unknown file type {path.suffix!r}; points "
@@ -280,9 +266,7 @@ def _place_rows(path: Path) -> PlaceRows:
         raise CustomRegionError(path, None, None, f"{len(records)} places; at least "
                                 f"{1 + MIN_POINTS} expected (the start place, then at least "
                                 f"{MIN_POINTS} points of interest)")
-    places = []
-    coords = None
-    seen: dict[str, int] = {}
+    names, places, coords, seen = [], [], None, {}
     for i, rec in enumerate(records):
         name = rec.values.get("name")
         if _blank(name) or not isinstance(name, str):
@@ -345,13 +329,14 @@ def _place_rows(path: Path) -> PlaceRows:
             if c < o:
                 raise rec.error("closes", f"closing time {clock(c)} is before opening time "
                                 f"{clock(o)}")
-        places.append((name, la, lo, d, o, c, s))
-    names, a, b, dur, opening, closing, score = zip(*places, strict=True)
-    if max(score) < 1:
-        raise CustomRegionError(path, None, "score", f"the largest score is {max(score):g}; at "
-                                "least one point needs a score of 1 or more")
-    arrays = (np.asarray(v, dtype=np.float64) for v in (a, b, dur, opening, closing, score))
-    return PlaceRows(list(names), coords, *arrays, records)
+        names.append(name)
+        places.append((la, lo, d, o, c, s))
+    values = np.array(places, dtype=np.float64)
+    if values[:, 5].max() < 1:
+        raise CustomRegionError(path, None, "score", f"the largest score is "
+                                f"{values[:, 5].max():g}; at least one point needs a score of 1 "
+                                "or more")
+    return coords, names, records, values
 
 
 def read_matrix(path: Path, names: list[str]) -> np.ndarray:
@@ -433,58 +418,43 @@ def build_custom_region(region_id: str, points: Path | str,
     """Read and check a custom region (:class:`CustomRegionError` on any problem)."""
     check_region_id(region_id, group)
     points = Path(points)
-    rows = _place_rows(points)
-    if rows.coords == "xy" and speed_kmh is not None:
+    coords, names, records, values = _place_rows(points)
+    if coords == "xy" and speed_kmh is not None:
         raise CustomRegionError(None, None, "--speed-kmh", "only lat/lon points take a speed; "
                                 "x/y coordinates are minutes already")
-
-    def node(v: np.ndarray) -> np.ndarray:  # the start place again as the end node
-        return np.append(v, v[0])
-
+    idx = [*range(len(names)), 0]  # node order: the start place again as the end node
+    x, y, duration, opening, closing, score = np.ascontiguousarray(values[idx].T)
     kw: dict[str, Any] = {}
-    if rows.coords == "latlon":
+    if coords == "latlon":
         speed = DEFAULT_SPEED_KMH if speed_kmh is None else float(speed_kmh)
         if not (math.isfinite(speed) and 0 < speed <= MAX_SPEED_KMH):
             raise CustomRegionError(None, None, "--speed-kmh", f"speed {speed_kmh!r} km/h must "
                                     f"be in (0, {MAX_SPEED_KMH:g}]")
-        if float(rows.b.max() - rows.b.min()) > 180.0:
+        if float(y.max() - y.min()) > 180.0:
             raise CustomRegionError(points, None, "lon", "the places span more than 180° of "
                                     "longitude (across the antimeridian); not supported")
-        lat, lon = node(rows.a), node(rows.b)
-        origin = (float((lat.min() + lat.max()) / 2), float((lon.min() + lon.max()) / 2))
-        proto = Region(id=region_id, group=group, x=lat, y=lon, duration=lat, opening=lat,
-                       closing=lat, score=lat, t_start=0, t_end=0, decimals=0,
-                       coords="latlon", speed_kmh=speed, origin=origin)
-        x, y = proto.to_xy(lat, lon)
-        kw.update(coords="latlon", lat=lat, lon=lon, metric="haversine", speed_kmh=speed,
+        origin = (float((x.min() + x.max()) / 2), float((y.min() + y.max()) / 2))
+        kw.update(coords="latlon", lat=x, lon=y, metric="haversine", speed_kmh=speed,
                   origin=origin)
-    else:
-        x, y = node(rows.a), node(rows.b)
+        stand_in = Region(region_id, group, x, y, x, x, x, x, 0, 0, 0, **kw)  # its projection
+        x, y = stand_in.to_xy(x, y)
     travel = None
     if travel_times is not None:
-        travel = np.full((len(x), len(x)), np.nan)
-        travel[:-1, :-1] = read_matrix(Path(travel_times), rows.names)
-        travel[-1, :] = travel[0, :]
-        travel[:, -1] = travel[:, 0]
+        travel = read_matrix(Path(travel_times), names)[np.ix_(idx, idx)]
         travel[0, -1] = travel[-1, 0] = travel[-1, -1] = travel[0, 0] = 0.0
         if np.isnan(travel[0, 1:-1]).all():  # start place not in the matrix: metric rows
             travel[0, :] = travel[-1, :] = travel[:, 0] = travel[:, -1] = np.nan
-    t_start, t_end = float(rows.opening[0]), float(rows.closing[0])
-    opening, closing = node(rows.opening), node(rows.closing)
-    opening[-1], closing[-1] = t_start, t_end
     region = Region(
-        id=region_id, group=group, x=np.asarray(x, dtype=np.float64),
-        y=np.asarray(y, dtype=np.float64), duration=node(rows.duration), opening=opening,
-        closing=closing, score=node(rows.score), t_start=t_start, t_end=t_end,
+        id=region_id, group=group, x=x, y=y, duration=duration, opening=opening,
+        closing=closing, score=score, t_start=float(opening[0]), t_end=float(closing[0]),
         decimals=CUSTOM_DECIMALS, source_file=source_file or points.name,
-        source_hash=file_sha256(points), names=("start", *rows.names[1:], "end"),
-        start_name=rows.names[0], travel=travel, **kw,
-    )
-    _check_reachable(region, rows)
+        source_hash=file_sha256(points), names=("start", *names[1:], "end"),
+        start_name=names[0], travel=travel, **kw)
+    _check_reachable(region, records)
     return region
 
 
-def _check_reachable(region: Region, rows: PlaceRows) -> None:
+def _check_reachable(region: Region, records: list[_Record]) -> None:
     """Every point must be visitable by a tourist of the default day from the default start."""
     d = region.distances()
     bad = []
@@ -493,7 +463,7 @@ def _check_reachable(region: Region, rows: PlaceRows) -> None:
         begin = max(arrive, region.opening[i])
         back = begin + region.duration[i] + d[i, -1]
         if begin > region.closing[i]:
-            bad.append((i, "closes", f"from {rows.names[0]!r} at {clock(region.t_start)} it is "
+            bad.append((i, "closes", f"from {region.start_name!r} at {clock(region.t_start)} it is "
                         f"reached at {clock(arrive)} ({d[0, i]:g} minutes), after its latest "
                         f"start {clock(region.closing[i])}"))
         elif back > region.t_end:
@@ -503,8 +473,7 @@ def _check_reachable(region: Region, rows: PlaceRows) -> None:
                         f"{clock(region.t_end)}"))
     if bad:
         i, field, why = bad[0]
-        others = "; ".join(f"{rows.names[j]!r} ({rows.records[j].unit} {rows.records[j].row})"
+        others = "; ".join(f"{region.names[j]!r} ({records[j].unit} {records[j].row})"
                            for j, _, _ in bad[1:])
-        raise rows.records[i].error(field, f"no tourist can visit {rows.names[i]!r} within the "
-                                    f"day: {why}" + (f". Also unreachable: {others}" if others
-                                                     else ""))
+        raise records[i].error(field, f"no tourist can visit {region.names[i]!r} within the "
+                               f"day: {why}" + (f". Also unreachable: {others}" if others else ""))

@@ -32,22 +32,6 @@ CORRELATED_SCORE_STD = 10.0
 AROUND_DEFAULT_STD = 0.2
 
 
-def region_rng(region_id: str, seed: int) -> np.random.Generator:
-    """A generator whose stream depends on the seed and the region id only."""
-    return np.random.default_rng([int(seed), zlib.crc32(region_id.encode())])
-
-
-def sample_times(region: Region, k: int, rng: np.random.Generator
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """K (T_start, T_end) pairs, rounded to whole time units."""
-    h = 24.0 / region.t_day
-    ts_b, te_b = region.t_start * h, region.t_end * h
-    ts = rng.uniform(ts_b - 4.0, min(15.0, te_b + 4.0), size=k)
-    lb = np.maximum(12.0, ts + 4.0)
-    te = rng.uniform(lb, np.maximum(lb, te_b + 4.0))
-    return np.round(ts / h), np.round(te / h)
-
-
 def sample_scores(region: Region, k: int, rng: np.random.Generator, kind: str | None = None
                   ) -> np.ndarray:
     """K score vectors ``[K, n_nodes]`` (start and end 0) of the given kind."""
@@ -66,9 +50,7 @@ def sample_scores(region: Region, k: int, rng: np.random.Generator, kind: str | 
         d_max = d.max()
         mean = region.s_max_benchmark * d / d_max if d_max > 0 else np.zeros(n)
         pts = np.clip(rng.normal(mean, CORRELATED_SCORE_STD, size=(k, n)), 1.0, hi)
-    scores = np.zeros((k, region.n_nodes), dtype=np.float64)
-    scores[:, 1:-1] = pts
-    return scores
+    return np.pad(pts, ((0, 0), (1, 1)))
 
 
 def sample_tourists(region: Region, k: int, rng: np.random.Generator | int | None = None,
@@ -81,13 +63,18 @@ def sample_tourists(region: Region, k: int, rng: np.random.Generator | int | Non
         rng = np.random.default_rng(rng)
     (x_lo, x_hi), (y_lo, y_hi) = region.start_box
     start_xy = rng.uniform([x_lo, y_lo], [x_hi, y_hi], size=(k, 2))
-    t_start, t_end = sample_times(region, k, rng)
+    h = 24.0 / region.t_day
+    ts_b, te_b = region.t_start * h, region.t_end * h
+    ts = rng.uniform(ts_b - 4.0, min(15.0, te_b + 4.0), size=k)
+    lb = np.maximum(12.0, ts + 4.0)
+    te = rng.uniform(lb, np.maximum(lb, te_b + 4.0))
     scores = sample_scores(region, k, rng, score_kind)
     return Tourists(region.id, np.arange(first_id, first_id + k, dtype=np.int64), kind,
-                    start_xy, t_start, t_end, scores)
+                    start_xy, np.round(ts / h), np.round(te / h), scores)
 
 
 def validation_tourists(region: Region, k: int = VALIDATION_SIZE, seed: int = VALIDATION_SEED
                         ) -> Tourists:
     """The region's fixed validation set (ids 1..k; id 0 is the benchmark tourist)."""
-    return sample_tourists(region, k, region_rng(region.id, seed), kind="validation", first_id=1)
+    rng = np.random.default_rng([int(seed), zlib.crc32(region.id.encode())])
+    return sample_tourists(region, k, rng, kind="validation", first_id=1)

@@ -53,7 +53,6 @@ from optw.catalog.tables import (
 from optw.errors import OptwError, UserError
 from optw.outdir import check_out_dir, replace_dir
 
-#: Values of ``--device`` (``auto``: CUDA when available).
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 PAPER_SEED = 2925
 PAPER_SIZE = 64
@@ -61,7 +60,6 @@ PAPER_SIZE = 64
 PAPER_FIRST_ID = 1000
 #: Exact sets made on a GPU and committed as data (absent until made).
 DATA_FILE = Path(__file__).resolve().parent / "data" / PAPER_FILE
-
 #: Schema of :data:`PAPER_FILE` (in a catalog, in :data:`DATA_FILE` and in a stand-alone run).
 SCHEMA = pa.schema([*TOURISTS_SCHEMA, ("exact", pa.bool_()), ("device", pa.string()),
                     ("torch", pa.string()), ("source_sha256", pa.string())])
@@ -69,8 +67,8 @@ SCHEMA = pa.schema([*TOURISTS_SCHEMA, ("exact", pa.bool_()), ("device", pa.strin
 
 @dataclass(frozen=True)
 class PaperSet:
-    """One region's paper set: the tourists, whether they equal the paper's, where the
-    correlated noise was drawn (``cpu`` for uniform sets) and with which torch."""
+    """One region's paper set, whether it equals the paper's, where the correlated noise was
+    drawn (``cpu`` for uniform sets) and with which torch."""
 
     tourists: Tourists
     exact: bool
@@ -79,7 +77,7 @@ class PaperSet:
 
 
 def check_device(device: str) -> None:
-    """:class:`~optw.errors.UserError` unless ``device`` is one of :data:`DEVICES`."""
+    """Refuse a ``device`` that is not one of :data:`DEVICES` (:class:`~optw.errors.UserError`)."""
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
         raise UserError(f"--device {device!r}: expected one of {', '.join(DEVICES)}")
 
@@ -133,11 +131,8 @@ def generate_paper_set(region: Region, device: str | None = "cpu") -> PaperSet:
         ts[k], te[k], xy[k] = start, end, (float(x), float(y))
         scores[k] = sc.double().cpu().numpy()
     scores[:, 0] = scores[:, -1] = 0.0
-    tourists = Tourists(
-        region_id=region.id, tourist_id=np.arange(PAPER_FIRST_ID, PAPER_FIRST_ID + PAPER_SIZE),
-        kind=PAPER_KIND, start_xy=xy, t_start=ts, t_end=te, scores=scores,
-        start_rows_f32=True,
-    )
+    tourists = Tourists(region.id, np.arange(PAPER_FIRST_ID, PAPER_FIRST_ID + PAPER_SIZE),
+                        PAPER_KIND, xy, ts, te, scores, start_rows_f32=True)
     exact = not correlated or device != "cpu"
     return PaperSet(tourists, exact, device if correlated else "cpu", torch.__version__)
 
@@ -163,12 +158,11 @@ def _rows_by_region(table: pa.Table) -> dict[str, dict[str, np.ndarray]]:
 
 def _from_data(region: Region, cpu_set: PaperSet, rows: dict[str, np.ndarray] | None,
                source: Path | None) -> PaperSet | None:
-    """The committed exact set of ``region`` when there is one for its file; its times and
-    start points must equal the CPU draws (they are CPU draws on every device)."""
-    if rows is None or not bool(np.all(rows["exact"])):
+    """The committed exact set of ``region`` when there is one for its file (not for another
+    version of it); its times and start points must equal the CPU draws (as on every device)."""
+    if rows is None or not bool(np.all(rows["exact"])) \
+            or set(rows["source_sha256"].tolist()) != {region.source_hash}:
         return None
-    if set(rows["source_sha256"].tolist()) != {region.source_hash}:
-        return None  # made from another version of the region's file
     data = tourists_from_rows(region.id, rows)
     if not all(np.array_equal(getattr(data, k), getattr(cpu_set.tourists, k))
                for k in ("tourist_id", "t_start", "t_end", "start_xy")):
@@ -180,10 +174,9 @@ def _from_data(region: Region, cpu_set: PaperSet, rows: dict[str, np.ndarray] | 
 
 def build_paper_sets(regions: list[Region], device: str | None = "auto",
                      data_file: Path | None = DATA_FILE) -> tuple[pa.Table, dict]:
-    """Every region's paper set for a catalog build: uniform sets on the CPU; correlated sets
-    from ``data_file`` (exact sets made on a GPU) when it has the region, else drawn on
-    ``device`` (``auto``: CUDA when available; exact only on CUDA). Returns the table and a
-    summary for the manifest."""
+    """Every region's paper set for a catalog build and a summary for the manifest: uniform sets
+    on the CPU; correlated sets from ``data_file`` (exact sets made on a GPU) when it has the
+    region, else drawn on ``device`` (``auto``: CUDA when available; exact only on CUDA)."""
     device = _device(device)
     committed = {}
     if data_file is not None and Path(data_file).exists():
@@ -199,14 +192,11 @@ def build_paper_sets(regions: list[Region], device: str | None = "auto",
             elif device != "cpu":
                 ps = generate_paper_set(region, device)
         sets.append((region, ps))
-    summary = {
-        "seed": PAPER_SEED, "size": PAPER_SIZE, "first_id": PAPER_FIRST_ID,
-        "device": device, "regions": len(sets),
-        "exact_regions": sum(ps.exact for _, ps in sets),
+    return paper_table(sets), {
+        "seed": PAPER_SEED, "size": PAPER_SIZE, "first_id": PAPER_FIRST_ID, "device": device,
+        "regions": len(sets), "exact_regions": sum(ps.exact for _, ps in sets),
         "approximate_regions": [r.id for r, ps in sets if not ps.exact],
-        "from_data_file": from_data,
-    }
-    return paper_table(sets), summary
+        "from_data_file": from_data}
 
 
 def _regions(args: argparse.Namespace) -> list[Region]:

@@ -1,19 +1,12 @@
 """In-memory region and tourist objects shared by every later stage.
 
-Conventions (the paper's, and ``shared/spec/published-checkpoints.md``):
-
-- Node 0 is the start, 1..n_points the points of interest in file order, the last node the end,
-  a copy of the start.
-- Travel time is the Euclidean distance rounded DOWN to ``decimals`` decimals (1 for Solomon,
-  2 for Cordeau and Gavalas): whole hundredths, kept exact as integer time units
-  (:data:`TIME_UNITS_PER_MINUTE`).
-- ``opening``/``closing`` are the earliest and the LATEST START of a visit.
-- A tourist changes the start (= end) location, the start and end times and the scores.
-
-Custom regions (:mod:`optw.catalog.custom`) keep this shape with planar ``x``/``y`` in minutes
-of travel and times in minutes since midnight. A lat/lon one keeps ``lat``/``lon`` per node,
-great-circle travel times (``metric = "haversine"``) and an equirectangular projection around
-``origin`` as ``x``/``y``; a travel-time matrix (``travel``) overrides point-to-point times.
+Node 0 is the start, 1..n_points the points of interest in file order, the last node the end (a
+copy of the start). Travel time is the Euclidean distance rounded DOWN to ``decimals`` decimals
+(1 for Solomon, 2 for Cordeau and Gavalas), kept exact as integer time units
+(:data:`TIME_UNITS_PER_MINUTE`). ``opening``/``closing`` are the earliest and the LATEST START
+of a visit. A tourist changes the start (= end) location, the start and end times and the
+scores. Custom regions (:mod:`optw.catalog.custom`) keep this shape with ``x``/``y`` in minutes
+of travel and times in minutes since midnight (lat/lon ones: see :class:`Region`).
 """
 
 from __future__ import annotations
@@ -26,8 +19,7 @@ import numpy.typing as npt
 
 from optw.errors import UserError
 
-#: The benchmark groups. Custom regions carry any other group name, :data:`CUSTOM_GROUP` by
-#: default.
+#: The benchmark groups; custom regions carry any other group name (:data:`CUSTOM_GROUP`).
 GROUPS = ("solomon", "cordeau", "gavalas")
 CUSTOM_GROUP = "custom"
 
@@ -38,9 +30,9 @@ PAPER_SUBSET = (
     "t101 t105 t114 t117 t201 t202 t203 t204"
 ).split()
 
-#: Default score distribution of generated tourists per group (the paper's choice).
+#: Default score distribution of generated tourists per group (the paper's choice; custom
+#: groups: around the region's default scores).
 DEFAULT_SCORE_KIND = {"solomon": "uniform", "cordeau": "uniform", "gavalas": "correlated"}
-#: Default score kind of every custom group: scores around the region's default scores.
 CUSTOM_SCORE_KIND = "around_default"
 
 #: Generated start locations are uniform on this square (per group).
@@ -50,11 +42,10 @@ START_BOX = {"solomon": (0.0, 100.0), "cordeau": (-100.0, 100.0), "gavalas": (0.
 TIME_UNITS_PER_MINUTE = 100
 
 _EPS = 1e-7  # guards floor() against sqrt results a hair below an exact decimal
-#: :meth:`Region.distances` warns when its result would take more than this (512 MiB).
+#: :meth:`Region.distances` warns when its result would take more than this.
 DISTANCES_WARN_BYTES = 512 * 2**20
 #: Custom regions' times are minutes since midnight: their day is at least this long.
 MINUTES_PER_DAY = 1440.0
-#: Mean Earth radius (km) of great-circle distances.
 EARTH_RADIUS_KM = 6371.0088
 #: A start closer than this (minutes, planar) to a node uses that node's matrix row.
 MATRIX_MATCH_TOL = 1e-6
@@ -89,13 +80,6 @@ def round_down(values: np.ndarray, decimals: int) -> np.ndarray:
     return np.floor(np.asarray(values, dtype=np.float64) * scale + _EPS) / scale
 
 
-def distance_matrix(xy: np.ndarray, decimals: int) -> np.ndarray:
-    """Rounded-down Euclidean distances between points ``xy[..., n, 2]`` -> ``[..., n, n]``."""
-    xy = np.asarray(xy, dtype=np.float64)
-    diff = xy[..., :, None, :] - xy[..., None, :, :]
-    return round_down(np.sqrt((diff**2).sum(-1)), decimals)
-
-
 @dataclass(frozen=True, eq=False)
 class Region:
     """A fixed set of points of interest, with the benchmark tourist's start and times.
@@ -103,9 +87,10 @@ class Region:
     Arrays are indexed by node (``n_nodes = n_points + 2``); the start and end nodes carry the
     benchmark tourist's location, opening ``t_start``, closing ``t_end``, duration 0, score 0.
     Custom regions also set ``names`` (``"start"``, the POI names, ``"end"``), ``start_name``,
-    ``coords`` (``"xy"``/``"latlon"``), ``metric`` (``"euclidean"``/``"haversine"``) and, for
-    lat/lon, ``lat``/``lon`` per node, ``speed_kmh``, ``origin`` (projection centre); ``travel``:
-    ``[n, n]`` minutes from a matrix, NaN where not given.
+    ``coords`` (``"xy"``/``"latlon"``), ``metric`` (``"euclidean"``/``"haversine"``: great
+    circle) and, for lat/lon, ``lat``/``lon`` per node, ``speed_kmh`` and ``origin`` (centre of
+    the equirectangular projection to ``x``/``y``); ``travel``: ``[n, n]`` minutes from a
+    matrix (overriding the metric), NaN where not given.
     """
 
     id: str
@@ -132,8 +117,7 @@ class Region:
     travel: np.ndarray | None = field(default=None, repr=False)
     _dist_cache: dict = field(default_factory=dict, repr=False, compare=False, init=False)
 
-    def __post_init__(self) -> None:
-        # JSON round trips (the MLflow model's bundled region.json) give lists: normalise
+    def __post_init__(self) -> None:  # JSON round trips (a model's region.json) give lists
         if self.names is not None and not isinstance(self.names, tuple):
             object.__setattr__(self, "names", tuple(str(n) for n in self.names))
         if self.origin is not None and not isinstance(self.origin, tuple):
@@ -212,8 +196,7 @@ class Region:
         return (float(x), float(y)) if np.ndim(x) == 0 else (x, y)
 
     def to_latlon(self, x, y):
-        """``(lat, lon)`` in degrees of planar ``x``/``y`` (inverse of :meth:`to_xy`);
-        ValueError for xy regions."""
+        """``(lat, lon)`` in degrees of planar ``x``/``y`` (inverse of :meth:`to_xy`)."""
         k = self._minutes_per_radian()
         lat0, lon0 = self.origin
         lat = lat0 + np.degrees(np.asarray(y, dtype=np.float64) / k)
@@ -237,9 +220,8 @@ class Region:
 
         Only the start and end rows and columns depend on the start; the rest is computed once
         per region. ``f32``: start rows in float32 as the paper's generator computes them
-        (:func:`float32_start_rows`; Euclidean regions only). The result takes ``8·K·n²``
-        bytes: past :data:`DISTANCES_WARN_BYTES` a ``RuntimeWarning`` points to
-        :meth:`iter_distances`.
+        (:func:`float32_start_rows`; Euclidean regions only). Past :data:`DISTANCES_WARN_BYTES`
+        (``8·K·n²`` bytes) a ``RuntimeWarning`` points to :meth:`iter_distances`.
         """
         if start_xy is not None:
             k = int(np.asarray(start_xy).size // 2)
@@ -250,21 +232,16 @@ class Region:
                               "gives them in chunks", RuntimeWarning, stacklevel=2)
         custom = self.metric != "euclidean" or self.travel is not None
         if "block" not in self._dist_cache:
-            self._dist_cache["block"] = self._custom_block() if custom else \
-                distance_matrix(self.coordinates(), self.decimals)
+            self._dist_cache["block"] = self._block()
         block = self._dist_cache["block"]
         if start_xy is None and not custom:
             return block.copy()
         start = np.asarray(self.start_xy if start_xy is None else start_xy,
                            dtype=np.float64).reshape(-1, 2)
-        xy = self.coordinates()
-        if custom:
-            d_from, d_to = self._custom_start_rows(start)
-        elif f32:
-            d_from = d_to = float32_start_rows(start, xy, self.decimals)
+        if f32 and not custom:
+            d_from = d_to = float32_start_rows(start, self.coordinates(), self.decimals)
         else:
-            d_from = d_to = round_down(np.sqrt(((start[:, None, :] - xy[None, :, :]) ** 2)
-                                               .sum(-1)), self.decimals)
+            d_from, d_to = self._start_rows(start)
         d_from[:, [0, -1]] = 0.0
         d_to[:, [0, -1]] = 0.0
         out = np.broadcast_to(block, (start.shape[0], *block.shape)).copy()
@@ -290,8 +267,8 @@ class Region:
             return km * 60.0 / float(self.speed_kmh)
         return np.sqrt(((a - b) ** 2).sum(-1))
 
-    def _custom_block(self) -> np.ndarray:
-        """A custom region's node-to-node times: the metric, the matrix where it has a value."""
+    def _block(self) -> np.ndarray:
+        """Node-to-node times: the metric, the matrix (custom regions) where it has a value."""
         pts = np.stack([self.lat, self.lon], -1) if self.metric == "haversine" \
             else self.coordinates()
         block = round_down(self._raw_minutes(pts[:, None], pts[None, :]), self.decimals)
@@ -300,9 +277,9 @@ class Region:
         np.fill_diagonal(block, 0.0)
         return block
 
-    def _custom_start_rows(self, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Times ``[K, n]`` from and to each start of a custom region: the metric; a start
-        within :data:`MATRIX_MATCH_TOL` of a node takes that node's matrix row and column."""
+    def _start_rows(self, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Times ``[K, n]`` from and to each start: the metric; with a matrix, a start within
+        :data:`MATRIX_MATCH_TOL` of a node takes that node's matrix row and column."""
         xy = self.coordinates()
         near = np.sqrt(((start[:, None, :] - xy[None, :-1, :]) ** 2).sum(-1)) <= MATRIX_MATCH_TOL
         if self.metric == "haversine":
@@ -328,7 +305,6 @@ class Region:
         return d_from, d_to
 
 
-#: The per-tourist array fields of :class:`Tourists`.
 _TOURIST_ARRAYS = ("tourist_id", "start_xy", "t_start", "t_end", "scores")
 
 
@@ -347,8 +323,7 @@ class Tourists:
     t_start: np.ndarray  # [K]
     t_end: np.ndarray  # [K]
     scores: np.ndarray  # [K, n_nodes]
-    #: travel times from the start computed in float32 (the paper's own sets, ``kind="paper"``)
-    start_rows_f32: bool = False
+    start_rows_f32: bool = False  # start rows in float32 (the paper's sets, ``kind="paper"``)
 
     def __len__(self) -> int:
         return int(self.t_start.shape[0])
@@ -360,8 +335,7 @@ class Tourists:
         return replace(self, **{k: getattr(self, k)[idx] for k in _TOURIST_ARRAYS})
 
     def distances(self, region: Region) -> np.ndarray:
-        """Travel times ``[K, n, n]`` of these tourists in ``region`` (:meth:`Region.distances`
-        from each start, in float32 where :attr:`start_rows_f32`)."""
+        """:meth:`Region.distances` ``[K, n, n]`` from these tourists' starts."""
         return region.distances(self.start_xy, self.start_rows_f32)
 
     @staticmethod
@@ -384,9 +358,8 @@ class Tourists:
                 for i in range(len(self))]
 
 
-
 def _f32(a: np.ndarray) -> np.ndarray:
-    """``a`` (float64) rounded to the nearest float32 (ties to even) and held as float64."""
+    """``a`` rounded to the nearest float32 (ties to even) and held as float64."""
     return np.asarray(a, dtype=np.float64).astype(np.float32).astype(np.float64)
 
 
@@ -404,14 +377,11 @@ def float32_start_rows(start_xy: np.ndarray, xy: np.ndarray, decimals: int) -> n
     sq = _f32(diff * diff)
     total = _f32(sq[..., 0] + sq[..., 1])
     k = float(10**decimals)
-    units = np.floor(_f32(k * _f32(np.sqrt(total))))
-    return units / k
+    return np.floor(_f32(k * _f32(np.sqrt(total)))) / k
 
 
 def benchmark_tourist(region: Region) -> Tourists:
     """The region file's own tourist (tourist id 0)."""
     return Tourists(region.id, np.zeros(1, dtype=np.int64), "benchmark",
-                    start_xy=np.array([region.start_xy], dtype=np.float64),
-                    t_start=np.array([region.t_start], dtype=np.float64),
-                    t_end=np.array([region.t_end], dtype=np.float64),
-                    scores=region.score[None, :].astype(np.float64))
+                    np.array([region.start_xy], np.float64), np.array([region.t_start], np.float64),
+                    np.array([region.t_end], np.float64), region.score[None, :].astype(np.float64))

@@ -1,7 +1,6 @@
-"""Build and open the region catalog: Parquet tables (``regions``, ``nodes``, ``tourists``: the
-benchmark tourist (id 0) and validation tourists (1..64) per region, ``travel_times`` of custom
-regions given a matrix, with ``--paper-sets`` ``paper_tourists``), the custom regions' source
-files under ``custom/<region>/`` and ``manifest.json`` (schema in ``region_catalog/README.md``).
+"""Build and open the region catalog: Parquet tables (:data:`~optw.catalog.tables.SCHEMAS`,
+``paper_tourists`` with ``--paper-sets``), the custom regions' source files under
+``custom/<region>/`` and ``manifest.json`` (schema in ``region_catalog/README.md``).
 
 A build, :func:`add_region` and :func:`remove_region` write into a temporary folder beside the
 target and then move the files in, manifest last: a failed one leaves the catalog as it was.
@@ -18,7 +17,6 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -31,30 +29,17 @@ from optw.catalog.custom import (
     build_custom_region,
     check_region_id,
 )
-from optw.catalog.generator import VALIDATION_SEED, VALIDATION_SIZE, validation_tourists
+from optw.catalog.generator import VALIDATION_SEED, VALIDATION_SIZE
 from optw.catalog.parse import discover, parse_file
-from optw.catalog.region import (
-    CUSTOM_GROUP,
-    GROUPS,
-    PAPER_SUBSET,
-    Region,
-    Tourists,
-    benchmark_tourist,
-)
-from optw.catalog.tables import (  # noqa: F401 - write_parquet_atomic re-exported
-    NODE_ARRAYS,
-    NODES_SCHEMA,
+from optw.catalog.region import CUSTOM_GROUP, GROUPS, Region, Tourists
+from optw.catalog.tables import (
     PAPER_FILE,
     PAPER_KIND,
-    REGIONS_SCHEMA,
     SCHEMAS,
-    TOURISTS_SCHEMA,
-    TRAVEL_FILE,
-    TRAVEL_SCHEMA,
     read_regions,
-    tourist_columns,
+    region_tables,
     tourists_from_rows,
-    write_parquet_atomic,
+    write_parquet_atomic,  # noqa: F401 - re-exported
 )
 from optw.errors import OptwError, UserError
 from optw.outdir import OutDirError
@@ -63,13 +48,12 @@ from optw.paths import PROJECT_ROOT, file_sha256  # noqa: F401 - PROJECT_ROOT re
 #: Bump whenever the schema or the meaning of a column changes.
 CATALOG_VERSION = 2
 FILES = tuple(SCHEMAS)
-#: Folder (in the catalog) of the custom regions' source files, one sub-folder per region.
+#: Folder of the custom regions' source files (one sub-folder per region) and spec file name.
 CUSTOM_DIR = "custom"
 CUSTOM_SPEC = "region.json"
-#: Schema-metadata key of the ILS stores (``baselines/*.parquet``) holding the hash of the
-#: catalog's tourist file.
+#: Schema-metadata key of the ILS stores (``baselines/*.parquet``): the hash of the catalog's
+#: tourist file.
 ILS_TOURISTS_META = b"optw.catalog_tourists_sha256"
-#: Stored tourist kinds: the benchmark tourist, our validation tourists, the paper's sets.
 TOURIST_KINDS = ("benchmark", "validation", PAPER_KIND)
 #: Named sets of generated tourists a model is evaluated on (ours: the default).
 TOURIST_SETS = ("validation", PAPER_KIND)
@@ -91,8 +75,8 @@ class UnknownRegionError(OptwError, KeyError):
 
 def check_catalog_dir(out: Path | str, option: str | None = None) -> Path:
     """``out`` resolved, when a catalog may be built there: absent, empty, a built catalog or a
-    folder of only :data:`CATALOG_NAMES` (a build keeps its ``custom/`` and ``baselines/``).
-    Else :class:`~optw.outdir.OutDirError` naming it (and ``option``); nothing is touched."""
+    folder of only :data:`CATALOG_NAMES`; else :class:`~optw.outdir.OutDirError` naming it (and
+    ``option``)."""
     given = Path(out)
     out = given.resolve()
 
@@ -116,48 +100,8 @@ def check_catalog_dir(out: Path | str, option: str | None = None) -> Path:
                  "empty or a catalog folder")
 
 
-#: ``$OPTW_BENCHMARKS``, else ``../shared/benchmarks/optw`` beside the project.
 default_source = paths.benchmarks_dir
-#: ``$OPTW_CATALOG``, else the project's ``region_catalog/``.
 default_catalog_dir = paths.catalog_dir
-
-
-def _tables(regions: list[Region], seed: int, n_val: int) -> dict[str, pa.Table]:
-    """The catalog tables of ``regions``, with ``n_val`` validation tourists each."""
-    rows, nodes, tourists, travel = [], [], [], []
-    for r in regions:
-        n = r.n_nodes
-        rows.append({
-            "region": r.id, "group": r.group, "points": r.n_points, "nodes": n,
-            "t_start": r.t_start, "t_end": r.t_end, "start_x": r.start_xy[0],
-            "start_y": r.start_xy[1], "decimals": r.decimals, "t_day": r.t_day,
-            "t_max": r.t_max, "s_max_benchmark": r.s_max_benchmark, "s_max": r.s_max,
-            "max_duration": r.max_duration, "score_kind": r.default_score_kind,
-            "paper_subset": r.id in PAPER_SUBSET, "source_file": r.source_file,
-            "source_sha256": r.source_hash, "coords": r.coords, "metric": r.metric,
-            "speed_kmh": r.speed_kmh, "origin_lat": r.origin[0] if r.origin else None,
-            "origin_lon": r.origin[1] if r.origin else None, "start_name": r.start_name,
-            "travel_matrix": r.travel is not None,
-        })
-        nodes.append(pa.table({
-            "region": [r.id] * n, "index": np.arange(n, dtype=np.int32),
-            **{k: getattr(r, k) for k in NODE_ARRAYS},
-            "name": list(r.names) if r.names else [None] * n,
-            "lat": r.lat if r.lat is not None else [None] * n,
-            "lon": r.lon if r.lon is not None else [None] * n,
-        }, schema=NODES_SCHEMA))
-        if r.travel is not None:
-            travel.append(pa.table({"region": [r.id] * n, "index": np.arange(n, dtype=np.int32),
-                                    "minutes": list(r.travel)}, schema=TRAVEL_SCHEMA))
-        for batch in (benchmark_tourist(r), validation_tourists(r, n_val, seed)):
-            tourists.append(pa.table(tourist_columns(batch), schema=TOURISTS_SCHEMA))
-    return {
-        "regions.parquet": pa.Table.from_pylist(rows, schema=REGIONS_SCHEMA),
-        "nodes.parquet": pa.concat_tables(nodes).combine_chunks(),
-        "tourists.parquet": pa.concat_tables(tourists).combine_chunks(),
-        TRAVEL_FILE: pa.concat_tables(travel).combine_chunks() if travel
-        else TRAVEL_SCHEMA.empty_table(),
-    }
 
 
 def _write_tables(tables: dict[str, pa.Table], folder: Path) -> dict[str, str]:
@@ -182,16 +126,13 @@ def _swap(path: Path, tmp: Path, tables: Iterable[str], manifest: dict,
 
 
 def build_catalog(source: Path | str | None = None, out: Path | str | None = None,
-                  seed: int = VALIDATION_SEED, validation_size: int = VALIDATION_SIZE,
                   progress: bool = False, paper_sets: bool = False,
                   device: str | None = "auto") -> dict:
     """Parse every instance under ``source`` and (re)write the catalog at ``out`` with its
     custom regions; returns the manifest. ``paper_sets`` also stores the paper's own tourists
     (correlated sets drawn on ``device``); without it a previous paper file is removed.
-
-    Raises :class:`~optw.catalog.parse.SourceError` on the first bad file and
-    :class:`~optw.outdir.OutDirError` for an ``out`` that is no catalog folder
-    (:func:`check_catalog_dir`), before anything at ``out`` is touched.
+    :class:`~optw.catalog.parse.SourceError` (a bad file) and
+    :class:`~optw.outdir.OutDirError` (:func:`check_catalog_dir`) leave ``out`` untouched.
     """
     source = Path(source) if source else default_source()
     out = Path(out) if out else default_catalog_dir()
@@ -204,9 +145,9 @@ def build_catalog(source: Path | str | None = None, out: Path | str | None = Non
         files = tqdm(files, desc="parsing regions", unit="region")
     regions = [parse_file(path, group) for group, path in files]
     custom, specs = _custom_regions(out)
-    tables = _tables(regions + custom, seed, validation_size)
+    tables = region_tables(regions + custom, VALIDATION_SEED, VALIDATION_SIZE)
     manifest = {"catalog_version": CATALOG_VERSION, "source": str(source.resolve()),
-                "validation_seed": seed, "validation_size": validation_size,
+                "validation_seed": VALIDATION_SEED, "validation_size": VALIDATION_SIZE,
                 "regions": len(regions) + len(custom),
                 "groups": _group_counts(r.group for r in regions + custom), "files": {},
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -258,27 +199,6 @@ def _custom_regions(catalog_dir: Path) -> tuple[list[Region], dict[str, dict]]:
     return regions, specs
 
 
-def _merge(cat: Catalog, drop: str, new: dict[str, pa.Table] | None) -> dict[str, pa.Table]:
-    """The catalog's tables without region ``drop``, plus ``new``; rows ordered as a build
-    orders them (benchmark regions in catalog order, then custom regions by id)."""
-    bench = {r: i for i, r in enumerate(r for r in cat.list_regions() if not cat.is_custom(r))}
-
-    def rank(rid: str) -> tuple:
-        return (0, bench[rid]) if rid in bench else (1, rid)
-
-    out = {}
-    for name, schema in SCHEMAS.items():
-        table = pq.read_table(cat.path / name)
-        parts = [table.filter(pc.not_equal(table["region"], drop)).cast(schema)]
-        if new is not None:
-            parts.append(new[name].cast(schema))
-        merged = pa.concat_tables(parts)
-        ids = merged["region"].to_pylist()
-        order = sorted(range(len(ids)), key=lambda i: rank(ids[i]))
-        out[name] = merged.take(pa.array(order, pa.int64())).combine_chunks()
-    return out
-
-
 def _restamp_baselines(path: Path, old_files: dict, new_files: dict, stale: str,
                        tmp: Path) -> list[tuple[Path, Path]]:
     """Stored ILS results re-stamped for the new catalog files, without the ``stale``
@@ -303,13 +223,14 @@ def _restamp_baselines(path: Path, old_files: dict, new_files: dict, stale: str,
 def _commit(cat: Catalog, region_id: str, region: Region | None = None,
             spec: dict | None = None, sources: dict[str, Path] | None = None) -> None:
     """Replace the custom region ``region_id`` of ``cat`` by ``region`` (its ``spec`` and source
-    files ``sources``; None: remove it) as a build does (:func:`_swap`)."""
+    files ``sources``; None: remove it) and rewrite the tables as a build does (:func:`_swap`):
+    benchmark regions in catalog order, then custom regions by id."""
     path, old_manifest = cat.path, cat.manifest
-    new = None
-    if region is not None:
-        new = _tables([region], int(old_manifest["validation_seed"]),
-                      int(old_manifest["validation_size"]))
-    tables = _merge(cat, region_id, new)
+    regions = [r for r in read_regions(path) if r.id != region_id]
+    regions += [region] if region is not None else []
+    regions.sort(key=lambda r: (r.is_custom, r.id if r.is_custom else ""))
+    tables = region_tables(regions, int(old_manifest["validation_seed"]),
+                           int(old_manifest["validation_size"]))
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=path))
     try:
         files = {**old_manifest.get("files", {}), **_write_tables(tables, tmp)}
@@ -329,10 +250,10 @@ def _commit(cat: Catalog, region_id: str, region: Region | None = None,
                     "files": files, "custom_regions": dict(sorted(specs.items())),
                     "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         try:  # another add/remove/build since we read it: its change would be lost
-            current = json.loads((path / "manifest.json").read_text())
+            changed = json.loads((path / "manifest.json").read_text()) != old_manifest
         except (OSError, json.JSONDecodeError):
-            current = None
-        if current != old_manifest:
+            changed = True
+        if changed:
             raise CatalogError(f"the catalog at {path} changed while this command ran (another "
                                "add, remove or build); nothing was changed: run it again")
         folder = path / CUSTOM_DIR / region_id
@@ -348,10 +269,10 @@ def _commit(cat: Catalog, region_id: str, region: Region | None = None,
 def add_region(region_id: str, points: Path | str, travel_times: Path | str | None = None,
                speed_kmh: float | None = None, group: str = CUSTOM_GROUP,
                catalog: Path | str | None = None, replace: bool = False) -> Region:
-    """Add a custom region to the catalog at ``catalog`` (``optw catalog add``): read and
-    check it (:class:`~optw.catalog.custom.CustomRegionError`, the catalog untouched), store
-    its tables, its validation tourists and a copy of its source files, atomically. An
-    existing custom region of that id needs ``replace``; its stored ILS results are dropped."""
+    """Add a custom region to the catalog (``optw catalog add``) with its validation tourists
+    and a copy of its source files, atomically; a bad one is a
+    :class:`~optw.catalog.custom.CustomRegionError`. An existing custom region of that id needs
+    ``replace``; its stored ILS results are dropped."""
     cat = Catalog(catalog)
     check_region_id(region_id, group, cat.groups)  # benchmark region ids are refused here
     if group in cat:
@@ -370,8 +291,7 @@ def add_region(region_id: str, points: Path | str, travel_times: Path | str | No
     spec = {"region": region_id, "group": group, "points_file": points_name,
             "points_sha256": region.source_hash, "original_points_file": str(points.resolve()),
             "travel_times_file": None, "travel_times_sha256": None,
-            "speed_kmh": region.speed_kmh, "coords": region.coords,
-            "decimals": CUSTOM_DECIMALS,
+            "speed_kmh": region.speed_kmh, "coords": region.coords, "decimals": CUSTOM_DECIMALS,
             "added_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if travel_times is not None:
         travel_times = Path(travel_times)
@@ -413,8 +333,7 @@ class Catalog:
         except (OSError, ValueError) as exc:
             raise CatalogError(f"cannot read {manifest_path} ({exc}); rebuild the catalog with "
                                f"`optw catalog build --out {self.path}`") from None
-        version = self.manifest.get("catalog_version") if isinstance(self.manifest, dict) \
-            else None
+        version = self.manifest.get("catalog_version") if isinstance(self.manifest, dict) else None
         if version != CATALOG_VERSION:
             raise CatalogError(f"region catalog at {self.path} has catalog_version {version}, "
                                f"this code reads version {CATALOG_VERSION}; rebuild it with "
@@ -437,7 +356,7 @@ class Catalog:
         return self._by_region[name]
 
     def is_custom(self, region_id: str) -> bool:
-        """Whether the region was added with ``optw catalog add`` (a custom group)."""
+        """Whether the region was added with ``optw catalog add``."""
         self._check(region_id)
         return str(self.regions_table.at[region_id, "group"]) not in GROUPS
 
@@ -493,7 +412,7 @@ class Catalog:
             raise UnknownRegionError(f"unknown region {region_id!r}{hint}")
 
     def region(self, region_id: str) -> Region:
-        """The region as a :class:`Region` (every region is read on the first call)."""
+        """The region (every region is read on the first call)."""
         self._check(region_id)
         if not self._cache:
             self._cache = {r.id: r for r in read_regions(self.path)}

@@ -1,6 +1,6 @@
-"""The catalog's Parquet layer, pyarrow only: file names, schemas, atomic writes, regions read
-back. Shared by :mod:`optw.catalog.store` and the stand-alone :mod:`optw.catalog.paper_sets`,
-which never import each other at module level.
+"""The catalog's Parquet layer, without pandas: file names, schemas, the tables of regions,
+atomic writes, regions read back. Shared by :mod:`optw.catalog.store` and the stand-alone
+:mod:`optw.catalog.paper_sets`, which never import each other at module level.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from optw.catalog.region import GROUPS, Region, Tourists
+from optw.catalog.generator import validation_tourists
+from optw.catalog.region import GROUPS, PAPER_SUBSET, Region, Tourists, benchmark_tourist
 from optw.errors import UserError
 
 TRAVEL_FILE = "travel_times.parquet"
@@ -72,8 +73,45 @@ def tourists_from_rows(region_id: str, rows: dict[str, np.ndarray], kind: str = 
         t_start=np.asarray(rows["t_start"], np.float64)[order],
         t_end=np.asarray(rows["t_end"], np.float64)[order],
         scores=np.stack([np.asarray(s, np.float64) for s in rows["scores"]])[order],
-        start_rows_f32=kind == PAPER_KIND,
-    )
+        start_rows_f32=kind == PAPER_KIND)
+
+
+def region_tables(regions: list[Region], seed: int, n_val: int) -> dict[str, pa.Table]:
+    """The catalog tables of ``regions``, with ``n_val`` validation tourists each."""
+    rows, nodes, tourists, travel = [], [], [], []
+    for r in regions:
+        n = r.n_nodes
+        rows.append({
+            "region": r.id, "group": r.group, "points": r.n_points, "nodes": n,
+            "t_start": r.t_start, "t_end": r.t_end, "start_x": r.start_xy[0],
+            "start_y": r.start_xy[1], "decimals": r.decimals, "t_day": r.t_day,
+            "t_max": r.t_max, "s_max_benchmark": r.s_max_benchmark, "s_max": r.s_max,
+            "max_duration": r.max_duration, "score_kind": r.default_score_kind,
+            "paper_subset": r.id in PAPER_SUBSET, "source_file": r.source_file,
+            "source_sha256": r.source_hash, "coords": r.coords, "metric": r.metric,
+            "speed_kmh": r.speed_kmh, "origin_lat": r.origin[0] if r.origin else None,
+            "origin_lon": r.origin[1] if r.origin else None, "start_name": r.start_name,
+            "travel_matrix": r.travel is not None,
+        })
+        nodes.append(pa.table({
+            "region": [r.id] * n, "index": np.arange(n, dtype=np.int32),
+            **{k: getattr(r, k) for k in NODE_ARRAYS},
+            "name": list(r.names) if r.names else [None] * n,
+            "lat": r.lat if r.lat is not None else [None] * n,
+            "lon": r.lon if r.lon is not None else [None] * n,
+        }, schema=NODES_SCHEMA))
+        if r.travel is not None:
+            travel.append(pa.table({"region": [r.id] * n, "index": np.arange(n, dtype=np.int32),
+                                    "minutes": list(r.travel)}, schema=TRAVEL_SCHEMA))
+        for batch in (benchmark_tourist(r), validation_tourists(r, n_val, seed)):
+            tourists.append(pa.table(tourist_columns(batch), schema=TOURISTS_SCHEMA))
+    return {
+        "regions.parquet": pa.Table.from_pylist(rows, schema=REGIONS_SCHEMA),
+        "nodes.parquet": pa.concat_tables(nodes).combine_chunks(),
+        "tourists.parquet": pa.concat_tables(tourists).combine_chunks(),
+        TRAVEL_FILE: pa.concat_tables(travel).combine_chunks() if travel
+        else TRAVEL_SCHEMA.empty_table(),
+    }
 
 
 def write_parquet_atomic(table: pa.Table, path: Path) -> Path:

@@ -3,10 +3,9 @@ the planner's requests): ``{"start": [x, y] or {"x": x, "y": y}, "t_start": minu
 minutes, "scores": [...]}``, one score per point of interest or per node (as
 :meth:`~optw.catalog.Tourists.to_records` writes them), optional ``"tourist"`` (an integer or
 string id), ``"region"`` and ``"kind"``; ``null`` counts as absent. Numbers, the start, times
-and scores are bounded (:func:`start_box`, ``[-T_max, 2·T_max]``, :data:`SCORE_LIMIT`).
-
-Errors are :class:`TouristError` (a ``ValueError``) with the offending ``field``; the message
-starts with that field (and with ``tourist <index>`` when reading many).
+and scores are bounded (:func:`start_box`, ``[-T_max, 2·T_max]``, :data:`SCORE_LIMIT`). Errors
+are :class:`TouristError` (a ``ValueError``) whose message starts with the offending ``field``
+(and with ``tourist <index>`` when reading many).
 """
 
 from __future__ import annotations
@@ -28,11 +27,9 @@ from optw.errors import UserError
 TOURIST_FIELDS = ("tourist", "region", "kind", "start", "t_start", "t_end", "scores")
 #: Fields a tourist must give when the region's benchmark values are not the defaults.
 REQUIRED_FIELDS = ("start", "t_start", "t_end", "scores")
-#: Largest accepted score of a point.
 SCORE_LIMIT = 1e9
 #: Start coordinates may lie this many extents of the region's box outside it.
 BOX_MARGIN = 100.0
-#: Longest accepted string id.
 MAX_ID_LENGTH = 200
 
 TouristId = int | str
@@ -85,16 +82,15 @@ _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 40, 40
 
 
 def describe(value: Any) -> str:
-    """Type and a short repr of a value, for error messages (nesting and length cut, so a
-    value nested thousands deep is described without recursing through it)."""
+    """Type and a short repr of a value for error messages (nesting and length cut: a value
+    nested thousands deep is described without recursing through it)."""
     text = _SHORT.repr(value)
     return f"{type(value).__name__} {text[:40] + '...' if len(text) > 40 else text}"
 
 
 def load_json(text: str | bytes, where: str | None = None) -> Any:
-    """``json.loads(text)``, or a one-line :class:`~optw.errors.UserError` starting with
-    ``where`` (e.g. ``tourist file f.json``) for invalid JSON, JSON nested too deep, an integer
-    too long for Python or text that is not UTF-8."""
+    """``json.loads(text)``; JSON Python cannot read (invalid, nested too deep, an integer too
+    long, not UTF-8) is a one-line :class:`~optw.errors.UserError` starting with ``where``."""
     prefix = f"{where}: " if where else ""
     if isinstance(text, bytes):
         try:
@@ -136,10 +132,6 @@ def start_box(region: Region) -> tuple[tuple[float, float], tuple[float, float]]
     y_lo, y_hi = min(by_lo, float(region.y.min())), max(by_hi, float(region.y.max()))
     pad = BOX_MARGIN * max(x_hi - x_lo, y_hi - y_lo, 1.0)
     return (x_lo - pad, x_hi + pad), (y_lo - pad, y_hi + pad)
-
-
-def _given(data: Mapping[str, Any], key: str) -> bool:
-    return data.get(key) is not None
 
 
 def _is_vector(value: Any) -> bool:
@@ -204,35 +196,32 @@ def _scores(value: Any, region: Region) -> np.ndarray:
 
 
 def read_tourist(data: Any, region: Region, *, defaults: bool = False) -> TouristInput:
-    """Read and validate one tourist of ``region`` from a dict (see the module docstring).
-
+    """Read and validate one tourist of ``region`` from a dict (:class:`TouristError`).
     ``defaults``: absent ``start``, ``t_start``, ``t_end``, ``scores`` take the region's
-    benchmark values (else they are required). Raises :class:`TouristError`.
-    """
+    benchmark values (else they are required)."""
     if not isinstance(data, Mapping):
         raise TouristError("tourist", f"tourist: expected an object, got {describe(data)}")
     unknown = sorted(str(k) for k in set(data) - set(TOURIST_FIELDS))
     if unknown:
         raise TouristError(unknown[0], f"{unknown[0]}: unknown field(s) {unknown}; allowed: "
                            f"{list(TOURIST_FIELDS)}")
-    missing = [k for k in REQUIRED_FIELDS if not defaults and not _given(data, k)]
+    given = {k: v for k, v in data.items() if v is not None}
+    missing = [k for k in REQUIRED_FIELDS if not defaults and k not in given]
     if missing:
         raise TouristError(missing[0], f"{missing[0]}: missing; a tourist needs "
                            f"{list(REQUIRED_FIELDS)}")
-    tid = _id(data["tourist"]) if _given(data, "tourist") else None
-    if _given(data, "region") and (not isinstance(data["region"], str)
-                                   or data["region"] != region.id):
-        raise TouristError("region", f"region: {describe(data['region'])} is not this "
+    tid = _id(given["tourist"]) if "tourist" in given else None
+    if "region" in given and (not isinstance(given["region"], str) or given["region"] != region.id):
+        raise TouristError("region", f"region: {describe(given['region'])} is not this "
                            f"tourist's region {region.id}")
-    if _given(data, "kind") and not isinstance(data["kind"], str):
-        raise TouristError("kind", f"kind: expected a string, got {describe(data['kind'])}")
-    start = _start(data["start"], region) if _given(data, "start") else region.start_xy
-    t_start = _time(data["t_start"], "t_start", region) if _given(data, "t_start") \
-        else region.t_start
-    t_end = _time(data["t_end"], "t_end", region) if _given(data, "t_end") else region.t_end
+    if "kind" in given and not isinstance(given["kind"], str):
+        raise TouristError("kind", f"kind: expected a string, got {describe(given['kind'])}")
+    start = _start(given["start"], region) if "start" in given else region.start_xy
+    t_start = _time(given["t_start"], "t_start", region) if "t_start" in given else region.t_start
+    t_end = _time(given["t_end"], "t_end", region) if "t_end" in given else region.t_end
     if t_end <= t_start:
         raise TouristError("t_end", f"t_end: {t_end:g} is not after t_start {t_start:g}")
-    scores = (_scores(data["scores"], region) if _given(data, "scores")
+    scores = (_scores(given["scores"], region) if "scores" in given
               else region.score[1:-1].astype(np.float64))
     return TouristInput(tid, start, t_start, t_end, scores)
 
@@ -241,12 +230,9 @@ def tourist_batch(region: Region, items: Sequence[TouristInput], kind: str) -> T
     """Validated tourists -> :class:`TouristBatch` (ids: the given ones, else positions)."""
     if not items:
         raise TouristError("tourists", "tourists: no tourist given")
-    k, n = len(items), region.n_nodes
-    scores = np.zeros((k, n), dtype=np.float64)
-    for i, item in enumerate(items):
-        scores[i, 1:-1] = item.scores
+    scores = np.pad(np.array([item.scores for item in items], np.float64), ((0, 0), (1, 1)))
     tourists = Tourists(
-        region_id=region.id, tourist_id=np.arange(k, dtype=np.int64), kind=kind,
+        region_id=region.id, tourist_id=np.arange(len(items), dtype=np.int64), kind=kind,
         start_xy=np.array([item.start_xy for item in items], dtype=np.float64),
         t_start=np.array([item.t_start for item in items], dtype=np.float64),
         t_end=np.array([item.t_end for item in items], dtype=np.float64), scores=scores)
