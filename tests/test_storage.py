@@ -6,6 +6,7 @@ rules."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
@@ -174,7 +175,8 @@ def test_trainer_gets_remote_storage_and_worker_resources(s3):
                            st.join(s3, "ray_train", ".n.optw-error"))
     assert not trainer.train_loop_config
     uri = st.join(s3, "catalog")
-    remote = make_trainer(spec.replace(catalog=uri), "/tmp/x", "n", res, use_gpu=False)
+    remote = make_trainer(dataclasses.replace(spec, catalog=uri), "/tmp/x", "n", res,
+                          use_gpu=False)
     assert remote.train_loop_per_worker.func is train_worker
     assert remote.train_loop_per_worker.args[0].specs[0].catalog == uri
     assert remote.run_config.storage_path == "/tmp/x"

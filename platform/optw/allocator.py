@@ -1,11 +1,10 @@
-"""The C allocator, set for decoding's large short-lived tensors.
-
-Decoding allocates and frees tables of tens to hundreds of MB at every step; glibc serves blocks
-above its mmap threshold with fresh pages and returns them on free, so every step pays page
-faults again. :func:`reuse_large_blocks` (called by the decoder) raises the threshold to 1 GiB so
-freed blocks stay in the heap, at the cost of a higher peak memory (``docs/measurements.md``,
-``benchmarks/bench_allocator.py``). It does nothing off glibc, when ``MALLOC_MMAP_THRESHOLD_`` is
-set (the user's own setting wins), or with ``OPTW_MALLOC=0``.
+"""The C allocator, set for decoding's large short-lived tensors: glibc serves blocks above its
+mmap threshold with fresh pages and returns them on free, so every decoding step, which
+allocates and frees tables of tens to hundreds of MB, pays page faults again.
+:func:`reuse_large_blocks` (called by the decoder) raises the threshold to 1 GiB so freed
+blocks stay in the heap, at the cost of a higher peak memory (``docs/measurements.md``). It
+does nothing off glibc, when ``MALLOC_MMAP_THRESHOLD_`` is set (the user's own setting wins),
+or with ``OPTW_MALLOC=0``.
 """
 
 from __future__ import annotations
@@ -15,17 +14,14 @@ import ctypes.util
 import os
 import sys
 
-#: glibc's ``mallopt`` parameter number of the mmap threshold.
-M_MMAP_THRESHOLD = -3
-#: Blocks up to this size come from the heap and are reused after free.
-THRESHOLD = 1 << 30
+M_MMAP_THRESHOLD = -3  # glibc's ``mallopt`` parameter number of the mmap threshold
+THRESHOLD = 1 << 30  # blocks up to this size come from the heap and are reused after free
 
 _applied: bool | None = None
 
 
 def reuse_large_blocks() -> bool:
-    """Raise glibc's mmap threshold to :data:`THRESHOLD` (once per process); returns whether
-    this process runs with it."""
+    """Raise glibc's mmap threshold (once per process); returns whether this process has it."""
     global _applied
     if _applied is None:
         _applied = _apply()

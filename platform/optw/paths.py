@@ -70,8 +70,7 @@ def join_location(base: str, *parts: str) -> str:
 
 
 def storage_root() -> str:
-    """Where the jobs keep Ray Train's checkpoints and their outputs: ``$OPTW_STORAGE`` (a
-    folder or a URI), else ``runs/``."""
+    """Where jobs keep outputs and Ray Train's checkpoints: ``$OPTW_STORAGE``, else ``runs/``."""
     return os.environ.get("OPTW_STORAGE") or str(runs_dir())
 
 
@@ -101,12 +100,10 @@ def tune_storage() -> str:
 
 
 def train_run_dir(regions: list[str]) -> Path:
-    """An ``optw train`` run's checkpoints."""
     return runs_dir() / "train" / "+".join(regions)
 
 
 def mlflow_db() -> Path:
-    """The default MLflow sqlite store."""
     return PROJECT_ROOT / "mlflow.db"
 
 
@@ -140,7 +137,6 @@ def replace_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (:func:`replace_atomic`)."""
     return replace_atomic(path, lambda tmp: tmp.write_text(text))
 
 

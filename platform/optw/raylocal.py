@@ -1,17 +1,14 @@
 """Ray's token for the local clusters the project starts, their environment, and what their
-drivers and worker processes do when they start or are told to stop (here because this module
-is light: every Ray worker process imports it).
-
-With ``RAY_AUTH_MODE=token`` (Ray >= 2.59) ``ray start --head`` refuses to start without a
-token (``RAY_AUTH_TOKEN``, the file ``RAY_AUTH_TOKEN_PATH`` names, or ``~/.ray/auth_token``) and
-every client must present it. Every entry point that may start a local cluster calls
-:func:`ensure_token` first; ``python -m optw.raylocal`` does the same from the shell
-(``jobs/embedded.sh``).
+drivers and worker processes do when they start or are told to stop (light: every Ray worker
+process imports it). With ``RAY_AUTH_MODE=token`` ``ray start --head`` refuses to start without
+a token and every client must present it: every entry point that may start a local cluster
+calls :func:`ensure_token` first (``python -m optw.raylocal`` for ``jobs/embedded.sh``).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -59,8 +56,7 @@ def _token_path() -> Path:
 
 
 def token_source() -> str | None:
-    """Where Ray would read the token from now (a variable's name or a file), None if there
-    is none."""
+    """Where Ray would read the token from now (a variable's name or a file), else None."""
     if os.environ.get(TOKEN_ENV, "").strip():
         return f"${TOKEN_ENV}"
     path = _token_path()
@@ -74,34 +70,18 @@ def _has_token(path: Path) -> bool:
         return False
 
 
-def _generate() -> str:
-    """A new token from Ray's own generator (a random secret), or from :mod:`secrets` where
-    this Ray has none."""
-    try:
-        from ray._private.authentication.authentication_token_generator import (
-            generate_new_authentication_token,
-        )
-
-        return generate_new_authentication_token()
-    except ImportError:  # pragma: no cover - older or newer Ray layouts
-        import secrets
-
-        return secrets.token_hex(32)
-
-
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
 def ensure_token(say: Callable[[str], None] | None = _stderr) -> str | None:
     """Make sure a local cluster started now finds a token; returns where it is kept (None
-    when ``RAY_AUTH_MODE=disabled``). A token that exists is reused, never replaced; else a new
-    one is written atomically, mode 0600, to the file Ray reads, and ``say`` is told once where
-    it is (never the token). A :class:`~optw.paths.PathError` when it cannot be written."""
+    when ``RAY_AUTH_MODE=disabled``). An existing token is reused; else a new one (as Ray's
+    generator makes) is written atomically, mode 0600, and ``say`` is told where (a PathError
+    when it cannot be written)."""
     if os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "disabled":
         return None
-    source = token_source()
-    if source:
+    if source := token_source():
         return source
     path = _token_path()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -109,7 +89,7 @@ def ensure_token(say: Callable[[str], None] | None = _stderr) -> str | None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(_generate())
+            f.write(secrets.token_hex(32))
         if _has_token(path):  # another process made one meanwhile: keep theirs
             return str(path)
         os.replace(tmp, path)
@@ -125,9 +105,8 @@ def ensure_token(say: Callable[[str], None] | None = _stderr) -> str | None:
 
 def setup_worker() -> None:
     """The ``worker_process_setup_hook`` of the project's clusters: ``RAY_ADDRESS`` becomes
-    this cluster's address (else Ray's own look-ups of "the" cluster inside the job, such as
-    Ray Train's placement-group cleaner's, fail with "Found multiple active Ray instances" when
-    other Ray instances run on the machine), and :func:`optw.raylogs.quiet_ray_internals`."""
+    this cluster's (else Ray's own look-ups of "the" cluster inside the job fail with "Found
+    multiple active Ray instances" beside other instances), and ``quiet_ray_internals``."""
     from optw.raylogs import quiet_ray_internals
 
     try:
@@ -140,9 +119,9 @@ def setup_worker() -> None:
 
 
 def interrupt_on_signals(signals: Iterable[int] = (signal.SIGTERM,)) -> None:
-    """In a driver, once Ray is initialised: each of ``signals`` raises ``KeyboardInterrupt``
-    as Ctrl-C does (clean-up runs, ``optw`` exits 130), instead of the handler of Ray's C++
-    core, which prints a stack dump. Nothing changes outside the main thread."""
+    """In a driver's main thread, once Ray is initialised: each of ``signals`` raises
+    ``KeyboardInterrupt`` as Ctrl-C does (clean-up runs, ``optw`` exits 130), instead of the
+    handler of Ray's C++ core, which prints a stack dump."""
     if threading.current_thread() is not threading.main_thread():
         return
 

@@ -1,9 +1,8 @@
 """The one filter of Ray's lines: :data:`RAY_NOISE` names the lines of Ray's internals nobody
 has to act on (Ray's log folder keeps them all), and every place that shows Ray's output drops
-them: a driver (:func:`quiet_ray_output`), ``jobs/embedded.sh``'s follower
-(:mod:`optw.distributed.follow`), a Ray Train worker (:func:`quiet_train_worker`), ``optw
-serve`` (:func:`filter_ray_noise`) and every worker process of a job
-(:func:`quiet_ray_internals`). Warnings and errors otherwise always pass. No ``optw`` imports.
+them: a driver (:func:`quiet_ray_output`), ``jobs/embedded.sh``'s follower, a Ray Train worker
+(:func:`quiet_train_worker`), ``optw serve`` (:func:`filter_ray_noise`) and every worker
+process of a job (:func:`quiet_ray_internals`). Other warnings and errors always pass.
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ RAY_NOISE = re.compile(
 RAY_TRAIN_WORKER = re.compile(r"\(RayTrainWorker pid=\d+")
 #: Ray's own INFO/DEBUG log lines (dropped by :class:`RayLogFilter`, not by ``optw serve``).
 RAY_INFO = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+\s+(INFO|DEBUG) \w+\.py:\d+ -- ")
-#: The variable and default of Ray Train's console log level in the job (its INFO lines stay
-#: in the session's log files).
+#: The variable and default of Ray Train's console log level in the job.
 TRAIN_LOG_LEVEL_ENV = ("OPTW_RAY_TRAIN_LOG_LEVEL", "WARNING")
 
 
@@ -56,7 +54,6 @@ class RayLogFilter(logging.Filter):
         self.train_level = logging.getLevelNamesMapping()[train_level or train_log_level()]
 
     def keep(self, line: str) -> bool:
-        """Should this output line be shown?"""
         if RAY_NOISE.search(line) or RAY_INFO.search(line):
             return False
         return self.train_level < logging.WARNING or not RAY_TRAIN_WORKER.search(line)
@@ -76,10 +73,9 @@ AUTOSCALING_CLIENT_LOGGER = ("ray.train.v2._internal.execution.scaling_policy."
 
 
 class TransientRayTimeouts(logging.Filter):
-    """Drops a record whose error is Ray's ``GetTimeoutError``: Ray Train's controller warns,
-    with a traceback, when Ray's AutoscalingCoordinator actor does not answer its resource
-    request within Ray's fixed 5 s; the request only informs an autoscaler and is sent again
-    at the next scaling decision. Any other failure there still shows."""
+    """Drops a record whose error is Ray's ``GetTimeoutError``: the warning, with a traceback,
+    that the AutoscalingCoordinator did not answer within Ray's fixed 5 s (the request only
+    informs an autoscaler and is sent again at the next scaling decision)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
@@ -87,12 +83,14 @@ class TransientRayTimeouts(logging.Filter):
                                       for c in type(exc).__mro__)
 
 
+def _add_once(holder: logging.Filterer, kind: type[logging.Filter]) -> None:
+    if not any(isinstance(f, kind) for f in holder.filters):
+        holder.addFilter(kind())
+
+
 def quiet_ray_internals() -> None:
-    """In each worker process of a job: :class:`TransientRayTimeouts` on Ray Train's
-    AutoscalingCoordinator client."""
-    logger = logging.getLogger(AUTOSCALING_CLIENT_LOGGER)
-    if not any(isinstance(f, TransientRayTimeouts) for f in logger.filters):
-        logger.addFilter(TransientRayTimeouts())
+    """In a job's worker processes: :class:`TransientRayTimeouts` on the autoscaling client."""
+    _add_once(logging.getLogger(AUTOSCALING_CLIENT_LOGGER), TransientRayTimeouts)
 
 
 class DropLines:
@@ -106,8 +104,7 @@ class DropLines:
     def write(self, text: str) -> int:
         with self._lock:
             *lines, self._partial = (self._partial + text).split("\n")
-            kept = "".join(f"{line}\n" for line in lines if self._filter.keep(line))
-            if kept:
+            if kept := "".join(f"{line}\n" for line in lines if self._filter.keep(line)):
                 self._stream.write(kept)
         return len(text)
 
@@ -123,15 +120,13 @@ class DropLines:
 
 
 def quiet_ray_loggers() -> None:
-    """Ray's Python loggers at WARNING, with :class:`RayLogFilter` on them and their
-    handlers."""
+    """Ray's Python loggers at WARNING, :class:`RayLogFilter` on them and their handlers."""
     names = [n for n in logging.root.manager.loggerDict if n.split(".")[0] == "ray"]
     for name in {*names, "ray", "ray.train", "ray.tune", "ray.data"}:
         logger = logging.getLogger(name)
         logger.setLevel(logging.WARNING)
         for holder in (logger, *logger.handlers):
-            if not any(isinstance(f, RayLogFilter) for f in holder.filters):
-                holder.addFilter(RayLogFilter())
+            _add_once(holder, RayLogFilter)
 
 
 @contextlib.contextmanager
@@ -152,10 +147,9 @@ def quiet_ray_output() -> Iterator[None]:
 def quiet_train_worker() -> None:
     """In a Ray Train worker: the console handlers get a :class:`RayLogFilter`."""
     for handler in logging.getLogger().handlers:
-        console = (isinstance(handler, logging.StreamHandler)
-                   and not isinstance(handler, logging.FileHandler))
-        if console and not any(isinstance(f, RayLogFilter) for f in handler.filters):
-            handler.addFilter(RayLogFilter())
+        if (isinstance(handler, logging.StreamHandler)
+                and not isinstance(handler, logging.FileHandler)):
+            _add_once(handler, RayLogFilter)
 
 
 _FILTER = """
@@ -181,9 +175,8 @@ def filter_ray_noise() -> list[subprocess.Popen]:
         target = os.dup(fd)
         read, write = os.pipe()
         try:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-c", _FILTER, RAY_NOISE.pattern], stdin=read, stdout=target,
-                stderr=subprocess.DEVNULL, close_fds=True))
+            procs.append(subprocess.Popen([sys.executable, "-c", _FILTER, RAY_NOISE.pattern],
+                                          stdin=read, stdout=target, stderr=subprocess.DEVNULL))
         finally:
             os.close(read)
             os.close(target)

@@ -1,6 +1,5 @@
 """How many torch threads to use: the cores this process may actually use now (torch's default,
-one per core, is many times slower when other work keeps the cores busy). The entry points that
-run torch call :func:`set_torch_threads`; torch is imported only there.
+one per core, is many times slower when other work keeps the cores busy).
 """
 
 from __future__ import annotations
@@ -12,8 +11,7 @@ import time
 
 from optw.errors import UserError
 
-#: Largest accepted explicit thread count (``--threads``).
-MAX_THREADS = 256
+MAX_THREADS = 256  # the largest explicit thread count (``--threads``)
 
 
 def granted_cpus() -> int:
@@ -28,10 +26,9 @@ def granted_cpus() -> int:
 
 
 def default_threads() -> int:
-    """The granted cores (:func:`granted_cpus`) less those other processes keep busy (the
-    1-minute load average less this process's own share, scaled to the granted share of the
-    machine), rounded, at least 1. This process's share is its CPU time over its age (at least
-    a minute): a long-lived process that used much CPU in its life is not taken as busy now."""
+    """The granted cores less those other processes keep busy (the 1-minute load average less
+    this process's own share, its CPU time over its age of at least a minute, scaled to the
+    granted share of the machine), rounded, at least 1."""
     cpus = granted_cpus()
     try:
         load = os.getloadavg()[0]
@@ -52,8 +49,7 @@ def check_threads(value: object, name: str = "threads") -> int:
 
 
 def set_torch_threads(threads: int | None = None) -> int:
-    """Set torch's intra-op threads to ``threads`` (checked), or to :func:`default_threads`
-    when ``None``; returns the number set."""
+    """Set torch's threads to ``threads`` (checked; default :func:`default_threads`); returns it."""
     import torch
 
     n = default_threads() if threads is None else check_threads(threads)
@@ -62,8 +58,7 @@ def set_torch_threads(threads: int | None = None) -> int:
     return n
 
 
-#: When this module was imported: the process's age where /proc does not tell it.
-_IMPORTED = time.monotonic()
+_IMPORTED = time.monotonic()  # the process's age where /proc does not tell it
 
 
 def _age_s() -> float:
@@ -83,24 +78,18 @@ def _cgroup_cpus() -> int | None:
     try:
         with open("/sys/fs/cgroup/cpu.max") as f:
             quota, period = f.read().split()[:2]
-        if quota == "max":
-            return None
-        return max(1, math.ceil(int(quota) / int(period)))
+        return max(1, math.ceil(int(quota) / int(period)))  # "max": no quota, a ValueError
     except (OSError, ValueError):
         return None
 
 
 def _ray_grant() -> int | None:
-    """CPUs Ray granted the current task or actor (None outside a Ray worker; Ray is only
-    asked when this process already imported it)."""
+    """CPUs Ray granted the current task or actor (None outside a Ray worker; Ray is asked
+    only when this process already imported it)."""
     ray = sys.modules.get("ray")
-    if ray is None:
-        return None
     try:
-        if not ray.is_initialized():
-            return None
-        ctx = ray.get_runtime_context()
-        if ctx.worker.mode != ray.WORKER_MODE:  # the driver: no grant
+        ctx = ray.get_runtime_context() if ray is not None and ray.is_initialized() else None
+        if ctx is None or ctx.worker.mode != ray.WORKER_MODE:  # the driver: no grant
             return None
         cpus = ctx.get_assigned_resources().get("CPU")
     except Exception:  # an old or partial Ray: no grant known

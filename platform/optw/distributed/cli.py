@@ -78,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def comma_list(text: str | None, option: str) -> list[str] | None:
-    """``"a, b"`` -> ``["a", "b"]``; None stays None; an empty list (never "all"), an empty
+    """``"a, b"`` -> ``["a", "b"]`` (None stays None); an empty list (never "all"), an empty
     entry or a name given twice is an error naming ``option``."""
     if text is None:
         return None
@@ -89,8 +89,7 @@ def comma_list(text: str | None, option: str) -> list[str] | None:
     if "" in items:
         raise UserError(f"{option}: {text!r} has an empty entry (entry {items.index('') + 1}); "
                         "give comma-separated names")
-    seen = [x for i, x in enumerate(items) if x in items[:i]]
-    if seen:
+    if seen := [x for i, x in enumerate(items) if x in items[:i]]:
         raise UserError(f"{option}: {text!r} names {seen[0]!r} twice; give each name once")
     return items
 
@@ -103,8 +102,8 @@ def resource_amounts(text: str | None) -> dict[str, float]:
         try:
             value = float(amount)
         except ValueError:
-            value = float("nan")
-        if not sep or not name.strip() or not (value > 0 and value != float("inf")):
+            value = 0.0
+        if not sep or not name.strip() or not 0 < value < float("inf"):
             raise UserError(f"--worker-resources: {item!r}; expected NAME=AMOUNT with an "
                             "amount > 0, e.g. trainer=1")
         out[name.strip()] = value
@@ -120,11 +119,10 @@ def profile_from_args(args: argparse.Namespace, catalog: Catalog) -> JobProfile:
         raise UserError("--regions and --groups: give one of them (--regions names the regions "
                         "to train, --groups trains every region of those groups)")
     profile = load_profile(args.profile, catalog)
-    changes: dict[str, Any] = {
+    changes: dict[str, Any] = {k: v for k, v in {
         "groups": groups, "regions": [] if groups is not None else regions,
         "from_groups": comma_list(getattr(args, "from_groups", None), "--from-groups"),
-        "mode": args.mode, "name": args.name}
-    changes = {k: v for k, v in changes.items() if v is not None}
+        "mode": args.mode, "name": args.name}.items() if v is not None}
     if changes.get("mode", profile.job.mode) != "transfer-to" and "from_groups" not in changes:
         changes["from_groups"] = []  # a transfer-to profile run in another mode
     return profile.with_job(changes, catalog, JOB_OPTIONS)
@@ -140,13 +138,11 @@ def format_summary(summary) -> str:
     table = summary.tables.get("summary") if summary.tables else None
     if table is not None and len(table):
         cols = [c for c in ("group", "kind", "method", "regions", "model", "ils", "gap_ils",
-                            "gap_ils_median", "best_known", "gap_best", "time")
-                if c in table.columns]
+                            "gap_ils_median", "best_known", "gap_best", "time") if c in table]
         rows = [{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}
                 for r in table[cols].to_dict("records")]
         lines += ["", format_table(rows, cols)]
-    t = summary.timings
-    if t:
+    if t := summary.timings:
         parts = ", ".join(f"{k} {t.get(k, 0.0) / 60:.1f}" for k in
                           ("startup", "training", "evaluation", "logging"))
         lines.append(f"\ntime: {t.get('wall', summary.seconds) / 60:.1f} min wall (ILS "
@@ -172,10 +168,10 @@ def _run_job(args: argparse.Namespace) -> int:
     location, catalog = open_job_catalog(args.catalog)
     profile = profile_from_args(args, catalog)
     with quiet_ray_output(), own_connection():  # Ray's internals stay in its log folder
-        summary = run_job(profile, catalog_dir=location, tracking_uri=args.tracking_uri,
-                          storage=args.storage, out_dir=args.out, force=args.force,
-                          progress=not args.quiet, ray_address=args.address,
-                          worker_resources=resource_amounts(args.worker_resources))
+        summary = run_job(
+            profile, catalog_dir=location, tracking_uri=args.tracking_uri, storage=args.storage,
+            out_dir=args.out, force=args.force, progress=not args.quiet, ray_address=args.address,
+            worker_resources=resource_amounts(args.worker_resources))
     print(format_summary(summary))
     return 0
 

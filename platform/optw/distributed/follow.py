@@ -7,26 +7,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import TextIO
 
 from optw.raylogs import DropLines, quiet_ray_loggers
 
 
-async def _tail(client, job: str, out: TextIO) -> None:
-    async for chunk in client.tail_job_logs(job):
-        out.write(chunk)
-        out.flush()
-
-
-def follow(address: str, job: str, out: TextIO | None = None) -> int:
+def follow(address: str, job: str) -> int:
     """Print ``job``'s output (Ray's noise dropped); 0 if it succeeded, else 1 (a line why)."""
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     quiet_ray_loggers()
     client = JobSubmissionClient(address)
-    stream = DropLines(out or sys.stdout)
+    stream = DropLines(sys.stdout)
+
+    async def tail() -> None:
+        async for chunk in client.tail_job_logs(job):
+            stream.write(chunk)
+            stream.flush()
+
     try:
-        asyncio.run(_tail(client, job, stream))
+        asyncio.run(tail())
     finally:
         stream.flush()
     info = client.get_job_info(job)

@@ -1,8 +1,5 @@
 """The platform job (:func:`run_job`): ILS baseline, one Ray Train run per pack of models,
-evaluation, MLflow, registry.
-
-Whatever is wrong with the input fails before any training. The plan is resolved once: each
-model's TrainConfig and each pack's way of training travel to the worker as frozen specs. A
+evaluation, MLflow, registry. Whatever is wrong with the input fails before any training; a
 pack that fails on a setting fails once, in one line; Ray Train restarts a worker that died.
 """
 
@@ -45,10 +42,8 @@ class JobContext:
     use_gpu: bool
     #: extra training callbacks per unit key (picklable; e.g. a test's fault injection)
     callbacks: dict[str, tuple[Any, ...]] = field(default_factory=dict)
-    #: custom Ray resources each region worker asks for
-    worker_resources: dict[str, float] = field(default_factory=dict)
-    #: a Ray object reference to :func:`_demonstrations`, or None
-    demos: Any = None
+    worker_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources
+    demos: Any = None  # a Ray object reference to :func:`_demonstrations`, or None
 
     def demos_for(self, config: Any) -> dict[str, Any] | None:
         """The demonstrations of ``config``'s regions (None when it asks for none)."""
@@ -66,7 +61,6 @@ class JobSummary:
     job_name: str
     parent_run_id: str
     tracking_uri: str
-    regions: list[str]
     trained: list[str]
     skipped: list[str]
     results_path: Path | str | None  # a local path, or a URI
@@ -74,8 +68,7 @@ class JobSummary:
     seconds: float
     registered: dict[str, int] = field(default_factory=dict)
     report: Path | str | None = None
-    #: seconds: ils, demos, report, wall; and, summed over models, startup, training,
-    #: evaluation, logging
+    #: seconds: ils, demos, report, wall; summed over models: startup, training, evaluation, logging
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -88,8 +81,7 @@ def run_pack(pack: PackSpec, ctx: JobContext, inits: dict[str, str | None],
     from optw.distributed.ray_train import WorkerPack, WorkerSpec, fit_pack
     from optw.tracking import end_run, log_demonstrations
 
-    profile, mode = ctx.profile, ctx.profile.job.mode
-    units = pack.units
+    profile, mode, units = ctx.profile, ctx.profile.job.mode, pack.units
     specs = []
     for member in pack.members:
         unit, config = member.unit, member.config
@@ -97,14 +89,13 @@ def run_pack(pack: PackSpec, ctx: JobContext, inits: dict[str, str | None],
             "train": config.to_dict(), "evaluate": asdict(profile.evaluate), "mode": mode,
             "init_from": unit.init_from or "", "catalog_version": CATALOG_VERSION,
             "pack": pack.keys}, tags={"mode": mode, "profile": profile.profile})
-        demos = ctx.demos_for(config)
-        if demos:
+        if demos := ctx.demos_for(config):
             log_demonstrations(run_id, demos, st.join(ctx.catalog_dir, "baselines", DEMO_FILE),
                                ctx.tracking_uri)
-        specs.append(WorkerSpec.build(config, unit.key, unit.stage, catalog=ctx.catalog_dir,
-                                      tracking_uri=ctx.tracking_uri, run_id=run_id,
-                                      init=inits.get(unit.key),
-                                      callbacks=ctx.callbacks.get(unit.key, ()), demos=demos))
+        specs.append(WorkerSpec.build(
+            config, unit.key, unit.stage, catalog=ctx.catalog_dir, tracking_uri=ctx.tracking_uri,
+            run_id=run_id, init=inits.get(unit.key), callbacks=ctx.callbacks.get(unit.key, ()),
+            demos=demos))
     keys = "+".join(u.key for u in units)
     tag = units[0].key if len(units) == 1 else (
         f"{units[0].key}-pack{len(units)}-{hashlib.sha1(keys.encode()).hexdigest()[:8]}")
@@ -114,30 +105,28 @@ def run_pack(pack: PackSpec, ctx: JobContext, inits: dict[str, str | None],
     evaluate = ray.remote(num_cpus=min(1.0, profile.resources.cpus_per_region),
                           max_retries=1)(evaluate_anywhere)
     try:
-        fitted = fit_pack(WorkerPack(tuple(specs), pack.batched), ctx.storage, name,
-                          profile.resources, ctx.use_gpu, outs,
-                          worker_resources=ctx.worker_resources)
+        startup, training = fit_pack(
+            WorkerPack(tuple(specs), pack.batched), ctx.storage, name, profile.resources,
+            ctx.use_gpu, outs, worker_resources=ctx.worker_resources)
         t_eval = time.perf_counter()
-        refs = {u.key: evaluate.remote(fitted.models[u.key], u.eval_regions, u.method,
-                                       profile.evaluate, ctx.catalog_dir)
-                for u in units if u.eval_regions}
+        refs = {u.key: evaluate.remote(outs[u.key], u.eval_regions, u.method, profile.evaluate,
+                                       ctx.catalog_dir) for u in units if u.eval_regions}
         evals = dict(zip(refs, ray.get(list(refs.values())), strict=True))
     except BaseException:
         for spec in specs:
             end_run(spec.run_id, "FAILED", ctx.tracking_uri)
         raise
-    share = {"startup_seconds": fitted.startup_seconds / len(units),
-             "train_seconds": fitted.train_seconds / len(units),
-             "eval_seconds": (time.perf_counter() - t_eval) / len(units)}
+    share = {"startup": startup / len(units), "training": training / len(units),
+             "evaluation": (time.perf_counter() - t_eval) / len(units)}  # seconds
     catalog = open_catalog(local_catalog(ctx.catalog_dir))  # a URI: this node's mirror
-    return {m.unit.key: {**_finish_unit(m, spec.run_id, fitted.models[m.unit.key], ctx,
+    return {m.unit.key: {**_finish_unit(m, spec.run_id, outs[m.unit.key], ctx,
                                         evals.get(m.unit.key, ([], [])), catalog), **share}
             for m, spec in zip(pack.members, specs, strict=True)}
 
 
 def evaluate_anywhere(model: str, regions: list[str], method: str, settings: Any,
                       catalog: str) -> tuple[list, list]:
-    """:func:`optw.evaluate.protocol.evaluate_model` on any node."""
+    """:func:`optw.evaluate.protocol.evaluate_model` on any node (locations made local)."""
     from optw.evaluate.protocol import evaluate_model
 
     with st.local_file(model) as path:
@@ -146,8 +135,8 @@ def evaluate_anywhere(model: str, regions: list[str], method: str, settings: Any
 
 def _finish_unit(member: Member, run_id: str, checkpoint: str, ctx: JobContext,
                  evaluation: tuple[list, list], catalog: Catalog) -> dict[str, Any]:
-    """Log a trained model (at ``checkpoint``), its evaluation rows and beam sweep, register
-    it (its region's data from ``catalog`` bundled) and end its MLflow run."""
+    """Log a trained model, its evaluation rows and beam sweep, register it (with its region's
+    data from ``catalog``) and end its MLflow run."""
     import pandas as pd
 
     from optw import tracking
@@ -181,7 +170,7 @@ def _finish_unit(member: Member, run_id: str, checkpoint: str, ctx: JobContext,
         raise
     return {"key": unit.key, "stage": unit.stage, "checkpoint": checkpoint, "rows": rows,
             "sweep": sweep, "version": version, "val_score": val_score, "run_id": run_id,
-            "log_seconds": time.perf_counter() - t0}
+            "logging": time.perf_counter() - t0}
 
 
 def _skip_done(stages: list[list[Member]], config_hash: str,
@@ -197,48 +186,30 @@ def _skip_done(stages: list[list[Member]], config_hash: str,
     return left, skipped
 
 
-def check_memory(stages: list[list[Member]], profile: JobProfile, catalog: Catalog) -> None:
-    """Refuse a planned model an epoch of which cannot fit in this machine's memory on its
-    largest region (:func:`optw.train.config.check_fits`, naming the profile's table)."""
-    from optw.train.config import check_fits
-
-    nodes = catalog.regions_table["nodes"]
-    for m in (m for stage in stages for m in stage):
-        check_fits(m.config, int(nodes.loc[m.config.regions].max()), profile.table_of(m.unit))
-
-
 def open_job_catalog(location: str | Path | None) -> tuple[str, Catalog]:
     """A catalog location (default ``$OPTW_CATALOG``...) and the catalog open on this node."""
     where = st.normalize(location or paths.catalog_location())
     return where, open_catalog(local_catalog(where))
 
 
-def run_job(
-    profile: JobProfile,
-    *,
-    catalog_dir: str | Path | None = None,
-    tracking_uri: str | None = None,
-    storage: str | Path | None = None,
-    out_dir: str | Path | None = None,
-    force: bool = False,
-    progress: bool = True,
-    ray_address: str | None = None,
-    callbacks: dict[str, Sequence[Any]] | None = None,
-    worker_resources: dict[str, float] | None = None,
-) -> JobSummary:
+def run_job(profile: JobProfile, *, catalog_dir: str | Path | None = None,
+            tracking_uri: str | None = None, storage: str | Path | None = None,
+            out_dir: str | Path | None = None, force: bool = False, progress: bool = True,
+            ray_address: str | None = None, callbacks: dict[str, Sequence[Any]] | None = None,
+            worker_resources: dict[str, float] | None = None) -> JobSummary:
     """Run the job described by ``profile`` on the current (or a new local) Ray cluster.
 
     ``catalog_dir``, ``storage`` (Ray Train's) and ``out_dir`` (models, results, report) are
     folders or URIs (defaults: ``$OPTW_CATALOG`` or ``region_catalog/``; ``ray_train/`` and
     ``<job>/`` under ``$OPTW_STORAGE`` or ``runs/``; with ``out_dir`` alone, storage is
-    ``<out_dir>/ray_train``). ``callbacks``: extra training callbacks per unit key;
-    ``worker_resources``: custom Ray resources each region worker asks for."""
+    ``<out_dir>/ray_train``). ``callbacks``: extra training callbacks per unit key."""
     import pandas as pd
     import ray
 
-    from optw.baselines import load_ils_results, run_ils_baseline
+    from optw.baselines import run_ils_baseline
     from optw.distributed.rayenv import warm_train_coordinator
     from optw.tracking import check_tracking_uri, log_tables, start_job_run
+    from optw.train.config import check_fits
 
     t0 = time.perf_counter()
     # everything that can be wrong fails first, before anything trains or is created
@@ -246,7 +217,9 @@ def run_job(
     selected = select_regions(catalog, profile.job.groups, profile.job.regions)
     stages = [[Member(u, profile.config_for(u)) for u in s]
               for s in plan(profile.job.mode, catalog, selected, profile.job.from_groups)]
-    check_memory(stages, profile, catalog)
+    sizes = catalog.regions_table["nodes"]
+    for m in (m for s in stages for m in s):  # an epoch on its largest region must fit
+        check_fits(m.config, int(sizes.loc[m.config.regions].max()), profile.table_of(m.unit))
     uri = check_tracking_uri(tracking_uri)
     name = profile.job.name
     out = st.normalize(out_dir) if out_dir else paths.job_output(name)
@@ -255,7 +228,7 @@ def run_job(
                                                      else paths.train_storage())
     folders = [pf.Setting("--storage (or OPTW_STORAGE)", storage),
                pf.Setting("--out (or OPTW_STORAGE)", out)]
-    st.check_folders(folders)
+    st.prepare_folders(folders, create=False)  # created once Ray is up
     nodes, use_gpu = pf.join_cluster(folders, pf.Setting(pf.CATALOG_SETTING, catalog_loc),
                                      catalog.path, uri, profile, ray_address)
     if nodes > 1:
@@ -288,11 +261,18 @@ def run_job(
             more = "…" if len(skipped) > 8 else ""
             _say(progress, f"{len(skipped)} region(s) already have a champion from this config "
                  f"and catalog: skipped ({', '.join(skipped[:8])}{more})")
-    if not any(stages):
-        return _nothing_to_do(name, uri, out, selected, skipped, time.perf_counter() - t0)
+    if not any(stages):  # every region is current: the summary points at the earlier run
+        from optw.report import find_parent_run
+
+        try:
+            parent = find_parent_run(name, uri)
+        except LookupError:
+            parent = ""
+        return JobSummary(name, parent, uri, [], skipped,
+                          _shown(st.join(out, "results.parquet")), {}, time.perf_counter() - t0,
+                          {}, _shown(st.join(out, "report", "index.html")))
     t_demos = time.perf_counter()
-    demos = _demonstrations(stages, catalog, catalog_loc, progress)
-    if demos:
+    if demos := _demonstrations(stages, catalog, catalog_loc, progress):
         push_baselines(catalog.path, catalog_loc)  # a catalog URI gets them too
         timings["demos"] = time.perf_counter() - t_demos
     job = start_job_run(name, profile.to_dict(), tags={
@@ -309,12 +289,9 @@ def run_job(
         if rows:
             df = pd.DataFrame(rows)
             results_path = st.join(out, "results.parquet")
-            with tempfile.TemporaryDirectory(prefix="optw-results-") as tmp:
-                df.to_parquet(Path(tmp) / "results.parquet")
-                st.put_file(Path(tmp) / "results.parquet", results_path)  # never half-written
-            tables = _tables(df, catalog, load_ils_results(catalog.path))
-            sweep = [row for r in results.values() for row in r.get("sweep", [])]
-            if sweep:
+            st.write_bytes(results_path, df.to_parquet())  # whole: never half-written
+            tables = _tables(df, catalog)
+            if sweep := [row for r in results.values() for row in r["sweep"]]:
                 tables["beam_sweep"] = pd.DataFrame(sweep)
             log_tables(job.run_id, tables, uri=uri)
         job.finish("FINISHED")
@@ -325,30 +302,29 @@ def run_job(
     t_report = time.perf_counter()
     report = _report(job.run_id, out, uri, progress)
     timings["report"] = time.perf_counter() - t_report
-    for part, key in (("startup", "startup_seconds"), ("training", "train_seconds"),
-                      ("evaluation", "eval_seconds"), ("logging", "log_seconds")):
-        timings[part] = sum(r.get(key, 0.0) for r in results.values())
+    for part in ("startup", "training", "evaluation", "logging"):
+        timings[part] = sum(r.get(part, 0.0) for r in results.values())
     timings["wall"] = time.perf_counter() - t0
     registered = {r["key"]: r["version"] for r in results.values() if r.get("version")}
     trained = [m.unit.key for s in stages for m in s]
-    return JobSummary(name, job.run_id, uri, selected, trained, skipped,
-                      _shown(results_path), tables, time.perf_counter() - t0, registered,
-                      report, timings)
+    return JobSummary(name, job.run_id, uri, trained, skipped, _shown(results_path),
+                      tables, time.perf_counter() - t0, registered, report, timings)
 
 
 def _demonstrations(stages: list[list[Member]], catalog: Any, catalog_loc: str,
                     progress: bool) -> dict[tuple[int, str | None], dict[str, Any]]:
-    """``{(seed, score kind): {region: Demonstrations}}`` the planned models learn from
-    (:func:`optw.baselines.demos.get_demos`: the missing ones computed in Ray tasks)."""
+    """``{(seed, score kind): {region: Demonstrations}}`` the planned models learn from (the
+    missing ones computed in Ray tasks)."""
     from optw.baselines.demos import get_demos
 
     need: dict[tuple[int, str | None], tuple[set[str], int]] = {}  # regions, most demos
     for c in (m.config for s in stages for m in s if m.config.demos):
         regions, most = need.get((c.seed, c.score_kind), (set(), 0))
         need[(c.seed, c.score_kind)] = (regions | set(c.regions), max(most, c.demos))
-    return {(seed, kind): get_demos(catalog, sorted(regions), most, seed, kind,
-                                    workers=max(2, os.cpu_count() or 1), progress=progress,
-                                    task_catalog=catalog_loc, localize=local_catalog)
+    workers = max(2, os.cpu_count() or 1)
+    return {(seed, kind): get_demos(catalog, sorted(regions), most, seed, kind, workers=workers,
+                                    progress=progress, task_catalog=catalog_loc,
+                                    localize=local_catalog)
             for (seed, kind), (regions, most) in need.items()}
 
 
@@ -359,36 +335,19 @@ def _shown(location: str | None) -> Path | str | None:
     return st.local_path(location) or st.shown(location)
 
 
-def _nothing_to_do(name: str, uri: str, out: str, selected: list[str], skipped: list[str],
-                   seconds: float) -> JobSummary:
-    """Every region is current: the summary points at the earlier run."""
-    from optw.report import find_parent_run
-
-    try:
-        parent = find_parent_run(name, uri)
-    except (KeyError, LookupError):
-        parent = ""
-    return JobSummary(name, parent, uri, selected, [], skipped,
-                      _shown(st.join(out, "results.parquet")), {}, seconds, {},
-                      _shown(st.join(out, "report", "index.html")))
-
-
 def _run_stages(remote, stages: list[list[Member]], ctx: JobContext, capacity: int,
                 progress: bool) -> dict[str, dict[str, Any]]:
-    """Run every stage's packs with at most ``capacity`` in flight, each once the models it
-    starts from are done; one progress bar per stage. A pack of a later stage starts while an
-    earlier stage still runs only on a core no running pack uses (a group's fine-tuning then
-    does not wait for another group's global model, and never slows it: a global model's time
-    cap is wall clock). A failed pack fails the job once the others are done (they finish and
-    are kept; a pack that starts from a failed model does not run)."""
+    """Run every stage's packs, at most ``capacity`` in flight, each once the models it starts
+    from are done; one progress bar per stage. A later stage's pack starts while an earlier
+    stage runs only on a core no running pack uses (never slowing a global model, whose time
+    cap is wall clock). A failed pack fails the job once the others are done."""
     import ray
     from tqdm import tqdm
 
     resources = ctx.profile.resources
-    pending = [p for stage in stages if stage
-               for p in packs(stage, resources.regions_per_worker, capacity,
-                              resources.pack_mode)]
-    left = {}  # models left per stage, for the bars
+    pending = [p for stage in stages if stage for p in packs(
+        stage, resources.regions_per_worker, capacity, resources.pack_mode)]
+    left: dict[str, int] = {}  # models left per stage, for the bars
     for p in pending:
         left[p.units[0].stage] = left.get(p.units[0].stage, 0) + len(p)
     bars = {name: tqdm(total=n, desc=f"stage {name}", unit="model", disable=not progress)
@@ -397,7 +356,6 @@ def _run_stages(remote, stages: list[list[Member]], ctx: JobContext, capacity: i
     results: dict[str, dict[str, Any]] = {}
     failed: set[str] = set()
     errors: list[str] = []
-
     order = {name: i for i, name in enumerate(left)}
     cores = ray.cluster_resources().get("CPU", capacity)
 
@@ -407,18 +365,19 @@ def _run_stages(remote, stages: list[list[Member]], ctx: JobContext, capacity: i
     def ready(pack: PackSpec) -> bool:
         if not all(u.init_from is None or u.init_from in results for u in pack.units):
             return False
-        stage = order[pack.units[0].stage]
-        if not any(left[s] for s in left if order[s] < stage):
+        if not any(left[s] for s in left if order[s] < order[pack.units[0].stage]):
             return True
         return sum(threads(p) for p in in_flight.values()) + threads(pack) <= cores
+
+    def fail(pack: PackSpec, why: str) -> None:
+        failed.update(pack.keys)
+        errors.append(f"{pack.units[0].stage} {'+'.join(pack.keys)}: {why}")
 
     while pending or in_flight:
         for pack in [p for p in pending if any(u.init_from in failed for u in p.units)]:
             pending.remove(pack)
-            failed.update(pack.keys)
             left[pack.units[0].stage] -= len(pack)
-            errors.append(f"{pack.units[0].stage} {'+'.join(pack.keys)}: not run (the model "
-                          "it starts from failed)")
+            fail(pack, "not run (the model it starts from failed)")
         while len(in_flight) < capacity and (pack := next(filter(ready, pending), None)):
             pending.remove(pack)
             inits = {u.key: results[u.init_from]["checkpoint"] if u.init_from else None
@@ -435,8 +394,7 @@ def _run_stages(remote, stages: list[list[Member]], ctx: JobContext, capacity: i
             try:
                 results.update(ray.get(ref))
             except Exception as exc:  # noqa: BLE001 - reported with the pack's names
-                failed.update(pack.keys)
-                errors.append(f"{pack.units[0].stage} {'+'.join(pack.keys)}: {failure(exc)}")
+                fail(pack, failure(exc))
             bar = bars[pack.units[0].stage]
             bar.update(len(pack))
             bar.set_postfix_str(pack.keys[-1])
@@ -451,8 +409,8 @@ def _run_stages(remote, stages: list[list[Member]], ctx: JobContext, capacity: i
 
 
 def failure(exc: BaseException) -> str:
-    """One line of a pack's failure: an OptwError (it names the setting) as it is, any other
-    as its type and first line (Ray's traceback stays in its log folder)."""
+    """One line of a pack's failure: an OptwError as it is, any other as its type and first
+    line (Ray's traceback stays in its log folder)."""
     from ray.exceptions import RayTaskError
 
     while isinstance(exc, RayTaskError) and isinstance(exc.cause, BaseException):
@@ -465,17 +423,18 @@ def failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {st.first_line(exc)}"
 
 
-def _tables(df, catalog, ils) -> dict[str, Any]:
+def _tables(df, catalog) -> dict[str, Any]:
+    from optw.baselines import load_ils_results
     from optw.evaluate import evaluate, load_best_known, validate_results
 
     clean = validate_results(df.drop(columns=["kind"]), catalog, check_routes=False)
     try:
         best = load_best_known()
-    except (FileNotFoundError, OSError, ValueError):
+    except (OSError, ValueError):
         best = None
     if best is not None and not set(clean["region"]) <= set(best.index):
         best = None  # regions outside the benchmark set (custom catalogs) have no best-known
-    return evaluate(clean, ils, best)
+    return evaluate(clean, load_ils_results(catalog.path), best)
 
 
 def _report(run_id: str, out: str, uri: str, progress: bool) -> Path | str | None:
@@ -483,8 +442,7 @@ def _report(run_id: str, out: str, uri: str, progress: bool) -> Path | str | Non
     from optw.report import write_and_log_report
 
     try:
-        local = st.local_path(out)
-        if local is not None:
+        if (local := st.local_path(out)) is not None:
             return write_and_log_report(run_id, local / "report", uri)
         with tempfile.TemporaryDirectory(prefix="optw-report-") as tmp:
             index = write_and_log_report(run_id, Path(tmp) / "report", uri)

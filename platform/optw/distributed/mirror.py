@@ -1,10 +1,9 @@
 """A catalog given by URI, mirrored on each node that reads it; publishing a built catalog.
 
 Every process that opens a catalog location calls :func:`local_catalog` on entry (the Ray
-Train worker, evaluation, ILS and Tune's tasks), so a node that joined late mirrors it too: a
-folder is used as it is, a URI is mirrored into ``<cache>/catalog-<hash>``. The job pushes the
-baselines it adds back (:func:`push_baselines`). ``python -m optw.distributed.mirror
-upload-catalog SRC DST`` publishes a built catalog (``ray_cluster.yaml``'s head at setup).
+Train worker, evaluation, ILS and Tune's tasks), so a node that joined late mirrors it too.
+``python -m optw.distributed.mirror upload-catalog SRC DST`` publishes a built catalog
+(``ray_cluster.yaml``'s head at setup).
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ from pathlib import Path
 from optw import paths
 from optw.distributed import storage as st
 
-#: Files the cluster's early check leaves for a moment (never mirrored).
-PROBE_PREFIX = ".optw-probe-"
+PROBE_PREFIX = ".optw-probe-"  # files the cluster's early check leaves for a moment
 MIRROR_STATE = ".optw-mirror.json"
 
 
@@ -31,9 +29,9 @@ def default_mirror(uri: str) -> Path:
 
 
 def mirror_dir(uri: str, dest: str | Path) -> Path:
-    """Make the local folder ``dest`` a copy of the folder at ``uri``: changed files (size or
-    modification time) downloaded again, files gone removed. Safe for several processes of
-    one node at once (a lock file beside ``dest``)."""
+    """Make the local folder ``dest`` a copy of the folder at ``uri`` (probe files left out):
+    changed files (size or modification time) downloaded again, files gone removed. Safe for
+    several processes of one node at once (a lock file beside ``dest``)."""
     import pyarrow.fs
 
     dest = Path(dest)
@@ -68,7 +66,8 @@ def mirror_dir(uri: str, dest: str | Path) -> Path:
 
 
 def local_catalog(catalog: str | Path, mirror: str | Path | None = None) -> str:
-    """A catalog folder this process can open: a path, or a URI's mirror."""
+    """A catalog folder this process can open: a path, or a URI's mirror (default
+    :func:`default_mirror`)."""
     if not st.is_uri(catalog):
         return st.normalize(catalog)
     return str(mirror_dir(st.normalize(catalog), mirror or default_mirror(str(catalog))))
@@ -86,8 +85,7 @@ def upload_catalog(src: str | Path, dst: str) -> bool:
     target = st.join(dst, "manifest.json")
     if st.exists(target) and st.read_bytes(target) == manifest.read_bytes():
         return False
-    for file in sorted(p for p in src.rglob("*") if p.is_file() and p != manifest):
-        st.put_file(file, st.join(dst, *file.relative_to(src).parts))
+    st.upload_dir(src, dst, skip=manifest)
     st.put_file(manifest, target)
     return True
 
@@ -100,7 +98,6 @@ def push_baselines(local: str | Path, catalog: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m optw.distributed.mirror upload-catalog SRC DST``."""
     parser = argparse.ArgumentParser(prog="python -m optw.distributed.mirror",
                                      description="Publish a built catalog (see docs/cluster.md).")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -1,7 +1,6 @@
 """Which models a job trains, in which order, what each is evaluated and registered as, and
-how they are packed into workers.
-
-Modes follow the paper's experiments (evaluation method in brackets):
+how they are packed into workers. Modes follow the paper's experiments (evaluation method in
+brackets):
 
 - ``scratch``: one model per region (``model``);
 - ``global-ft``: one global model per group, fine-tuned on each region (``global_ft``);
@@ -37,10 +36,6 @@ class Unit:
     init_from: str | None = None  # key of the unit whose final checkpoint starts this one
     group: str | None = None  # mode global-ft: the global model's ([global.<group>])
 
-    @property
-    def finetune(self) -> bool:
-        return self.init_from is not None
-
 
 class UnknownGroupError(UserError):
     """A job's group that its catalog does not have (or that has no regions)."""
@@ -55,8 +50,7 @@ def select_regions(catalog: Catalog, groups: list[str], regions: list[str]) -> l
         return list(dict.fromkeys(regions))
     with_regions = set(catalog.regions_table["group"].astype(str))
     present = [g for g in catalog.groups if g in with_regions]  # the catalog's order
-    unknown = sorted(set(groups) - set(present))
-    if unknown:
+    if unknown := sorted(set(groups) - set(present)):
         custom = [g for g in present if g not in GROUPS]
         hint = (f"; add a region with `optw catalog add REGION --points FILE"
                 f"{'' if unknown == [CUSTOM_GROUP] else ' --group ' + unknown[0]}`")
@@ -70,8 +64,7 @@ def source_regions(catalog: Catalog, from_groups: list[str], targets: list[str])
     """Mode ``transfer-to``: the source groups' regions that are not targets."""
     groups = list(from_groups) or list(GROUPS)
     present = set(catalog.regions_table["group"].astype(str))
-    missing = [g for g in groups if g not in present]
-    if missing:
+    if missing := [g for g in groups if g not in present]:
         raise UnknownGroupError(f"from_groups {missing} have no regions in the catalog at "
                                 f"{catalog.path} (its groups: {sorted(present)})")
     out = [r for r in catalog.list_regions(groups) if r not in set(targets)]

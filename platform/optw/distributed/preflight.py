@@ -1,8 +1,7 @@
-"""A job's or sweep's early refusal on a Ray cluster, before anything trains
-(:func:`join_cluster`): a region worker must fit on a node; on several nodes every location
-must be the same on every node and the tracking store a server; where an autoscaler may add
-nodes, a local path must be on a shared filesystem. Errors name the setting (docs/cluster.md).
-"""
+"""A job's or sweep's early refusal on a Ray cluster, before anything trains: a region worker
+must fit on a node; on several nodes every location must be the same on every node and the
+tracking store a server; where an autoscaler may add nodes, a local path must be on a shared
+filesystem. Errors name the setting (docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -25,9 +24,7 @@ NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "ceph", "glusterfs", "gpf
               "fuse.cephfs", "fuse.glusterfs", "virtiofs", "9p")
 #: Where the cluster launcher (``ray up``) leaves the autoscaler's config on the head.
 RAY_BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"
-#: Seconds every node gets to answer the early check.
-PROBE_TIMEOUT_S = 180.0
-#: The setting that chooses the catalog, as errors name it.
+PROBE_TIMEOUT_S = 180.0  # seconds every node gets to answer the early check
 CATALOG_SETTING = "--catalog (or OPTW_CATALOG)"
 
 
@@ -62,37 +59,31 @@ def network_fs(path: str | Path) -> str | None:
 
 def autoscaling_workers(config: str | Path = RAY_BOOTSTRAP_CONFIG) -> int:
     """How many worker nodes the cluster launcher may add (its ``max_workers``; 0 without)."""
-    path = Path(config).expanduser()
-    if not path.is_file():
-        return 0
     try:
         import yaml
 
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(Path(config).expanduser().read_text()) or {}
         return int(data.get("max_workers", 0) or 0)
     except Exception:  # noqa: BLE001 - unreadable: no evidence of more nodes
         return 0
 
 
 def alive_nodes() -> list[dict[str, Any]]:
-    """The alive nodes of the connected Ray cluster."""
     import ray
 
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
 def worker_slots(need: dict[str, float], nodes: list[dict[str, Any]] | None = None) -> int:
-    """How many region workers asking for ``need`` (Ray resources) the ``nodes`` (default:
-    :func:`alive_nodes`) hold at once, node by node (two nodes of 3 CPUs hold two 2-CPU
-    workers, not three); at least 1 (a launcher may add nodes)."""
+    """How many region workers asking for ``need`` the ``nodes`` (default: the alive ones)
+    hold at once, node by node; at least 1 (a launcher may add nodes)."""
     nodes = alive_nodes() if nodes is None else nodes
     return max(1, sum(_holds(n, need) for n in nodes))
 
 
 def worker_need(resources: ResourcesSection, use_gpu: bool,
                 extra: Mapping[str, float] | None = None) -> dict[str, float]:
-    """What one region worker asks Ray for: its CPUs, with GPUs a share of one, and the
-    custom resources ``extra``."""
+    """What one region worker asks Ray for: CPUs, a GPU share, custom resources ``extra``."""
     need = {"CPU": resources.cpus_per_region}
     if use_gpu:
         need["GPU"] = resources.gpu_fraction
@@ -100,7 +91,6 @@ def worker_need(resources: ResourcesSection, use_gpu: bool,
 
 
 def _holds(node: dict[str, Any], need: dict[str, float]) -> int:
-    """How many workers asking for ``need`` fit on ``node``."""
     have = node.get("Resources", {})
     asked = {k: float(v) for k, v in need.items() if v > 0}
     return int(min((have.get(k, 0.0) + 1e-9) // v for k, v in asked.items())) if asked else 1
@@ -109,9 +99,8 @@ def _holds(node: dict[str, Any], need: dict[str, float]) -> int:
 def check_worker_fits(cpus: float, gpu: float | None = None,
                       nodes: list[dict[str, Any]] | None = None, can_add: int | None = None,
                       where: str = "") -> None:
-    """Refuse a region worker (``cpus`` and, with GPUs, a ``gpu`` share of one node) that no
-    node can hold, unless a launcher may add nodes (``can_add``; default
-    :func:`autoscaling_workers`): Ray would wait for ever. ``where`` starts the error."""
+    """Refuse a region worker (``cpus`` and, with GPUs, a ``gpu`` share) that no node can
+    hold, unless a launcher may add nodes (``can_add``): Ray would wait for ever."""
     nodes = alive_nodes() if nodes is None else nodes
     can_add = autoscaling_workers() if can_add is None else can_add
     need = {"CPU": cpus, **({"GPU": gpu} if gpu is not None else {})}
@@ -134,9 +123,9 @@ def _hint(setting: Setting) -> str:
 def join_cluster(folders: list[Setting], catalog: Setting, mirror: str | Path,
                  tracking_uri: str, profile: JobProfile, address: str | None,
                  ) -> tuple[int, bool]:
-    """Connect to Ray (unless connected), refuse a region worker no node holds, create the
-    ``folders`` and :func:`check_cluster` them and the catalog (a URI is mirrored into
-    ``mirror`` on each node). Returns the nodes and whether there are GPUs."""
+    """Connect to Ray, refuse a region worker no node holds, create the ``folders`` and
+    :func:`check_cluster` them and the catalog (a URI is mirrored into ``mirror`` on each
+    node). Returns the number of nodes and whether there are GPUs."""
     import ray
 
     from optw.distributed.rayenv import connect
@@ -144,8 +133,8 @@ def join_cluster(folders: list[Setting], catalog: Setting, mirror: str | Path,
     if not ray.is_initialized():
         connect(address)  # a bad --address: refused in seconds, nothing created yet
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    resources = profile.resources
-    check_worker_fits(resources.cpus_per_region, resources.gpu_fraction if use_gpu else None,
+    res = profile.resources
+    check_worker_fits(res.cpus_per_region, res.gpu_fraction if use_gpu else None,
                       where=f"{profile.profile} [resources]")
     st.prepare_folders(folders)
     stage = {catalog.location: str(mirror)} if st.is_uri(catalog.location) else None
@@ -178,9 +167,8 @@ def check_cluster(settings: list[Setting], tracking_uri: str, *,
                   nodes: list[dict[str, Any]] | None = None,
                   autoscaling: int | None = None) -> int:
     """On several nodes (or with an autoscaler), refuse a tracking store that is no server
-    and a location some node cannot read back a probe file from (:class:`ClusterStorageError`
-    naming the setting); ``stage_catalogs`` (URI -> mirror) are mirrored on every node.
-    Returns how many nodes the cluster has or may have."""
+    and a location some node cannot read back a probe file from; ``stage_catalogs`` (URI ->
+    mirror) are mirrored on every node. Returns how many nodes the cluster has or may have."""
     from optw.tracking.uri import check_cluster_tracking
 
     nodes = alive_nodes() if nodes is None else nodes

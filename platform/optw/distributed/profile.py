@@ -2,11 +2,9 @@
 
 Tables: ``[job]``, ``[train]`` (a :class:`~optw.train.TrainConfig` for scratch and global
 models), ``[global.<group>]`` and ``[finetune]`` (changes of ``[train]`` for a group's global
-model and for fine-tuned models), ``[evaluate]``, ``[resources]``. ``quick``, ``smoke`` and
-``paper`` ship in ``profiles/``. A profile is read once (:func:`load_profile`) into frozen,
-checked objects, every TrainConfig built then; an unknown table or key or a bad value is a
-:class:`~optw.errors.ConfigError` naming the file, table and key. Groups are benchmark groups,
-``custom`` or custom groups of the job's catalog.
+model and for fine-tuned models), ``[evaluate]``, ``[resources]``; ``quick``, ``smoke`` and
+``paper`` ship in ``profiles/``. An unknown table or key or a bad value is a ConfigError
+naming the file, table and key.
 """
 
 from __future__ import annotations
@@ -38,14 +36,6 @@ TABLES = ("job", "train", "global", "finetune", "evaluate", "resources")
 MAX_NAME, MAX_CPUS, MAX_FAILURES, MAX_REGIONS_PER_WORKER = 100, 1024, 100, 10_000
 
 
-def _names(value: Any, key: str) -> None:
-    """``value`` must be a list of distinct non-empty names (else a ConfigError on ``key``)."""
-    require(isinstance(value, list) and all(isinstance(v, str) and v for v in value), key,
-            value, "must be a list of names")
-    twice = [v for i, v in enumerate(value) if v in value[:i]]
-    require(not twice, key, value, f"names {twice[0]!r} twice" if twice else "")
-
-
 @dataclass(frozen=True)
 class JobSection:
     """``[job]``: what the job trains."""
@@ -58,8 +48,12 @@ class JobSection:
     from_groups: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        for key in ("groups", "regions", "from_groups"):
-            _names(getattr(self, key), f"job.{key}")
+        for key in ("groups", "regions", "from_groups"):  # lists of distinct non-empty names
+            value = getattr(self, key)
+            require(isinstance(value, list) and all(isinstance(v, str) and v for v in value),
+                    f"job.{key}", value, "must be a list of names")
+            twice = [v for i, v in enumerate(value) if v in value[:i]]
+            require(not twice, f"job.{key}", value, f"names {twice[0]!r} twice" if twice else "")
         require(self.mode in MODES, "job.mode", self.mode, f"expected one of {list(MODES)}")
         require(bool(self.groups), "job.groups", self.groups, "give at least one group")
         bad = sorted(set(self.from_groups) - set(GROUPS))
@@ -88,13 +82,11 @@ class ResourcesSection:
 
     cpus_per_region: float = 1.0  # per Ray Train worker (one pack of regions)
     gpu_fraction: float = 0.25
-    #: restarts of a worker that died, from its last checkpoint (a failed setting: never)
-    max_failures: int = 2
-    #: models one worker trains (a pack): 1 for long budgets, more for short ones, where
-    #: starting a worker costs more than training a region
+    max_failures: int = 2  # restarts of a worker that died, from its last checkpoint
+    #: models one worker trains (a pack): more for short budgets, where starting a worker
+    #: costs more than training a region
     regions_per_worker: int = 1
-    #: "sequential" or "batched" (side by side in one batched step, where the models allow:
-    #: :func:`optw.distributed.plan.packs`)
+    #: "sequential" or "batched" (side by side where the models allow: ``plan.packs``)
     pack_mode: str = "sequential"
 
     def __post_init__(self) -> None:
@@ -117,9 +109,7 @@ class ResourcesSection:
 
 @dataclass(frozen=True)
 class JobProfile:
-    """A whole job's settings, checked when built; ``finetune`` and ``global_train`` are
-    built from ``train`` and the tables as written (a ``dataclasses.replace`` copy builds its
-    own)."""
+    """A whole job's settings, checked when built."""
 
     job: JobSection
     train: TrainConfig
@@ -129,10 +119,8 @@ class JobProfile:
     finetune_table: Mapping[str, Any] = field(default_factory=dict)  # [finetune] as written
     #: ``[global.<group>]`` tables as written, by group
     global_tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    #: ``[train]``, ``finetune = true`` and ``[finetune]``
-    finetune: TrainConfig = field(init=False)
-    #: ``[train]`` and ``[global.<group>]``, by group
-    global_train: Mapping[str, TrainConfig] = field(init=False)
+    finetune: TrainConfig = field(init=False)  # [train], finetune = true and [finetune]
+    global_train: Mapping[str, TrainConfig] = field(init=False)  # by group
 
     def __post_init__(self) -> None:
         base = self.train.to_dict()
@@ -146,10 +134,9 @@ class JobProfile:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "profile",
                   catalog: Catalog | None = None) -> JobProfile:
-        """A profile from its tables, checked (errors name ``source``, the table and key);
-        ``catalog``: the job's, whose custom groups it may name."""
-        unknown = sorted(map(str, set(data) - set(TABLES)))
-        if unknown:
+        """A profile from its tables (errors name ``source``, the table and key); ``catalog``:
+        the job's, whose custom groups it may name."""
+        if unknown := sorted(map(str, set(data) - set(TABLES))):
             raise ConfigError(f"{source}: unknown table(s) {unknown}; expected some of "
                               f"{list(TABLES)}")
         tables: dict[str, dict[str, Any]] = {}
@@ -202,8 +189,8 @@ class JobProfile:
 
     def with_job(self, changes: Mapping[str, Any], catalog: Catalog | None = None,
                  names: Mapping[str, str] | None = None) -> JobProfile:
-        """This profile with ``changes`` of ``[job]`` (command-line options), checked as the
-        file's are; an error on a changed key starts with ``names[key]``, its option."""
+        """This profile with ``changes`` of ``[job]``, checked; an error on a changed key starts
+        with ``names[key]``, its command-line option."""
         try:
             out = dataclasses.replace(self, job=dataclasses.replace(self.job, **changes))
             out.check_groups(catalog)
@@ -214,8 +201,7 @@ class JobProfile:
         return out
 
     def config_for(self, unit: Unit) -> TrainConfig:
-        """The TrainConfig of a planned model (``[finetune]``'s, ``[global.<group>]``'s or
-        ``[train]``'s) with the unit's training regions."""
+        """A planned model's TrainConfig, with the unit's training regions."""
         return self._base(unit)[1].replace(regions=list(unit.train_regions))
 
     def table_of(self, unit: Unit) -> str:
@@ -223,7 +209,7 @@ class JobProfile:
         return f"{self.profile} {self._base(unit)[0]}"
 
     def _base(self, unit: Unit) -> tuple[str, TrainConfig]:
-        if unit.finetune:
+        if unit.init_from is not None:  # a fine-tuned model
             return "[finetune]", self.finetune
         if unit.group in self.global_train:
             return f"[global.{unit.group}]", self.global_train[unit.group]

@@ -1,16 +1,12 @@
-"""One pack of models = one Ray Train run: a TorchTrainer with one worker.
-
-The worker gets a frozen :class:`WorkerPack` and trains it with :class:`RayReport` (metrics,
-Ray gauges for ``dashboards/``, and checkpoints a restarted worker resumes from) and the MLflow
-callback. A worker that stops on an :class:`~optw.errors.OptwError` (a setting) leaves its
-message beside the run's storage and ends, so Ray Train does not restart it for the same end;
-the driver raises it as a :class:`WorkerError`. Ray Train restarts only a worker that died.
+"""One pack of models = one Ray Train run: a TorchTrainer whose one worker trains a frozen
+:class:`WorkerPack` with :class:`RayReport` (metrics, Ray gauges for ``dashboards/``,
+checkpoints a restarted worker resumes from) and the MLflow callback. Ray Train restarts only
+a worker that died; one that stops on an OptwError is raised as a :class:`WorkerError`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import shutil
@@ -18,7 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +49,7 @@ class RayReport(Callback):
                  pack: PackCheckpoint | None = None, extra: dict[str, float] | None = None):
         self.every, self.checkpoint_every, self.tags = max(1, every), checkpoint_every, tags
         self.ils_means = dict(ils_means or {})
-        # the worker's pack (alone: a pack of one)
-        self.pack = pack or PackCheckpoint(Path(tempfile.mkdtemp(prefix="optw-pack-")))
+        self.pack = pack or PackCheckpoint()
         self.extra = extra or {}  # added to every report (the pack member, the start time)
         self._gauges: dict[str, Any] = {}
 
@@ -82,7 +77,7 @@ class RayReport(Callback):
             self.pack.finish(key, ctx.snapshot())
             checkpoint = not self.pack.running
         elif checkpoint:
-            checkpoint = self.pack.leader() == key
+            checkpoint = next(iter(self.pack.running), None) == key  # the leader's
         if not checkpoint:
             ray.train.report(metrics)
             return
@@ -91,21 +86,20 @@ class RayReport(Callback):
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
     def on_train_start(self, ctx: TrainContext) -> None:
-        self.pack.start(self.tags["region"], ctx)
+        self.pack.running[self.tags["region"]] = ctx
 
     def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
         for key in ("epochs_per_s", "mean_reward", "imitation_loss"):
             if key in metrics:  # an imitation epoch has no reward, REINFORCE no imitation
                 self._gauge(key, metrics[key])
         ckpt = bool(self.checkpoint_every) and ctx.epoch % self.checkpoint_every == 0
-        # the final report (with the final checkpoint) comes from on_train_end
+        # the final report comes from on_train_end
         if (ckpt or ctx.epoch % self.every == 0) and ctx.epoch < ctx.total_epochs:
             self._report(ctx, metrics, ckpt)
 
     def on_validation(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
         self._gauge("val_score", metrics["val_score"])
-        gap = gap_to_ils(metrics, self.ils_means)
-        if gap is not None:
+        if (gap := gap_to_ils(metrics, self.ils_means)) is not None:
             metrics["val_gap_ils"] = gap  # kept in ctx.last_validation too
             self._gauge("val_gap_ils", gap)
             if ctx.epoch < ctx.total_epochs:
@@ -116,14 +110,12 @@ class RayReport(Callback):
 
 
 class PackCheckpoint:
-    """The files of a pack's Ray Train checkpoint: each finished member's final model
-    (``<key>.pt``), each running member's training snapshot (``last-<key>.pt``) and
-    ``pack.json`` (which are done, which run). A restarted worker skips the finished members
-    and resumes the running ones exactly."""
+    """A pack's Ray Train checkpoint: finished members' models (``<key>.pt``), running ones'
+    training snapshots (``last-<key>.pt``) and ``pack.json`` (which are done, which run): a
+    restarted worker skips the finished members and resumes the running ones exactly."""
 
-    def __init__(self, staging: Path):
-        self.staging = Path(staging)  # finished members' files, in the worker
-        self.staging.mkdir(parents=True, exist_ok=True)
+    def __init__(self) -> None:
+        self.staging = Path(tempfile.mkdtemp(prefix="optw-pack-"))  # finished members' files
         self.done: list[str] = []
         self.running: dict[str, TrainContext] = {}  # in start order
 
@@ -137,13 +129,6 @@ class PackCheckpoint:
         self.done = list(state["done"])
         running = {key: folder / f"last-{key}.pt" for key in state["running"]}
         return {key: read_checkpoint(path) for key, path in running.items() if path.exists()}
-
-    def start(self, key: str, ctx: TrainContext) -> None:
-        self.running[key] = ctx
-
-    def leader(self) -> str | None:
-        """The running member whose reports carry the pack's checkpoints."""
-        return next(iter(self.running), None)
 
     def finish(self, key: str, snapshot: dict) -> None:
         write_checkpoint(snapshot, self.staging / f"{key}.pt")
@@ -164,8 +149,7 @@ class PackCheckpoint:
 
 def restart_notice(name: str, max_failures: int):
     """A Ray Train callback (in the run's controller) printing one warning line when a worker
-    of run ``name`` fails: what failed, and whether it restarts (Ray Train says so at INFO,
-    which stays off the console)."""
+    of run ``name`` fails, and whether it restarts (Ray Train says so at INFO, off console)."""
     from ray.train import UserCallback
 
     class RestartNotice(UserCallback):
@@ -180,11 +164,9 @@ def restart_notice(name: str, max_failures: int):
             self.failures += 1
             error = next(iter(worker_exceptions.values()), None)
             what = (str(error).strip().splitlines() or [""])[0][:300]
-            if self.failures <= max_failures:
-                then = (f"Ray Train restarts it from its last checkpoint (restart "
-                        f"{self.failures} of {max_failures})")
-            else:
-                then = "no restarts left: the run fails"
+            then = (f"Ray Train restarts it from its last checkpoint (restart {self.failures} "
+                    f"of {max_failures})" if self.failures <= max_failures
+                    else "no restarts left: the run fails")
             print(f"warning: a worker of {name} failed ({type(error).__name__}: {what}); "
                   f"{then}", file=sys.stderr, flush=True)
 
@@ -193,7 +175,7 @@ def restart_notice(name: str, max_failures: int):
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What a Ray Train worker needs to train one model; built by :meth:`build`."""
+    """What a Ray Train worker needs to train one model."""
 
     config: TrainConfig
     key: str  # region id, or global-<group> / transfer-<group>, or the Tune regions
@@ -203,8 +185,6 @@ class WorkerSpec:
     run_id: str | None  # the MLflow child run the worker logs to (None: Tune sets it per trial)
     init: str | None = None  # a model file to start from (fine-tuning): a path or a URI
     ils_means: Mapping[str, float] = field(default_factory=dict)
-    report_every: int = REPORT_EVERY
-    log_every: int = LOG_EVERY
     callbacks: tuple[Callback, ...] = ()  # picklable, added to the worker's own
     demos: Mapping[str, Demonstrations] | None = None  # its regions', if config.demos
 
@@ -219,39 +199,32 @@ class WorkerSpec:
         return cls(config, key, stage, st.normalize(catalog), tracking_uri, run_id, init, means,
                    callbacks=tuple(callbacks), demos=demos)
 
-    def replace(self, **changes: Any) -> WorkerSpec:
-        return dataclasses.replace(self, **changes)
-
 
 @dataclass(frozen=True)
 class WorkerPack:
-    """What one Ray Train worker trains: its specs, side by side in one batched step or one
-    after another (as :func:`optw.distributed.plan.packs` decided)."""
+    """What one Ray Train worker trains: its specs, side by side (``batched``) or in turn."""
 
     specs: tuple[WorkerSpec, ...]
     batched: bool = False
 
 
-def train_worker(pack: WorkerPack, error_file: str | None = None) -> None:
-    """The Ray Train worker function: makes the catalog and start models local on this node,
-    then trains the pack (:func:`optw.train.pack.train_pack` when batched). An
-    :class:`~optw.errors.OptwError` ends it normally with its message in ``error_file`` (a
-    location), so that Ray Train does not restart it; without one it is raised."""
+def train_worker(pack: WorkerPack, error_file: str) -> None:
+    """The Ray Train worker: makes the catalog and start models local, then trains the pack.
+    An OptwError ends it normally with its message in ``error_file`` (a location), so that Ray
+    Train does not restart it."""
     try:
         with contextlib.ExitStack() as stack:
             local = functools.cache(local_catalog)  # each catalog mirrored once
             specs = []
             for spec in pack.specs:
                 init = stack.enter_context(st.local_file(spec.init)) if spec.init else None
-                specs.append(spec.replace(catalog=local(spec.catalog), init=init and str(init)))
-            _train_local(tuple(specs), pack.batched)
+                specs.append(replace(spec, catalog=local(spec.catalog), init=init and str(init)))
+            _train_local(specs, pack.batched)
     except OptwError as exc:
-        if error_file is None:
-            raise
         st.write_bytes(error_file, str(exc).encode())
 
 
-def _train_local(specs: tuple[WorkerSpec, ...], batched: bool) -> None:
+def _train_local(specs: list[WorkerSpec], batched: bool) -> None:
     """:func:`train_worker` once every spec names local files."""
     import ray.train
     import torch
@@ -263,7 +236,7 @@ def _train_local(specs: tuple[WorkerSpec, ...], batched: bool) -> None:
 
     started = time.time()
     quiet_train_worker()
-    pack = PackCheckpoint(Path(tempfile.mkdtemp(prefix="optw-pack-")))
+    pack = PackCheckpoint()
     resume: dict[str, dict] = {}
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:  # a restarted worker, or a re-run of a crashed job
@@ -271,14 +244,11 @@ def _train_local(specs: tuple[WorkerSpec, ...], batched: bool) -> None:
             resume = pack.restore(Path(folder))
 
     def callbacks(member: int, spec: WorkerSpec) -> list[Callback]:
-        return [
-            RayReport(every=spec.report_every, checkpoint_every=spec.config.checkpoint_every,
-                      tags={"region": spec.key, "stage": spec.stage}, ils_means=spec.ils_means,
-                      pack=pack, extra={"member": member, "worker_started_at": started}),
-            MlflowCallback(spec.run_id, uri=spec.tracking_uri, log_every=spec.log_every,
-                           log_checkpoint=False),
-            *spec.callbacks,
-        ]
+        return [RayReport(REPORT_EVERY, spec.config.checkpoint_every,
+                          {"region": spec.key, "stage": spec.stage}, spec.ils_means, pack,
+                          {"member": member, "worker_started_at": started}),
+                MlflowCallback(spec.run_id, uri=spec.tracking_uri, log_every=LOG_EVERY,
+                               log_checkpoint=False), *spec.callbacks]
 
     todo = [(m, s) for m, s in enumerate(specs) if s.key not in pack.done]
     if batched and len(todo) > 1:  # a restarted worker with one member left trains it alone
@@ -294,7 +264,6 @@ def _train_local(specs: tuple[WorkerSpec, ...], batched: bool) -> None:
 
 
 def error_location(storage: str, name: str) -> str:
-    """Where the worker of run ``name`` leaves an error meant for the user."""
     return st.join(storage, f".{name}.optw-error")
 
 
@@ -303,8 +272,7 @@ def make_trainer(pack: WorkerPack | WorkerSpec, storage: str, name: str,
                  callbacks: list | None = None,
                  worker_resources: Mapping[str, float] | None = None):
     """A TorchTrainer with one worker running :func:`train_worker` on a pack (or one spec),
-    its checkpoints in ``storage`` (a location); run it with :func:`fit_checked`.
-    ``worker_resources``: custom Ray resources the worker asks for."""
+    its checkpoints in ``storage`` (a location); run it with :func:`fit_checked`."""
     from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -312,17 +280,14 @@ def make_trainer(pack: WorkerPack | WorkerSpec, storage: str, name: str,
     per_worker = worker_need(resources, use_gpu, worker_resources)
     failures = resources.max_failures if max_failures is None else max_failures
     storage_path, storage_fs = st.ray_storage(storage)
-    return TorchTrainer(
-        functools.partial(train_worker, pack, error_location(storage, name)),
-        scaling_config=ScalingConfig(num_workers=1, use_gpu=use_gpu,
-                                     resources_per_worker=per_worker),
-        run_config=RunConfig(name=name, storage_path=storage_path,
-                             storage_filesystem=storage_fs,
-                             callbacks=[*(callbacks or []), restart_notice(name, failures)],
-                             failure_config=FailureConfig(max_failures=failures,
-                                                          controller_failure_limit=2),
-                             logging_config=LoggingConfig(log_level=train_log_level())),
-    )
+    run_config = RunConfig(
+        name=name, storage_path=storage_path, storage_filesystem=storage_fs,
+        callbacks=[*(callbacks or []), restart_notice(name, failures)],
+        failure_config=FailureConfig(max_failures=failures, controller_failure_limit=2),
+        logging_config=LoggingConfig(log_level=train_log_level()))
+    scaling = ScalingConfig(num_workers=1, use_gpu=use_gpu, resources_per_worker=per_worker)
+    return TorchTrainer(functools.partial(train_worker, pack, error_location(storage, name)),
+                        scaling_config=scaling, run_config=run_config)
 
 
 def fit_checked(trainer: Any, storage: str, name: str) -> Any:
@@ -337,21 +302,12 @@ def fit_checked(trainer: Any, storage: str, name: str) -> Any:
     return result
 
 
-@dataclass
-class PackResult:
-    """What :func:`fit_pack` leaves: each member's model file, and where the time went."""
-
-    models: dict[str, str]
-    startup_seconds: float  # from fit() to the (last) worker's start
-    train_seconds: float  # from the worker's start to the end of fit()
-
-
 def fit_pack(pack: WorkerPack, storage: str, name: str, resources: ResourcesSection,
              use_gpu: bool, outs: Mapping[str, str],
-             worker_resources: Mapping[str, float] | None = None) -> PackResult:
-    """Train a pack to completion and copy each member's final model to ``outs[key]`` (a
-    location). The same ``name`` and ``storage`` resume from the run's last checkpoint (Ray
-    Train restores by name), so a crashed job continues."""
+             worker_resources: Mapping[str, float] | None = None) -> tuple[float, float]:
+    """Train a pack and copy each member's final model to ``outs[key]`` (a location); returns
+    the seconds from ``fit()`` to the (last) worker's start and from then on. The same ``name``
+    and ``storage`` resume from the run's last checkpoint, so a crashed job continues."""
     t0 = time.time()
     result = fit_checked(make_trainer(pack, storage, name, resources, use_gpu,
                                       worker_resources=worker_resources), storage, name)
@@ -366,5 +322,4 @@ def fit_pack(pack: WorkerPack, storage: str, name: str, resources: ResourcesSect
             st.put_file(src, outs[spec.key])
     started = float((result.metrics or {}).get("worker_started_at", t0))
     started = min(max(started, t0), t1)
-    return PackResult({s.key: str(outs[s.key]) for s in pack.specs}, started - t0,
-                      t1 - started)
+    return started - t0, t1 - started

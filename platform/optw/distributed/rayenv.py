@@ -1,10 +1,9 @@
 """Ray's settings for the project's clusters, and connecting to a cluster.
 
-:data:`RAY_ENV` (in :mod:`optw.raylocal`) holds the environment defaults of every local Ray
-the project starts; ``python -m optw.distributed.rayenv`` prints them for ``jobs/embedded.sh``
-before ``ray start``. :func:`connect` refuses in seconds, naming ``--address``, what would
-otherwise hang: an address where no Ray answers, or several local Ray instances to choose
-from.
+``python -m optw.distributed.rayenv`` prints :data:`RAY_ENV`'s defaults as shell exports for
+``jobs/embedded.sh`` before ``ray start``. :func:`connect` refuses in seconds, naming
+``--address``, what would otherwise hang: an address where no Ray answers, or several local
+Ray instances to choose from.
 """
 
 from __future__ import annotations
@@ -21,28 +20,19 @@ from optw.raylocal import RAY_ENV, configure_ray_env
 #: What the embedded head adds: token authentication, said explicitly so that ``ray job
 #: submit`` sends the token too.
 HEAD_ENV: dict[str, str] = {"RAY_AUTH_MODE": "token"}
-#: The job-level runtime environment: each worker process pins the cluster's address and
-#: quiets Ray's transient internals when it starts.
+#: The job-level runtime environment: each worker process runs :func:`optw.raylocal.setup_worker`.
 RUNTIME_ENV: dict[str, str] = {"worker_process_setup_hook": "optw.raylocal.setup_worker"}
-__all__ = ["RAY_ENV", "RUNTIME_ENV", "configure_ray_env", "connect", "own_connection"]
-#: Seconds an address gets to answer before the job is refused.
-CONNECT_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 5.0  # seconds an address gets to answer before the job is refused
 
 
 class RayAddressError(OptwError, ConnectionError):
     """A Ray address (or the lack of one) that cannot be used; one line naming ``--address``."""
 
 
-def shell_exports() -> str:
-    """``export NAME="${NAME:-value}"`` lines of :data:`RAY_ENV` and :data:`HEAD_ENV`."""
-    return "\n".join(f'export {name}="${{{name}:-{value}}}"'
-                     for name, value in {**RAY_ENV, **HEAD_ENV}.items())
-
-
-def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
+def check_address(address: str | None) -> str | None:
     """The address ``ray.init`` should get, or :class:`RayAddressError` in seconds: at
-    ``host:port`` something must answer within ``timeout`` (Ray retries for minutes); no
-    address: :func:`_local_choice`; ``local`` and ``auto`` as Ray does."""
+    ``host:port`` something must answer within :data:`CONNECT_TIMEOUT_S` (Ray retries for
+    minutes); no address: :func:`_local_choice`; ``local`` and ``auto`` as Ray does."""
     if address in (None, "") and not os.environ.get("RAY_ADDRESS"):
         return _local_choice()
     if address in (None, "", "local", "auto"):
@@ -56,7 +46,7 @@ def check_address(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> st
         raise RayAddressError(f"--address {address!r}: expected HOST:PORT (e.g. "
                               "127.0.0.1:6379), ray://HOST:PORT, auto or local")
     try:
-        socket.create_connection(where, timeout=timeout).close()
+        socket.create_connection(where, timeout=CONNECT_TIMEOUT_S).close()
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise RayAddressError(f"--address {address}: no Ray cluster answers there ({reason}); "
@@ -108,7 +98,7 @@ def connect(address: str | None = None) -> None:
 
 @contextlib.contextmanager
 def own_connection() -> Iterator[None]:
-    """Shut down a Ray connection the block makes, its last lines filtered too."""
+    """Shut down a Ray connection the block makes."""
     import ray
 
     before = ray.is_initialized()
@@ -122,7 +112,7 @@ def own_connection() -> Iterator[None]:
 def warm_train_coordinator() -> None:
     """Start Ray Train's autoscaling coordinator (a detached actor each run asks, waiting at
     most 5 s) while the job does other work, so that a slow start does not cost the first run
-    a traceback and 5 s. Best effort."""
+    a traceback and 5 s."""
     try:
         from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
             get_or_create_autoscaling_coordinator,
@@ -133,5 +123,6 @@ def warm_train_coordinator() -> None:
         pass
 
 
-if __name__ == "__main__":  # the export lines, for a shell's eval
-    print(shell_exports())
+if __name__ == "__main__":  # ``export NAME="${NAME:-value}"`` lines, for a shell's eval
+    print("\n".join(f'export {name}="${{{name}:-{value}}}"'
+                    for name, value in {**RAY_ENV, **HEAD_ENV}.items()))

@@ -1,8 +1,6 @@
-"""File I/O on a *location*, where a job keeps what must outlive a node.
-
-A location is a local folder (the single-node default, under ``runs/``), a folder every node
-mounts at the same path (NFS, EFS), or a URI that pyarrow's filesystems open, as Ray Train
-does: ``s3://bucket/prefix`` (an S3-compatible server with
+"""File I/O on a *location*, where a job keeps what must outlive a node: a local folder, a
+folder every node mounts at the same path (NFS, EFS), or a URI that pyarrow's filesystems
+open, as Ray Train does: ``s3://bucket/prefix`` (an S3-compatible server with
 ``?endpoint_override=host:port&scheme=http``; credentials from each node's ``AWS_*``
 variables), ``gs://``, ``hdfs://``... (``file://`` is a path). See docs/cluster.md.
 """
@@ -15,15 +13,17 @@ import posixpath
 import shutil
 import tempfile
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from optw import paths
 from optw.errors import OptwError
 
 if TYPE_CHECKING:
     import pyarrow.fs
+
+CHUNK = 8 * 1024 * 1024  # bytes a copy moves at a time
 
 
 class StorageError(OptwError, RuntimeError):
@@ -40,9 +40,8 @@ class LocationNotFound(StorageError, FileNotFoundError):
 
 def is_uri(location: str | Path) -> bool:
     """True for ``scheme://...`` other than ``file://`` (those are handled as paths)."""
-    text = str(location)
-    scheme = urllib.parse.urlsplit(text).scheme
-    return "://" in text and len(scheme) > 1 and scheme != "file"
+    scheme = urllib.parse.urlsplit(str(location)).scheme
+    return "://" in str(location) and len(scheme) > 1 and scheme != "file"
 
 
 def normalize(location: str | Path) -> str:
@@ -80,7 +79,6 @@ def join(location: str | Path, *parts: str) -> str:
 
 
 def local_path(location: str | Path) -> Path | None:
-    """The local path of a location, None for a URI."""
     return None if is_uri(location) else Path(normalize(location))
 
 
@@ -108,22 +106,18 @@ def ray_storage(location: str | Path) -> tuple[str, pyarrow.fs.FileSystem | None
     return path, fs if is_uri(location) else None
 
 
-def _file_type(location: str | Path) -> pyarrow.fs.FileType:
+def _file_type(location: str | Path) -> str:
     fs, path = filesystem(location)
-    return fs.get_file_info(path).type
+    return fs.get_file_info(path).type.name
 
 
 def exists(location: str | Path) -> bool:
     """True if a file or folder is there (an object store has a folder once it holds files)."""
-    import pyarrow.fs
-
-    return _file_type(location) != pyarrow.fs.FileType.NotFound
+    return _file_type(location) != "NotFound"
 
 
 def is_file(location: str | Path) -> bool:
-    import pyarrow.fs
-
-    return _file_type(location) == pyarrow.fs.FileType.File
+    return _file_type(location) == "File"
 
 
 def makedirs(location: str | Path) -> None:
@@ -132,33 +126,27 @@ def makedirs(location: str | Path) -> None:
     fs.create_dir(path, recursive=True)
 
 
-def check_folders(folders: list[tuple[str, str | Path]]) -> list[tuple[str, str]]:
-    """Check each ``(setting, location)`` folder, creating nothing: a file there or an
-    unreachable location (no bucket, no credentials) raises one line naming its setting.
-    Returns the normalized pairs."""
+def prepare_folders(folders: list[tuple[str, str | Path]], create: bool = True) -> list[str]:
+    """Check each ``(setting, location)`` folder, then create them all (unless not
+    ``create``): a file there or a location that cannot be reached (no bucket, no
+    credentials) or created raises one line naming its setting. Returns the locations,
+    normalized."""
     checked = [(setting, normalize(location)) for setting, location in folders]
     for setting, location in checked:
-        try:
-            a_file = is_file(location)
-        except Exception as exc:  # noqa: BLE001 - pyarrow's errors span lines
-            raise StorageError(f"{setting}: cannot reach {shown(location)} "
-                               f"({first_line(exc)})") from None
-        if a_file:
+        if _try(setting, "reach", is_file, location):
             raise NotAFolderError(f"{setting}: {shown(location)} is a file, not a folder")
-    return checked
-
-
-def prepare_folders(folders: list[tuple[str, str | Path]]) -> list[str]:
-    """Create each ``(setting, location)`` folder once all pass :func:`check_folders`; one
-    that cannot be created raises one line naming its setting."""
-    checked = check_folders(folders)
-    for setting, location in checked:
-        try:
-            makedirs(location)
-        except Exception as exc:  # noqa: BLE001
-            raise StorageError(f"{setting}: cannot create {shown(location)} "
-                               f"({first_line(exc)})") from None
+    for setting, location in checked if create else ():
+        _try(setting, "create", makedirs, location)
     return [location for _, location in checked]
+
+
+def _try(setting: str, doing: str, action: Callable[[str], object], location: str) -> object:
+    """``action(location)``; any error as one line naming ``setting``."""
+    try:
+        return action(location)
+    except Exception as exc:  # noqa: BLE001 - pyarrow's errors span lines
+        raise StorageError(f"{setting}: cannot {doing} {shown(location)} "
+                           f"({first_line(exc)})") from None
 
 
 def first_line(exc: BaseException) -> str:
@@ -172,17 +160,23 @@ def read_bytes(location: str | Path) -> bytes:
         return f.read()
 
 
-def write_bytes(location: str | Path, data: bytes) -> None:
-    """Write a file whole: a local one through a temporary file and a rename (readers never
-    see half of it), an object in one request."""
+def _write(location: str | Path, local: Callable[[Path], object],
+           remote: Callable[[Any], object]) -> str:
+    """Write a file whole: a local one with ``local(tmp)`` and a rename (readers never see half
+    of it), an object with ``remote(stream)`` in one request. Returns the location."""
     location = normalize(location)
-    if not is_uri(location):
+    if is_uri(location):
+        fs, path = filesystem(location)
+        with fs.open_output_stream(path) as f:
+            remote(f)
+    else:
         Path(location).parent.mkdir(parents=True, exist_ok=True)
-        paths.replace_atomic(location, lambda tmp: tmp.write_bytes(data))
-        return
-    fs, path = filesystem(location)
-    with fs.open_output_stream(path) as f:
-        f.write(data)
+        paths.replace_atomic(location, local)
+    return location
+
+
+def write_bytes(location: str | Path, data: bytes) -> None:
+    _write(location, lambda tmp: tmp.write_bytes(data), lambda f: f.write(data))
 
 
 def delete(location: str | Path) -> None:
@@ -194,15 +188,11 @@ def delete(location: str | Path) -> None:
 
 def put_file(src: str | Path, location: str | Path) -> str:
     """Copy a local file to ``location`` whole (as :func:`write_bytes`); returns the location."""
-    location = normalize(location)
-    if not is_uri(location):
-        Path(location).parent.mkdir(parents=True, exist_ok=True)
-        paths.replace_atomic(location, lambda tmp: shutil.copyfile(src, tmp))
-        return location
-    fs, path = filesystem(location)
-    with open(src, "rb") as fin, fs.open_output_stream(path) as fout:
-        shutil.copyfileobj(fin, fout, 8 * 1024 * 1024)
-    return location
+    def upload(f: Any) -> None:
+        with open(src, "rb") as fin:
+            shutil.copyfileobj(fin, f, CHUNK)
+
+    return _write(location, lambda tmp: shutil.copyfile(src, tmp), upload)
 
 
 def get_file(location: str | Path, dst: str | Path) -> Path:
@@ -213,24 +203,21 @@ def get_file(location: str | Path, dst: str | Path) -> Path:
 
     def copy(tmp: Path) -> None:
         with fs.open_input_stream(path) as fin, open(tmp, "wb") as fout:
-            shutil.copyfileobj(fin, fout, 8 * 1024 * 1024)
+            shutil.copyfileobj(fin, fout, CHUNK)
 
     return paths.replace_atomic(dst, copy)
 
 
-def upload_dir(src: str | Path, location: str | Path) -> str:
-    """Copy every file under the local folder ``src`` to the folder ``location``."""
-    src = Path(src)
-    for file in sorted(p for p in src.rglob("*") if p.is_file()):
+def upload_dir(src: str | Path, location: str | Path, skip: Path | None = None) -> None:
+    """Copy every file but ``skip`` under the local folder ``src`` to the folder ``location``."""
+    for file in sorted(p for p in Path(src).rglob("*") if p.is_file() and p != skip):
         put_file(file, join(location, *file.relative_to(src).parts))
-    return normalize(location)
 
 
 @contextlib.contextmanager
 def local_file(location: str | Path) -> Iterator[Path]:
     """A local path of the file at ``location`` (a URI: a temporary download)."""
-    path = local_path(location)
-    if path is not None:
+    if (path := local_path(location)) is not None:
         yield path
         return
     with tempfile.TemporaryDirectory(prefix="optw-fetch-") as tmp:

@@ -2,9 +2,8 @@
 
 Each trial runs one TorchTrainer (Ray Train V2 does not nest a Trainer in a Tuner) whose
 reports reach Tune through ``TuneReportCallback``. Trials are compared by ``val_gap_ils``, the
-mean over the regions of the greedy validation score's gap to ILS on the same tourists (raw
-scores differ by region); ASHA stops the poor ones early. Results go to MLflow; the best
-config can be written as a profile (:func:`write_profile`).
+mean over the regions of the validation score's gap to ILS (raw scores differ by region);
+ASHA stops the poor ones early.
 """
 
 from __future__ import annotations
@@ -12,11 +11,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optw import paths
+from optw.checks import integer, number
 from optw.distributed import storage as st
 from optw.distributed.mirror import local_catalog
 from optw.distributed.preflight import CATALOG_SETTING, Setting, join_cluster
@@ -24,7 +24,7 @@ from optw.distributed.profile import JobProfile, load_profile
 from optw.distributed.ray_train import WorkerError, WorkerSpec, fit_checked, make_trainer
 from optw.errors import ConfigError, OptwError, UserError
 from optw.paths import path_error
-from optw.train.config import TrainConfig
+from optw.train.config import TrainConfig, check_fits
 
 if TYPE_CHECKING:
     from optw.catalog import Catalog
@@ -32,11 +32,8 @@ if TYPE_CHECKING:
 METRIC = "val_gap_ils"
 #: Trials of a sweep (``--samples``): the default and the most.
 DEFAULT_SAMPLES, MAX_SAMPLES = 8, 10_000
-#: The search space's kinds: how many values each takes.
+#: The search space's kinds and how many values each takes.
 KINDS = {"loguniform": 2, "uniform": 2, "choice": 1}
-#: The setting that chooses the sweep's storage, as errors name it.
-STORAGE_SETTING = "--storage or --out (or OPTW_STORAGE)"
-
 #: Default search space: keys of TrainConfig, or model.<key> for ModelConfig.
 DEFAULT_SPACE = {
     "lr": ("loguniform", 1e-5, 1e-3),
@@ -64,12 +61,8 @@ def apply_trial(config: TrainConfig, trial: dict[str, Any]) -> TrainConfig:
 
 
 def check_space(config: TrainConfig, spec: dict[str, tuple], n_nodes: int) -> None:
-    """Refuse a malformed spec (a kind of :data:`KINDS` with its values: a non-empty list, or
-    finite ends ``low < high``, ``low > 0`` for ``loguniform``), or a value it may draw (each
-    choice, both ends) that makes an invalid config or one whose epoch does not fit in memory
-    (``n_nodes``: the largest region's)."""
-    from optw.checks import number
-    from optw.train.config import check_fits
+    """Refuse a malformed spec, or a value it may draw (each choice, both ends) that makes an
+    invalid config or an epoch that does not fit in memory on ``n_nodes`` nodes."""
 
     for key, entry in spec.items():
         kind, *args = entry if isinstance(entry, (tuple, list)) and entry else (None,)
@@ -99,23 +92,19 @@ class SweepResult:
     best_config: dict[str, Any]  # the best trial's [train] table (the sweep's epochs)
     best_gap: float
     trials: Any  # pandas DataFrame
-    parent_run_id: str
-    #: only the values the best trial drew (what :func:`write_profile` applies)
-    best_trial: dict[str, Any] = field(default_factory=dict)
+    best_trial: dict[str, Any]  # only the values it drew (what :func:`write_profile` applies)
 
 
 def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = DEFAULT_SAMPLES,
-              space: dict[str, tuple] | None = None, grace_epochs: int | None = None,
-              catalog_dir: str | Path | None = None, tracking_uri: str | None = None,
-              storage: str | Path | None = None, seed: int = 0,
+              space: dict[str, tuple] | None = None, catalog_dir: str | Path | None = None,
+              tracking_uri: str | None = None, storage: str | Path | None = None,
               progress: bool = True, name: str | None = None,
               ray_address: str | None = None) -> SweepResult:
     """ASHA sweep over ``space`` on ``regions`` with the profile's [train] as the base.
 
     ``name`` (default ``<job>-tune-<time>``) names the sweep's MLflow experiment and its
     folder under ``storage`` (a location; default :func:`optw.paths.tune_storage`), never
-    overwritten. Everything the options can get wrong fails before Ray starts. Without
-    ``val_every`` the trials validate every quarter of their epochs."""
+    overwritten. Everything the options can get wrong fails before Ray starts."""
     import pandas as pd
     import ray
     from ray import tune
@@ -127,9 +116,8 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = DEFAUL
     from optw.distributed.rayenv import check_address
     from optw.tracking import check_tracking_uri, log_params, log_tables, set_tags, start_job_run
     from optw.tracking.runs import end_run, start_child_run
-    from optw.train.config import check_fits
 
-    if type(num_samples) is not int or not 1 <= num_samples <= MAX_SAMPLES:
+    if not integer(num_samples) or not 1 <= num_samples <= MAX_SAMPLES:
         raise UserError(f"--samples: {num_samples!r} trials; give an integer in "
                         f"1..{MAX_SAMPLES:,}")
     if not regions:
@@ -143,20 +131,19 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = DEFAUL
         catalog.region(rid)
     space = space or DEFAULT_SPACE
     train = profile.train.replace(regions=list(regions))
-    if not train.val_every:
+    if not train.val_every:  # validate every quarter of the epochs
         train = train.replace(val_every=max(1, train.epochs // 4))
     n_nodes = int(catalog.regions_table["nodes"].loc[list(regions)].max())
     check_fits(train, n_nodes, f"{profile.profile} [train]")
     check_space(train, space, n_nodes)
-    grace = grace_epochs or train.val_every
+    grace = train.val_every
     if grace > train.epochs:  # ASHA would stop trials before their first validation
         raise UserError(f"--val-every {grace} is more than --epochs {train.epochs}: a trial "
                         "would end before its first validation; give --val-every <= --epochs")
-    makers = {"loguniform": tune.loguniform, "uniform": tune.uniform, "choice": tune.choice}
-    search = {key: makers[kind](*args) for key, (kind, *args) in space.items()}
+    search = {key: getattr(tune, kind)(*args) for key, (kind, *args) in space.items()}
     uri = check_tracking_uri(tracking_uri)
-    folder = Setting(STORAGE_SETTING, storage)
-    st.check_folders([folder])
+    folder = Setting("--storage or --out (or OPTW_STORAGE)", storage)
+    st.prepare_folders([folder], create=False)
     if not ray.is_initialized():
         check_address(ray_address)  # a bad --address: refused in seconds
     if st.exists(st.join(storage, name)):
@@ -174,8 +161,8 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = DEFAUL
                             tracking_uri=uri, run_id=None)
 
     def trial(config: dict[str, Any]) -> None:
-        """One trial: a TorchTrainer with the drawn values whose reports reach Tune, logged to
-        its own MLflow child run; an error of its settings is its result."""
+        """One trial: a TorchTrainer of the drawn values, logged to its own MLflow child run;
+        an error of its settings is its result."""
         from ray.tune.integration.ray_train import TuneReportCallback
 
         drawn, status = config["trial"], "FAILED"
@@ -183,7 +170,7 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = DEFAUL
                                  uri=uri)
         run = f"{name}-{int(time.time() * 1000) % 10**9}"
         try:
-            spec = base.replace(run_id=run_id, config=apply_trial(base.config, drawn))
+            spec = replace(base, run_id=run_id, config=apply_trial(base.config, drawn))
             trainer = make_trainer(spec, storage, run, profile.resources, use_gpu,
                                    max_failures=0, callbacks=[TuneReportCallback()])
             try:
@@ -200,31 +187,25 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = DEFAUL
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     # verbose=0 silences Tune's tables in its older output engine only
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    # the trial function only waits on its TorchTrainer, whose worker holds the real resources
-    trial_cpu = 0.01
+    trial_cpu = 0.01  # a trial only waits on its TorchTrainer, whose worker holds the CPUs
     storage_path, storage_fs = st.ray_storage(storage)
     capacity = max(1, int((ray.cluster_resources().get("CPU", 1) - trial_cpu * num_samples)
                           // profile.resources.cpus_per_region))
     tuner = tune.Tuner(
-        tune.with_resources(trial, {"cpu": trial_cpu}),
-        param_space={"trial": search},
-        tune_config=tune.TuneConfig(metric=METRIC, mode="min", scheduler=scheduler,
-                                    num_samples=num_samples,
-                                    search_alg=BasicVariantGenerator(
-                                        random_state=seed, max_concurrent=capacity)),
-        run_config=tune.RunConfig(name=name, storage_path=storage_path,
-                                  storage_filesystem=storage_fs, verbose=0,
-                                  callbacks=[trial_lines(num_samples)] if progress else []),
-    )
-    grid = tuner.fit()
+        tune.with_resources(trial, {"cpu": trial_cpu}), param_space={"trial": search},
+        tune_config=tune.TuneConfig(
+            metric=METRIC, mode="min", scheduler=scheduler, num_samples=num_samples,
+            search_alg=BasicVariantGenerator(random_state=0, max_concurrent=capacity)),
+        run_config=tune.RunConfig(
+            name=name, storage_path=storage_path, storage_filesystem=storage_fs, verbose=0,
+            callbacks=[trial_lines(num_samples)] if progress else []))
     rows = []
-    for res in grid:
+    for res in tuner.fit():
         m = res.metrics or {}
+        error = m.get("optw_error") or (st.first_line(res.error) if res.error else "")
         rows.append({**{f"trial.{k}": v for k, v in (res.config or {}).get("trial", {}).items()},
                      METRIC: m.get(METRIC), "epoch": m.get("epoch"),
-                     "val_score": m.get("val_score"),
-                     "error": m.get("optw_error") or (st.first_line(res.error)
-                                                      if res.error else "")})
+                     "val_score": m.get("val_score"), "error": error})
     trials = pd.DataFrame(rows)
     try:
         best, best_trial = pick_best(trials)
@@ -237,12 +218,11 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = DEFAUL
     log_params(job.run_id, {f"best.{k}": v for k, v in best_trial.items()}, uri)
     set_tags(job.run_id, {"best_val_gap_ils": float(best[METRIC])}, uri)
     job.finish("FINISHED")
-    return SweepResult(best_train, float(best[METRIC]), trials, job.run_id, best_trial)
+    return SweepResult(best_train, float(best[METRIC]), trials, best_trial)
 
 
 def trial_lines(total: int):
-    """A Tune callback printing one line per finished trial instead of Tune's tables: its
-    number, its gap to ILS or its error, and the values it drew."""
+    """A Tune callback printing one line per finished trial instead of Tune's tables."""
     from ray import tune
 
     class TrialLines(tune.Callback):
@@ -272,17 +252,14 @@ def trial_lines(total: int):
 
 
 def profile_name(path: str | Path) -> str:
-    """The job name a written profile gets: its file's stem as a word (``best.toml`` ->
-    ``best``; characters a job name may not hold become ``-``)."""
-    stem = Path(path).stem.strip()
-    name = "".join("-" if c in "/\\ " else c for c in stem).strip("-")
+    """The job name of a written profile: its file's stem, with ``-`` for ``/\\`` and spaces."""
+    name = "".join("-" if c in "/\\ " else c for c in Path(path).stem.strip()).strip("-")
     return name or "tuned"
 
 
 def pick_best(trials: Any) -> tuple[Any, dict[str, Any]]:
-    """The row of the trials table (``trial.<key>`` values, the last ``METRIC``) with the
-    smallest gap to ILS and the values it drew (Python numbers); :class:`SweepError` naming
-    the trials' errors when none reported one."""
+    """The trials' row with the smallest gap to ILS and the values it drew (Python numbers);
+    :class:`SweepError` naming the trials' errors when none reported one."""
     ok = trials.dropna(subset=[METRIC])
     if ok.empty:
         errors = sorted({str(e) for e in trials.get("error", []) if e})
@@ -305,15 +282,14 @@ def new_profile_path(path: str | Path) -> Path:
 
 
 def write_profile(base: JobProfile, best_trial: dict[str, Any], path: str | Path,
-                  name: str | None = None, catalog: Catalog | None = None) -> Path:
-    """Write ``base`` (before ``--epochs`` / ``--val-every``: a sweep's budget only ranks the
-    trials) with the best trial's values in ``[train]`` as a new TOML file, ``[job] name``
-    being ``name`` (default :func:`profile_name`) so its models are not registered as the
-    base job's; the file is loaded back (its groups checked against ``catalog``)."""
+                  catalog: Catalog | None = None) -> Path:
+    """Write ``base`` with the best trial's values in ``[train]`` (a sweep's budget only ranks
+    the trials) as a new TOML file whose job is named by :func:`profile_name` (its models are
+    not registered as the base job's); it must load back (groups checked against ``catalog``)."""
     path = new_profile_path(path)
     data = base.to_dict()
     data.pop("profile")
-    data["job"]["name"] = name or profile_name(path)
+    data["job"]["name"] = profile_name(path)
     data["train"] = apply_trial(base.train, best_trial).to_dict()
     data["train"].pop("regions", None)
     text = _toml(data)
@@ -323,7 +299,7 @@ def write_profile(base: JobProfile, best_trial: dict[str, Any], path: str | Path
     except OSError as exc:  # one made meanwhile too
         raise path_error(exc, path) from None
     try:
-        load_profile(path, catalog)  # what we wrote must load back as a valid profile
+        load_profile(path, catalog)
     except BaseException:
         path.unlink(missing_ok=True)
         raise
@@ -331,26 +307,15 @@ def write_profile(base: JobProfile, best_trial: dict[str, Any], path: str | Path
 
 
 def _toml(data: dict[str, Any]) -> str:
-    """A small TOML writer for profile tables (scalars, lists, one level of sub-tables)."""
+    """Profile tables as TOML: values as JSON (which TOML reads alike), one level of sub-tables."""
     def value(v: Any) -> str:
-        if hasattr(v, "item"):  # numpy scalars from the trials table
-            v = v.item()
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, str):
-            return json.dumps(v)
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        raise TypeError(f"cannot write {v!r} to TOML")
+        return json.dumps(v.item() if hasattr(v, "item") else v)  # numpy scalars as Python's
 
     lines: list[str] = ["# written by jobs/tune.py"]
     for table, content in data.items():
-        subs = {k: v for k, v in content.items() if isinstance(v, dict)}
-        lines += ["", f"[{table}]"]
-        lines += [f"{k} = {value(v)}" for k, v in content.items()
-                  if v is not None and not isinstance(v, dict)]
-        for k, v in subs.items():
-            lines += ["", f"[{table}.{k}]"] + [f"{kk} = {value(vv)}" for kk, vv in v.items()]
+        lines += ["", f"[{table}]"] + [f"{k} = {value(v)}" for k, v in content.items()
+                                       if v is not None and not isinstance(v, dict)]
+        for k, v in content.items():
+            if isinstance(v, dict):
+                lines += ["", f"[{table}.{k}]"] + [f"{kk} = {value(vv)}" for kk, vv in v.items()]
     return "\n".join(lines) + "\n"
