@@ -422,13 +422,13 @@ def test_user_errors_of_these_layers_are_optw_errors(cat, tmp_path):
     from optw.catalog.store import UnknownRegionError
     from optw.errors import OptwError
     from optw.evaluate.paper import parse_column_map
-    from optw.report.build import ReportDirError
+    from optw.outdir import OutDirError
     from optw.report.data import RunNotFoundError
     from optw.tracking import TrackingUnavailableError
 
     for cls, base in ((CatalogError, RuntimeError), (CustomRegionError, ValueError),
                       (SourceError, ValueError), (TouristError, ValueError),
-                      (ResultsError, ValueError), (ReportDirError, ValueError),
+                      (ResultsError, ValueError), (OutDirError, ValueError),
                       (TrackingUnavailableError, RuntimeError), (UnknownRegionError, KeyError),
                       (RunNotFoundError, KeyError)):
         assert issubclass(cls, OptwError) and issubclass(cls, base), cls

@@ -262,6 +262,7 @@ def test_report_never_replaces_a_folder_or_file_it_does_not_own(job_store, tmp_p
     existing file, is refused in one line naming --out, and nothing is moved or deleted; a
     previous report (it carries a marker file) and an empty folder are replaced."""
     from optw.cli import main
+    from optw.outdir import OutDirError, marker
     from optw.report import build, write_report
 
     uri, parent = job_store
@@ -279,16 +280,16 @@ def test_report_never_replaces_a_folder_or_file_it_does_not_own(job_store, tmp_p
     assert (folder / "data.txt").read_text() == "keep me" and [*folder.iterdir()] == [
         folder / "data.txt"]
     assert afile.read_text() == "a,b\n1,2\n"
-    with pytest.raises(build.ReportDirError):
+    with pytest.raises(OutDirError):
         write_report(parent, folder, uri)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing.csv", "mine"]
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main([*args, str(empty)]) == 0
-    assert (empty / build.MARKER).is_file() and (empty / "index.html").is_file()
+    assert (empty / marker(build.OUT_KIND)).is_file() and (empty / "index.html").is_file()
     (empty / "stale.png").write_text("x")
     assert main([*args, str(empty)]) == 0  # a previous report: replaced as a whole
-    assert not (empty / "stale.png").exists() and (empty / build.MARKER).is_file()
+    assert not (empty / "stale.png").exists() and (empty / marker(build.OUT_KIND)).is_file()
 
 
 def test_global_models_curves_and_the_finetune_chart(finetune_store, tmp_path):

@@ -121,8 +121,8 @@ def test_unreachable_tracking_uri_fails_fast_with_clear_error(tmp_path):
 
 
 def test_flatten_and_hash_config_are_stable():
-    """Nested configs flatten to dotted params; the hash ignores key order, changes with values
-    and can leave out keys (e.g. output folders)."""
+    """Nested configs flatten to dotted params; the hash ignores key order and changes with
+    values."""
     cfg = {"lr": 1e-4, "model": {"d": 128, "heads": [8, 8]}, "out": Path("/tmp/a"), "none": None}
     assert flatten_config(None) == flatten_config({}) == {}
     flat = flatten_config(cfg)
@@ -131,9 +131,6 @@ def test_flatten_and_hash_config_are_stable():
     same = {"none": None, "out": Path("/tmp/a"), "model": {"heads": [8, 8], "d": 128}, "lr": 1e-4}
     assert config_hash(cfg) == config_hash(same)
     assert config_hash(cfg) != config_hash({**cfg, "lr": 2e-4})
-    assert config_hash(cfg, exclude=["out"]) == config_hash({**cfg, "out": "/x"}, exclude=["out"])
-    assert config_hash(cfg, exclude=["model.d"]) == config_hash(
-        {**cfg, "model": {"d": 1, "heads": [8, 8]}}, exclude=["model.d"])
 
 
 def test_git_commit_is_unknown_outside_git(tmp_path, monkeypatch):

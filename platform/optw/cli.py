@@ -12,16 +12,9 @@ import traceback
 from optw.errors import OptwError
 
 #: Modules that add subcommands, in help order.
-COMMAND_MODULES = (
-    "optw.catalog.cli",
-    "optw.decode.cli",
-    "optw.train.cli",
-    "optw.baselines.cli",
-    "optw.evaluate.cli",
-    "optw.distributed.cli",
-    "optw.serve.cli",
-    "optw.report.cli",
-)
+COMMAND_MODULES = ("optw.catalog.cli", "optw.decode.cli", "optw.train.cli",
+                   "optw.baselines.cli", "optw.evaluate.cli", "optw.distributed.cli",
+                   "optw.serve.cli", "optw.report.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

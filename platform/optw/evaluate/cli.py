@@ -57,14 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _evaluate(args) -> int:
     from optw.baselines.store import load_ils_results
     from optw.catalog.store import open_catalog
+    from optw.evaluate import tables
     from optw.evaluate.results import load_results
-    from optw.evaluate.tables import (
-        default_reference_path,
-        evaluate,
-        load_best_known,
-        render_markdown,
-        write_tables,
-    )
 
     if args.baseline not in BASELINES:
         raise UserError(f"unknown baseline {args.baseline!r}; known: {list(BASELINES)}")
@@ -79,19 +73,19 @@ def _evaluate(args) -> int:
         return _against_paper(args, out)
     cat = open_catalog(args.catalog)
     results = load_results(args.results, cat, args.baseline, args.methods)
-    reference = args.reference or default_reference_path()
+    reference = args.reference or tables.default_reference_path()
     if args.reference is None and not reference.exists():
         print(f"warning: no reference file at {reference}; gaps to best-known are left out",
               file=sys.stderr)
         best_known = None
     else:
-        best_known = load_best_known(reference)
-    baseline = load_ils_results(cat.path)
-    tables = evaluate(results, baseline, best_known, args.baseline, args.resamples, args.seed)
-    paths = write_tables(tables, out, note=f"of {args.results}",
-                         option="--out" if args.out is not None else None)
+        best_known = tables.load_best_known(reference)
+    found = tables.evaluate(results, load_ils_results(cat.path), best_known, args.baseline,
+                            args.resamples, args.seed)
+    paths = tables.write_tables(found, out, note=f"of {args.results}",
+                                option="--out" if args.out is not None else None)
     if not args.quiet:
-        print(render_markdown(tables)["summary.md"])
+        print(tables.render_markdown(found)["summary.md"])
         print(f"wrote {len(paths)} files to {out}")
     return 0
 
@@ -101,45 +95,38 @@ def _against_paper(args, out: Path) -> int:
     paper's columns, per group and per region."""
     from optw.baselines.store import load_ils_results
     from optw.catalog.store import open_catalog
-    from optw.evaluate.paper import (
-        against_paper,
-        check_column_names,
-        group_view,
-        load_paper_scores,
-        ours_from_results,
-        parse_column_map,
-        render_against_paper,
-    )
+    from optw.evaluate import paper
     from optw.evaluate.results import load_results
     from optw.evaluate.tables import to_markdown, write_tables
 
-    columns = parse_column_map(args.paper_column)
-    paper = load_paper_scores(args.paper_dir)
+    columns = paper.parse_column_map(args.paper_column)
+    scores = paper.load_paper_scores(args.paper_dir)
     cat = open_catalog(args.catalog)
     results = (load_results(args.results, cat, args.baseline, args.methods)
                if args.results is not None else None)
-    check_column_names(columns, sorted(set(results["method"])) if results is not None else [],
-                       None if args.results is None else str(args.results))
+    paper.check_column_names(
+        columns, sorted(set(results["method"])) if results is not None else [],
+        None if args.results is None else str(args.results))
     ils = load_ils_results(cat.path)
     if results is not None:  # ILS of the same regions and tourist kinds only
         keys = set(zip(results["region"], results["kind"], strict=True))
         ils = ils[[k in keys for k in zip(ils["region"], ils["kind"], strict=True)]]
     regions = set(ils["region"]) | set(results["region"] if results is not None else ())
     exact = {r: cat.paper_exact(r) for r in regions} if cat.has_paper_sets else {}
-    ours = ours_from_results(results, ils, exact, cat.regions_table["group"].to_dict())
-    tables = against_paper(ours, paper, columns)
+    ours = paper.ours_from_results(results, ils, exact, cat.regions_table["group"].to_dict())
+    tables = paper.against_paper(ours, scores, columns)
     if tables["paper_groups"].empty:
         raise UserError("nothing to hold against the paper: no stored ILS result of the "
                          "paper's sets or the benchmark tourists and no result of a method "
                          "with a paper column, in a region of the paper's tables (run `optw "
                          "baseline ils --tourists paper`, or map a method with "
                          "--paper-column NAME=COLUMN)")
-    paths = write_tables(tables, out, {"against_paper.md": render_against_paper(tables)},
+    paths = write_tables(tables, out, {"against_paper.md": paper.render_against_paper(tables)},
                          note="against the paper",
                          option="--out" if args.out is not None else None)
     if not args.quiet:
         print("# Against the paper, per group\n")
-        print(to_markdown(group_view(tables["paper_groups"])))
+        print(to_markdown(paper.group_view(tables["paper_groups"])))
         print(f"per region: {out / 'against_paper.md'}; wrote {len(paths)} files to {out}")
     return 0
 

@@ -1,11 +1,8 @@
-"""Our results held against the paper's tables (``optw evaluate --against-paper`` and the
-report's "Against the paper" section).
-
-Our mean per region, for ILS and each method, beside the paper's column of the same name
-(``ils``, ``global_ft``, ``model``, ``model_as``; other names through an explicit mapping): on
-the paper's own tourists (kind ``paper``) against ``paper_generated_scores.csv``, on the
-benchmark tourist against ``paper_benchmark_scores.csv`` (our validation tourists have no
-counterpart). ``diff`` = (ours − paper) / paper × 100; group rows: means over the regions.
+"""Our results held against the paper's tables (``optw evaluate --against-paper``, the
+report's "Against the paper"): our mean per region, for ILS and each method, beside the
+paper's column of the same name (or an explicitly mapped one), on the paper's own tourists
+(``paper_generated_scores.csv``) and the benchmark tourist (``paper_benchmark_scores.csv``).
+``diff`` = (ours − paper) / paper × 100; group rows: means over the regions.
 """
 
 from __future__ import annotations
@@ -22,6 +19,7 @@ from optw.evaluate.tables import (
     GROUP_ORDER,
     KIND_LABEL,
     read_reference,
+    sort_rows,
     to_markdown,
 )
 
@@ -58,34 +56,32 @@ def check_column_names(columns: Mapping[str, str], methods: list[str],
     """Every NAME of ``--paper-column NAME=COLUMN`` must be a method of the results
     (``methods``, from ``source``; None: no results given), else a :class:`UserError`."""
     for name, column in columns.items():
-        item = f"--paper-column {name}={column}"
+        item = f"--paper-column {name}={column}: unknown method {name!r}"
         if name in methods:
             continue
         if source is None:
-            raise UserError(f"{item}: unknown method {name!r}: no --results given, so there "
-                            "are no methods to map (give --results FILE with that method)")
-        raise UserError(f"{item}: unknown method {name!r}; the methods of {source}: "
-                        f"{', '.join(methods) or 'none'}")
+            raise UserError(f"{item}: no --results given, so there are no methods to map "
+                            "(give --results FILE with that method)")
+        raise UserError(f"{item}; the methods of {source}: {', '.join(methods) or 'none'}")
 
 
-def ours_from_results(results: pd.DataFrame, ils: pd.DataFrame | None = None,
-                      exact: Mapping[str, bool] | None = None,
-                      groups: Mapping[str, str] | None = None) -> pd.DataFrame:
+def ours_from_results(results: pd.DataFrame | None, ils: pd.DataFrame,
+                      exact: Mapping[str, bool], groups: Mapping[str, str]) -> pd.DataFrame:
     """Our means per (kind, region, method) from validated results (and per (kind, region)
     from stored ILS rows, name ``ils``). ``exact``: region -> whether its paper set is exact;
     ``groups``: region -> group (for ILS rows)."""
     parts = []
     if results is not None and len(results):
         parts.append(results.rename(columns={"method": "name"}))
-    if ils is not None and len(ils):
-        parts.append(ils.assign(name="ils", group=ils["region"].map(groups or {})))
+    if len(ils):
+        parts.append(ils.assign(name="ils", group=ils["region"].map(groups)))
     if not parts:
         return pd.DataFrame(columns=list(OURS))
     df = pd.concat(parts, ignore_index=True)
     df = df[df["kind"].isin(KINDS)]
     out = df.groupby(["kind", "group", "region", "name"], sort=False).agg(
         tourists=("tourist", "size"), score=("score", "mean")).reset_index()
-    out["exact"] = [k != "paper" or bool((exact or {}).get(r, True))
+    out["exact"] = [k != "paper" or bool(exact.get(r, True))
                     for k, r in zip(out["kind"], out["region"], strict=True)]
     return out[list(OURS)]
 
@@ -128,7 +124,7 @@ def against_paper(ours: pd.DataFrame, paper: Mapping[str, pd.DataFrame],
             "paper", "diff_pct"]
     regions = pd.DataFrame(rows, columns=cols[:-1])
     regions["diff_pct"] = (regions["ours"] - regions["paper"]) / regions["paper"] * 100.0
-    regions = _sorted(regions, ["kind", "group", "name", "region"])
+    regions = _sorted(regions)
     groups = []
     for (kind, group, name, column), g in regions.groupby(
             ["kind", "group", "name", "paper_column"], sort=False):
@@ -143,22 +139,14 @@ def against_paper(ours: pd.DataFrame, paper: Mapping[str, pd.DataFrame],
         })
     group_cols = ["kind", "group", "name", "paper_column", "regions", "inexact_regions", "ours",
                   "paper", "diff_pct", "region_diff_mean", "region_diff_min", "region_diff_max"]
-    return {"paper_groups": _sorted(pd.DataFrame(groups, columns=group_cols),
-                                    ["kind", "group", "name"]),
+    return {"paper_groups": _sorted(pd.DataFrame(groups, columns=group_cols)),
             "paper_regions": regions}
 
 
-def _sorted(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Kinds as :data:`KINDS`, groups in the paper's order, names ILS first."""
-    def key(col: pd.Series) -> pd.Series:
-        if col.name == "kind":
-            return col.map({k: i for i, k in enumerate(KINDS)})
-        if col.name == "group":
-            return col.map({g: i for i, g in enumerate(GROUP_ORDER)}).fillna(len(GROUP_ORDER))
-        if col.name == "name":
-            return col.where(col != "ils", "")
-        return col
-    return df.sort_values(keys, key=key, kind="stable").reset_index(drop=True)
+def _sorted(df: pd.DataFrame) -> pd.DataFrame:
+    """Kinds as :data:`KINDS`, groups in the paper's order, names ILS first, then regions."""
+    names = ["ils", *sorted(set(df["name"]) - {"ils"})]
+    return sort_rows(df, {"kind": KINDS, "group": GROUP_ORDER, "name": names})
 
 
 def _pct(v: float) -> str:

@@ -1,16 +1,14 @@
 """The evaluation protocol: how a trained model is scored, and how scores compare with ILS.
 
 A model is evaluated on each region's benchmark tourist and the first ``validation_tourists``
-tourists of its generated set (ours, or the paper's own sets) with greedy decoding, beam
-search (and optionally active search): one row per (region, tourist, method) with the
-per-tourist solve time; the beam-width sweep times each width on the benchmark tourist. During
-training the gap to ILS on the validation tourists (:func:`gap_to_ils`) compares regions and
-trials. These functions need neither Ray nor MLflow.
+of its generated set (ours, or the paper's own sets) by greedy decoding, beam search and
+optionally active search. Needs neither Ray nor MLflow.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,9 +19,6 @@ from optw.checks import integer, require
 from optw.decode.limits import MAX_BEAMS, MIN_BEAMS, PAPER_BEAMS
 from optw.evaluate.stats import gap
 
-#: the beam widths of the paper's score-against-time figure
-BEAM_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128)
-
 
 @dataclass
 class EvaluateSettings:
@@ -32,9 +27,9 @@ class EvaluateSettings:
     beams: int = PAPER_BEAMS
     active_search: int = 0  # active-search epochs (0: off)
     validation_tourists: int = 64
-    keep_greedy: bool = True
+    keep_greedy: bool = True  # beam search and the sweep keep the greedy routes
     #: beam widths timed on each benchmark tourist (the paper's score/time figure)
-    beam_sweep: list[int] = field(default_factory=lambda: list(BEAM_SWEEP))
+    beam_sweep: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128])
     #: solve validation tourists one at a time, so each row's ``seconds`` is that tourist's
     #: own solve time; false: one batch per region, each row gets the batch time / tourists
     one_by_one: bool = False
@@ -64,49 +59,31 @@ class EvaluateSettings:
                 f"expected one of {', '.join(map(repr, TOURIST_SETS))}")
 
 
-class SearchProgress:
-    """A tqdm bar on stderr over every active-search epoch of an evaluation: the region and
-    tourist being tuned and its best sampled score so far. ``show=None``: only when stderr is
-    a terminal."""
+def _progress_of(bar: Any, region: str, ids: Any) -> Callable[[int, float], None]:
+    """:func:`optw.decode.solve`'s ``progress(k, reward)`` for a batch of ``region`` (tourist
+    ids ``ids``): ``bar`` shows the tourist being tuned and its best sampled score so far."""
+    best: dict[int, float] = {}
 
-    def __init__(self, total: int, show: bool | None = None):
-        import sys
-
-        from tqdm import tqdm
-
-        self.show = sys.stderr.isatty() if show is None else show
-        self.bar = tqdm(total=total, desc="active search", unit="epoch", file=sys.stderr,
-                        dynamic_ncols=True, disable=not self.show)
-        self.best = float("-inf")
-        self.key: tuple[str, int] | None = None
-
-    def of(self, region: str, ids: Any):
-        """The ``progress(k, reward)`` callback of :func:`optw.decode.solve` for a batch of
-        ``region`` whose tourist ids are ``ids``."""
-        def update(k: int, reward: float) -> None:
-            key = (region, int(ids[k]))
-            if key != self.key:
-                self.key, self.best = key, float("-inf")
-            self.best = max(self.best, reward)
-            self.bar.set_postfix(region=region, tourist=key[1], best=f"{self.best:g}",
-                                 refresh=False)
-            self.bar.update(1)
-        return update
-
-    def close(self) -> None:
-        self.bar.close()
+    def update(k: int, reward: float) -> None:
+        tid = int(ids[k])
+        best[tid] = max(best.get(tid, float("-inf")), reward)
+        bar.set_postfix(region=region, tourist=tid, best=f"{best[tid]:g}", refresh=False)
+        bar.update(1)
+    return update
 
 
 def evaluate_model(checkpoint: str, regions: list[str], method: str,
                    settings: EvaluateSettings, catalog_dir: str,
                    progress: bool | None = None,
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Rows of greedy and beam search (and active search if asked) on each region's benchmark
-    and generated tourists: one per (region, tourist, method), with its solve seconds and
-    ``kind``; and rows of the beam-width sweep on each benchmark tourist: one per (region,
-    beams). Greedy runs once per batch; beam search and the sweep keep its routes
-    (``keep_greedy``). Active search shows a progress bar (:class:`SearchProgress`)."""
+    """Rows per (region, tourist, method) of greedy, beam search and (if asked) active search
+    on each region's benchmark and generated tourists, with ``kind`` and solve seconds; rows
+    per (region, beams) of the beam-width sweep on the benchmark tourist. Active search shows
+    a tqdm bar on stderr (``progress`` None: only when stderr is a terminal)."""
+    import sys
+
     import torch
+    from tqdm import tqdm
 
     from optw.catalog import open_catalog
     from optw.model import load_model
@@ -121,7 +98,9 @@ def evaluate_model(checkpoint: str, regions: list[str], method: str,
         tourists = sum(1 + min(settings.validation_tourists,
                                len(catalog.tourists(rid, settings.tourists)))
                        for rid in regions)
-        bar = SearchProgress(settings.active_search * tourists, progress)
+        show = sys.stderr.isatty() if progress is None else progress
+        bar = tqdm(total=settings.active_search * tourists, desc="active search", unit="epoch",
+                   file=sys.stderr, dynamic_ncols=True, disable=not show)
     try:
         for rid in regions:
             _evaluate_region(model, catalog, rid, method, settings, rows, sweep, bar)
@@ -133,7 +112,7 @@ def evaluate_model(checkpoint: str, regions: list[str], method: str,
 
 def _evaluate_region(model: Any, catalog: Any, rid: str, method: str,
                      settings: EvaluateSettings, rows: list[dict[str, Any]],
-                     sweep: list[dict[str, Any]], bar: SearchProgress | None) -> None:
+                     sweep: list[dict[str, Any]], bar: Any) -> None:
     """:func:`evaluate_model` of one region: its rows and sweep appended."""
     from optw.decode import solve
 
@@ -151,13 +130,12 @@ def _evaluate_region(model: Any, catalog: Any, rid: str, method: str,
         runs.append((f"{method}_as", [
             solve(model, region, tourists, "active_search", beams=settings.beams,
                   epochs=settings.active_search,
-                  progress=None if bar is None else bar.of(rid, tourists.tourist_id))
+                  progress=None if bar is None else _progress_of(bar, rid, tourists.tourist_id))
             for tourists in batches]))
     for name, solved in runs:
         for tourists, sols in zip(batches, solved, strict=True):
-            for i, sol in enumerate(sols):
-                tid = int(tourists.tourist_id[i])
-                rows.append({"region": rid, "tourist": tid, "kind": tourists.kind,
+            for tid, sol in zip(tourists.tourist_id, sols, strict=True):
+                rows.append({"region": rid, "tourist": int(tid), "kind": tourists.kind,
                              "method": name, "score": float(sol.score),
                              "seconds": float(sol.seconds), "route": json.dumps(sol.route)})
     bench = batches[0]

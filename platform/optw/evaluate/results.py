@@ -106,8 +106,7 @@ def _parse_route(value) -> list[int] | None:
     if value is None or (isinstance(value, float) and np.isnan(value)):
         return None
     if isinstance(value, str):
-        parts = [p for p in re.split(r"[\s,;\[\]]+", value) if p]
-        return [int(p) for p in parts]
+        value = [p for p in re.split(r"[\s,;\[\]]+", value) if p]
     return [int(v) for v in value]
 
 
@@ -134,8 +133,6 @@ def validate_results(df: pd.DataFrame, catalog, baseline: str = "ils",
     known: dict[str, dict[int, tuple[str, float]]] = {}
     kinds_held = ("benchmark", "validation", *(("paper",) if catalog.has_paper_sets else ()))
     regions = set(catalog.list_regions())
-    region_ids = list(regions)
-    groups = catalog.regions_table["group"]
     tourist = pd.to_numeric(df["tourist"], errors="coerce")
     score = pd.to_numeric(df["score"], errors="coerce")
     seconds = pd.to_numeric(df["seconds"], errors="coerce")
@@ -148,7 +145,7 @@ def validate_results(df: pd.DataFrame, catalog, baseline: str = "ils",
         elif method in RESERVED_METHODS or method == baseline:
             bad(i, f"method {method!r} is the name of a baseline; rename it")
         if not isinstance(region, str) or region not in regions:
-            close = difflib.get_close_matches(str(region), region_ids, n=1)
+            close = difflib.get_close_matches(str(region), regions, n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             bad(i, f"region {_show(region)} is not in the catalog{hint}")
         elif not np.isfinite(t) or t != int(t):
@@ -194,7 +191,7 @@ def validate_results(df: pd.DataFrame, catalog, baseline: str = "ils",
         "method": df["method"].astype(str), "score": score.astype("float64"),
         "seconds": seconds.astype("float64"), "kind": kinds,
     })
-    out["group"] = out["region"].map(groups)
+    out["group"] = out["region"].map(catalog.regions_table["group"])
     inexact = {r for r in out.loc[out["kind"] == "paper", "region"].unique()
                if not catalog.paper_exact(r)}
     out["exact"] = ~((out["kind"] == "paper") & out["region"].isin(inexact))

@@ -1,17 +1,14 @@
-"""The paper's result tables from per-tourist results and the stored ILS baseline.
-
-Aggregation follows the paper ("Metrics and Statistical analysis"):
-
-- per region: mean score over its tourists (the benchmark tourist; the 64 generated ones: our
-  validation tourists or the paper's own sets), for the method and for ILS on the same
-  tourists; gap to ILS of those means; for benchmark tourists also the gap to best-known;
-- per group and tourist kind: the mean over regions of each column, 95% bootstrap CIs over
-  regions for the gaps and the time, a one-sided Wilcoxon p-value (method > ILS);
-- pairwise p-values between all methods (ILS included) over the regions they share.
+"""The paper's result tables ("Metrics and Statistical analysis") from per-tourist results
+and the stored ILS baseline: per region the mean scores of the method and of ILS on the same
+tourists and their gaps; per group and tourist kind the means over regions, 95% bootstrap
+CIs over regions and a one-sided Wilcoxon p-value (method > ILS); pairwise p-values between
+all methods (ILS included) over the regions they share.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -37,8 +34,7 @@ class MissingReferenceError(OptwError, FileNotFoundError):
 
 
 def default_reference_path() -> Path:
-    """``$OPTW_REFERENCE/paper_benchmark_scores.csv``, else ``../shared/reference/`` beside
-    the project."""
+    """``paper_benchmark_scores.csv`` in :func:`optw.paths.reference_dir`."""
     from optw.paths import reference_dir
 
     return reference_dir() / REFERENCE_FILE
@@ -86,10 +82,9 @@ def pair_with_baseline(results: pd.DataFrame, baseline: pd.DataFrame,
 def region_table(paired: pd.DataFrame, best_known: pd.Series | None = None) -> pd.DataFrame:
     """One row per (method, kind, group, region): tourists, mean ILS and model scores, gaps,
     mean time and ``exact`` (False where the region's paper set is the CPU approximation)."""
-    keys = ["method", "kind", "group", "region"]
     if "exact" not in paired.columns:
         paired = paired.assign(exact=True)
-    agg = paired.groupby(keys, sort=False).agg(
+    agg = paired.groupby(["method", "kind", "group", "region"], sort=False).agg(
         tourists=("tourist", "size"), ils=("base_score", "mean"), model=("score", "mean"),
         seconds=("seconds", "mean"), ils_seconds=("base_seconds", "mean"),
         exact=("exact", "all"),
@@ -101,19 +96,19 @@ def region_table(paired: pd.DataFrame, best_known: pd.Series | None = None) -> p
         missing = sorted(set(agg.loc[bench, "region"]) - set(best_known.index))
         if missing:
             raise UserError(f"no best-known score for region(s) {missing} in the reference")
-        if bench.any():
-            agg.loc[bench, "best_known"] = agg.loc[bench, "region"].map(best_known).astype(float)
+        agg.loc[bench, "best_known"] = agg.loc[bench, "region"].map(best_known).astype(float)
     agg["gap_bk"] = gap(agg["best_known"], agg["model"])
     agg["ils_gap_bk"] = gap(agg["best_known"], agg["ils"])
-    return _ordered(agg)[["method", "kind", "group", "region", "tourists", "best_known",
+    return sort_rows(agg)[["method", "kind", "group", "region", "tourists", "best_known",
                           "ils", "model", "gap_ils", "gap_bk", "ils_gap_bk", "seconds",
                           "ils_seconds", "exact"]]
 
 
-def _ordered(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows by method (first seen first), kind, group (the paper's orders) and region."""
-    orders = {"method": list(dict.fromkeys(df["method"])), "kind": KIND_ORDER,
-              "group": GROUP_ORDER}
+def sort_rows(df: pd.DataFrame, orders: dict[str, Sequence] | None = None) -> pd.DataFrame:
+    """Rows sorted by each column of ``orders`` in its order of values (others last), then by
+    region; default: method (first seen first), kind and group in the paper's orders."""
+    orders = orders or {"method": list(dict.fromkeys(df["method"])), "kind": KIND_ORDER,
+                        "group": GROUP_ORDER}
 
     def rank(col: pd.Series) -> pd.Series:
         order = orders.get(col.name)
@@ -147,7 +142,7 @@ def summary_table(regions: pd.DataFrame, n_resamples: int = N_RESAMPLES,
     cols = ["method", "kind", "group", "regions", "tourists", "best_known", "ils", "model",
             "gap_ils", "gap_ils_lo", "gap_ils_hi", "gap_ils_median", "gap_bk", "gap_bk_lo",
             "gap_bk_hi", "seconds", "seconds_lo", "seconds_hi", "p_better_than_ils"]
-    return _ordered(pd.DataFrame(rows, columns=cols))
+    return sort_rows(pd.DataFrame(rows, columns=cols))
 
 
 def pvalue_table(regions: pd.DataFrame, baseline: str = "ils") -> pd.DataFrame:
@@ -160,22 +155,18 @@ def pvalue_table(regions: pd.DataFrame, baseline: str = "ils") -> pd.DataFrame:
             continue
         model = sub.pivot(index="region", columns="method", values="model")
         ils = sub.pivot(index="region", columns="method", values="ils")  # paired per method
-        methods = [baseline, *dict.fromkeys(sub["method"])]
-        for a in methods:
-            for b in methods:
-                if a == b:
-                    continue
-                xa = ils[b] if a == baseline else model[a]
-                xb = ils[a] if b == baseline else model[b]
-                ok = xa.notna() & xb.notna()
-                if not ok.any():
-                    continue
-                rows.append({
-                    "kind": kind, "from": a, "to": b, "regions": int(ok.sum()),
-                    "mean_from": float(xa[ok].mean()), "mean_to": float(xb[ok].mean()),
-                    "mean_improvement": float((xb[ok] - xa[ok]).mean()),
-                    "p_to_better": wilcoxon_greater(xb[ok], xa[ok]),
-                })
+        for a, b in itertools.permutations([baseline, *dict.fromkeys(sub["method"])], 2):
+            xa = ils[b] if a == baseline else model[a]
+            xb = ils[a] if b == baseline else model[b]
+            ok = xa.notna() & xb.notna()
+            if not ok.any():
+                continue
+            rows.append({
+                "kind": kind, "from": a, "to": b, "regions": int(ok.sum()),
+                "mean_from": float(xa[ok].mean()), "mean_to": float(xb[ok].mean()),
+                "mean_improvement": float((xb[ok] - xa[ok]).mean()),
+                "p_to_better": wilcoxon_greater(xb[ok], xa[ok]),
+            })
     return pd.DataFrame(rows, columns=["kind", "from", "to", "regions", "mean_from", "mean_to",
                                        "mean_improvement", "p_to_better"])
 

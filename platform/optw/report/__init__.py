@@ -3,8 +3,7 @@
 ``docs/report.md``.
 """
 
-from optw.report.build import ARTIFACT_DIR, INDEX, write_and_log_report, write_report
+from optw.report.build import write_and_log_report, write_report
 from optw.report.data import JobData, find_parent_run, load_job
 
-__all__ = ["ARTIFACT_DIR", "INDEX", "JobData", "find_parent_run", "load_job",
-           "write_and_log_report", "write_report"]
+__all__ = ["JobData", "find_parent_run", "load_job", "write_and_log_report", "write_report"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from optw.evaluate.tables import KIND_ORDER
-from optw.outdir import OutDirError, check_out_dir, marker, replace_dir
+from optw.outdir import check_out_dir, replace_dir
 from optw.report import plots
 from optw.report.data import JobData, load_job
 from optw.report.html import render
@@ -15,18 +15,9 @@ from optw.report.html import render
 INDEX = "index.html"
 PLOTS = "plots"
 ARTIFACT_DIR = "report"
-#: The kind of a report folder (:mod:`optw.outdir`): a folder holding its marker, an empty one
-#: or one of only ``index.html`` and ``plots/`` (:data:`LEGACY`) is replaced.
+#: The kind of a report folder (:mod:`optw.outdir`); :data:`LEGACY`: one from before markers.
 OUT_KIND = "report"
-MARKER = marker(OUT_KIND)
 LEGACY = frozenset({INDEX, PLOTS})
-ReportDirError = OutDirError
-
-
-def check_report_dir(out: str | Path, option: str | None = None) -> Path:
-    """``out`` resolved, when a report may replace it (:func:`optw.outdir.check_out_dir`);
-    ``option`` (e.g. ``--out``) names it in the error."""
-    return check_out_dir(out, OUT_KIND, LEGACY, option)
 
 
 def _figures(data: JobData, folder: Path, groups: list[str],
@@ -47,9 +38,8 @@ def _figures(data: JobData, folder: Path, groups: list[str],
         scratch = [c for c in data.children if c.group == g and c.stage == "scratch"]
         figures[f"curves_{g}"] = rel(plots.learning_curves(
             scratch, folder / f"curves_{plots.slug(g)}.png", f"Learning curves: {g}"))
-    regions = data.tables.get("regions")
-    if regions is None:
-        regions = pd.DataFrame(columns=["region", "group", "kind", "method", "ils_seconds"])
+    regions = data.tables.get("regions", pd.DataFrame(
+        columns=["region", "group", "kind", "method", "ils_seconds"]))
     finetuned = [c for c in data.children if c.stage == "finetune"]
     if finetuned:
         ft = plots.finetune_points(finetuned, regions)
@@ -70,9 +60,9 @@ def _figures(data: JobData, folder: Path, groups: list[str],
 def write_report(parent_run_id: str, out_dir: str | Path, uri: str | None = None,
                  option: str | None = None) -> Path:
     """Write the report of the job whose parent run is ``parent_run_id`` into ``out_dir``,
-    replaced as a whole (:func:`optw.outdir.replace_dir`: a failure leaves the old report) when
-    :func:`check_report_dir` allows it. Returns the path of ``index.html``."""
-    out = check_report_dir(out_dir, option)
+    replaced as a whole (:func:`optw.outdir.replace_dir`: a failure leaves the old report);
+    errors name ``option`` (e.g. ``--out``) when given. Returns the path of ``index.html``."""
+    out = check_out_dir(out_dir, OUT_KIND, LEGACY, option)  # before reading the store
     data = load_job(parent_run_id, uri)
     with replace_dir(out_dir, OUT_KIND, f"of run {parent_run_id}", LEGACY, option) as tmp:
         (tmp / PLOTS).mkdir()

@@ -29,13 +29,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _report(args) -> int:
+    from optw.outdir import check_out_dir
     from optw.paths import report_dir
     from optw.report import find_parent_run, load_job, write_report
-    from optw.report.build import check_report_dir
+    from optw.report.build import LEGACY, OUT_KIND
     from optw.tracking import check_tracking_uri
 
     if args.out is not None:
-        check_report_dir(args.out, "--out")
+        check_out_dir(args.out, OUT_KIND, LEGACY, "--out")
     uri = check_tracking_uri(args.tracking_uri, existing=True)
     run_id = args.run or find_parent_run(args.job, uri)
     out = args.out or report_dir(args.job or load_job(run_id, uri).job_name)

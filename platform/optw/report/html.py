@@ -48,8 +48,6 @@ summary{cursor:pointer;font-weight:600}
 def _fmt(v: Any, digits: int = 2) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
-    if isinstance(v, int) and not isinstance(v, bool):
-        return str(v)
     if isinstance(v, float):
         return f"{v:.2g}" if v != 0 and abs(v) < 10 ** -digits else f"{v:.{digits}f}"
     return str(v)
@@ -68,10 +66,8 @@ def _with_ci(row: pd.Series, col: str, digits: int = 2) -> str:
     v, lo, hi = _num(row, col), _num(row, f"{col}_lo"), _num(row, f"{col}_hi")
     if math.isnan(v):
         return "–"
-    text = f"{v:.{digits}f}"
-    if not math.isnan(lo) and not math.isnan(hi):
-        text += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
-    return text
+    ci = "" if math.isnan(lo) or math.isnan(hi) else f" [{lo:.{digits}f}, {hi:.{digits}f}]"
+    return f"{v:.{digits}f}{ci}"
 
 
 def table(df: pd.DataFrame, left: tuple[str, ...] = (), raw: tuple[str, ...] = ()) -> str:
@@ -96,9 +92,8 @@ def _details(summary: str, body: str) -> str:
 
 def _section(anchor: str, title: str, note: str, *body: str) -> str:
     """A section of the page: its heading, the note under it (if any), then ``body``."""
-    head = f'<section id="{anchor}"><h2>{title}</h2>'
-    return "\n".join([head + (f'<p class="note">{note}</p>' if note else ""), *body,
-                      "</section>"])
+    note = f'<p class="note">{note}</p>' if note else ""
+    return "\n".join([f'<section id="{anchor}"><h2>{title}</h2>{note}', *body, "</section>"])
 
 
 def summary_tables(summary: pd.DataFrame, groups: list[str]) -> str:
@@ -151,10 +146,10 @@ def against_paper_section(regions: pd.DataFrame | None) -> str:
 def _mlflow_links(data: JobData) -> str:
     """How to open the runs in MLflow: links for a server, the ``mlflow ui`` command else."""
     url = data.run_url(data.parent_run_id)
+    exp = f"experiment {escape(data.experiment_name)}, id {escape(data.experiment_id)}"
     if url:
         return (f'<p>Parent run: <a href="{escape(url)}">{escape(data.parent_run_id)}</a> '
-                f"(experiment {escape(data.experiment_name)}, id "
-                f"{escape(data.experiment_id)}) on <code>{escape(data.uri)}</code>.</p>")
+                f"({exp}) on <code>{escape(data.uri)}</code>.</p>")
     db = sqlite_path(data.uri)
     cmd = f"mlflow ui --backend-store-uri {data.uri} --port 5000"
     where = (f"the local store <code>{escape(str(db))}</code>" if db is not None
@@ -162,8 +157,7 @@ def _mlflow_links(data: JobData) -> str:
     return (f"<p>The runs are in {where}. Open them with</p><pre>{escape(cmd)}</pre>"
             f"<p class=\"note\">then http://127.0.0.1:5000/#/experiments/"
             f"{escape(data.experiment_id)}/runs/&lt;run id&gt;. Parent run: "
-            f"<code>{escape(data.parent_run_id)}</code> (experiment "
-            f"{escape(data.experiment_name)}, id {escape(data.experiment_id)}).</p>")
+            f"<code>{escape(data.parent_run_id)}</code> ({exp}).</p>")
 
 
 def runs_table(data: JobData) -> str:
@@ -191,9 +185,7 @@ def _figure(src: str | None, alt: str) -> str:
 
 
 def _when(ms: int | None) -> str:
-    if not ms:
-        return "–"
-    return dt.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
+    return dt.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S") if ms else "–"
 
 
 def _curves_section(figures: dict[str, str | None], groups: list[str]) -> str:
@@ -277,8 +269,7 @@ def render(data: JobData, figures: dict[str, str | None], groups: list[str],
         tables.append(_details("Per-region table",
                                table(regions, left=("method", "kind", "group", "region"))))
     if pvalues is not None and len(pvalues):
-        tables.append(_details("Pairwise p-values",
-                               table(pvalues, left=("kind", "from", "to"))))
+        tables.append(_details("Pairwise p-values", table(pvalues, left=("kind", "from", "to"))))
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',

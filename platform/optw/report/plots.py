@@ -44,15 +44,11 @@ def _legend(fig: Figure, axes, loc: str, ncols: int = 1) -> None:
                ncols=min(ncols, len(handles)), fontsize=8, frameon=False)
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def _save(fig: Figure, path: Path, title: str, size: int = 10) -> Path:
+    """``fig`` with its title ``title`` written to ``path``."""
+    fig.suptitle(title, fontsize=size)
     fig.savefig(path, dpi=DPI, format="png", bbox_inches="tight")
     return path
-
-
-def _points(run: ChildRun, metric: str) -> pd.DataFrame | None:
-    """``run``'s history of ``metric`` (step = epoch), or None when it logged none."""
-    df = run.curves.get(metric)
-    return df if df is not None and len(df) else None
 
 
 def has_curve(run: ChildRun, metrics: tuple[str, ...] = ("mean_reward", "val_score")) -> bool:
@@ -93,14 +89,14 @@ def learning_curves(runs: list[ChildRun], path: Path, title: str) -> Path | None
         row, col = divmod(i, ncols)
         ax = axes[row * per, col]
         for metric, style in _CURVE_STYLES.items():
-            if (df := _points(run, metric)) is not None:
+            if len(df := run.curves.get(metric, ())):
                 ax.plot(df["step"], df["value"], **style)
         ax.set_title(f"{run.key} ({run.stage})", fontsize=10)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         _panel(ax, "score")
         if with_gap:
             gx = axes[row * per + 1, col]
-            if (g := _points(run, "val_gap_ils")) is not None:
+            if len(g := run.curves.get("val_gap_ils", ())):
                 gx.plot(g["step"], g["value"], color="#2ca02c", marker="o", ms=3.5, lw=1.6,
                         label="validation: gap to ILS [%]")
                 gx.axhline(0, color="k", lw=0.7)
@@ -112,8 +108,7 @@ def learning_curves(runs: list[ChildRun], path: Path, title: str) -> Path | None
         for k in range(per):
             axes[row * per + k, col].set_visible(False)
     _legend(fig, axes.flat, "outside lower center", 4)
-    fig.suptitle(title, fontsize=11)
-    return _save(fig, path)
+    return _save(fig, path, title, 11)
 
 
 def _panel(ax, ylabel: str) -> None:
@@ -205,9 +200,8 @@ def finetune_chart(points: pd.DataFrame, groups: list[str], path: Path) -> Path 
     n = ", ".join(sorted(set(points["val_tourists"].astype(str)) - {""}))
     which = f"first {n} validation tourists" if n else "validation tourists"
     what = "gap to ILS" if gap else "mean score"
-    fig.suptitle(f"Fine-tuning: {what} per region before and after\n(greedy decoding of "
-                 f"each region's {which}, the same tourists before and after)", fontsize=10)
-    return _save(fig, path)
+    return _save(fig, path, f"Fine-tuning: {what} per region before and after\n(greedy "
+                 f"decoding of each region's {which}, the same tourists before and after)")
 
 
 def region_gaps(regions: pd.DataFrame, kind: str, groups: list[str], colors: dict[str, str],
@@ -250,9 +244,8 @@ def region_gaps(regions: pd.DataFrame, kind: str, groups: list[str], colors: dic
     axes[0].set_yticks(range(len(order)), [f"{r} ({g})" for g, r in order])
     axes[0].invert_yaxis()
     _legend(fig, axes[-1:], "outside lower center", 4)
-    fig.suptitle(f"Gap per region, {KIND_LABEL.get(kind, kind)} tourists\n"
-                 "(negative: better than the reference)", fontsize=10)
-    return _save(fig, path)
+    return _save(fig, path, f"Gap per region, {KIND_LABEL.get(kind, kind)} tourists\n"
+                 "(negative: better than the reference)")
 
 
 def time_score_points(data: JobData) -> pd.DataFrame:
@@ -329,6 +322,5 @@ def time_score(points: pd.DataFrame, groups: list[str], colors: dict[str, str],
         ax.tick_params(labelsize=7)
     axes[0].set_ylabel(ylabel, fontsize=8)
     _legend(fig, axes, "outside right upper")
-    fig.suptitle("Score against inference time (benchmark tourists; labels: beam width)",
-                 fontsize=10)
-    return _save(fig, path)
+    return _save(fig, path, "Score against inference time (benchmark tourists; labels: beam "
+                 "width)")

@@ -11,29 +11,18 @@ from typing import Any
 from optw.serve.errors import PlanError
 from optw.serve.models import CheckpointModels, LoadedModel, RegistryModels
 from optw.serve.planner import Planner
-from optw.serve.preferences import DEFAULT_PREFERENCE, PREFERENCES, preference_scores
-from optw.serve.request import (
-    MAX_BODY_BYTES,
-    METHODS,
-    PlanRequest,
-    format_time,
-    parse_request,
-    parse_time,
-)
-from optw.serve.settings import ServeSettings, serve_settings
+from optw.serve.preferences import PREFERENCES, preference_scores
+from optw.serve.request import MAX_BODY_BYTES, format_time, parse_time
 
 __all__ = [
-    "DEFAULT_PREFERENCE", "MAX_BODY_BYTES", "METHODS", "PREFERENCES", "CheckpointModels",
-    "LoadedModel", "PlanError", "PlanRequest", "Planner", "RegistryModels", "ServeSettings",
-    "build_app", "deploy", "format_time", "parse_request", "parse_time", "preference_scores",
-    "serve_settings", "start_planner", "stop_planner",
+    "MAX_BODY_BYTES", "PREFERENCES", "CheckpointModels", "LoadedModel", "PlanError", "Planner",
+    "RegistryModels", "build_app", "format_time", "parse_time", "preference_scores",
+    "start_planner", "stop_planner",
 ]
-
-_LAZY = ("build_app", "deploy", "start_planner", "stop_planner")
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
+    if name in ("build_app", "start_planner", "stop_planner"):
         from optw.serve import app
 
         return getattr(app, name)

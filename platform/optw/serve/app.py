@@ -1,8 +1,7 @@
 """The trip planner as a Ray Serve application (FastAPI ingress): ``POST /plan``,
 ``GET /regions``, ``GET /regions/{id}``, ``GET /healthz`` and the planner page ``GET /`` with
-its files at ``GET /static/{name}`` (``docs/planner.md``).
-
-No ``from __future__ import annotations``: FastAPI must see the ``Request`` type itself.
+its files at ``GET /static/{name}`` (``docs/planner.md``). No ``from __future__ import
+annotations``: FastAPI must see the ``Request`` type itself.
 """
 
 import asyncio
@@ -179,12 +178,10 @@ class PlannerDeployment:
                 "uptime_s": round(time.time() - self.started, 1), "pid": os.getpid()}
 
     def __del__(self) -> None:
-        models = getattr(self, "models", None)
-        if models is not None:
-            models.close()
-        solver = getattr(self, "solver", None)
-        if solver is not None:
-            solver.shutdown(wait=False, cancel_futures=True)
+        if hasattr(self, "models"):
+            self.models.close()
+        if hasattr(self, "solver"):
+            self.solver.shutdown(wait=False, cancel_futures=True)
 
 
 def build_app(catalog: str | Path | None = None, tracking_uri: str | None = None, *,
@@ -200,6 +197,8 @@ def build_app(catalog: str | Path | None = None, tracking_uri: str | None = None
 
 
 _started_ray = False
+#: Seconds Ray Serve's HTTP proxy gets to start (Serve's own limit: 60).
+PROXY_START_TIMEOUT_S = 300.0
 
 
 def start_planner(host: str = "127.0.0.1", port: int = 8000, blocking: bool = False,
@@ -213,10 +212,6 @@ def start_planner(host: str = "127.0.0.1", port: int = 8000, blocking: bool = Fa
 
     settings = serve_settings(host=host, port=port, ray_running=ray.is_initialized(), **options)
     return deploy(settings, blocking=blocking)
-
-
-#: Seconds Ray Serve's HTTP proxy gets to start (Serve's own limit: 60).
-PROXY_START_TIMEOUT_S = 300.0
 
 
 def _allow_slow_proxy_start(seconds: float) -> None:

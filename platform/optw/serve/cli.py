@@ -23,15 +23,9 @@ PLAN_REGISTRY_TIMEOUT = 60.0
 
 def register(sub: argparse._SubParsersAction) -> None:
     from optw.decode.limits import MAX_BEAMS, MIN_BEAMS, SERVE_BEAMS
+    from optw.serve import settings as st
     from optw.serve.preferences import PREFERENCES
     from optw.serve.request import METHODS
-    from optw.serve.settings import (
-        DEFAULT_CHECK_INTERVAL,
-        DEFAULT_REGISTRY_TIMEOUT,
-        DEFAULT_REQUEST_TIMEOUT,
-        MAX_CHECK_INTERVAL,
-        MAX_SOLVE_THREADS,
-    )
 
     # Values are read as text and checked by the handlers (optw.serve.settings), so that every
     # bad value is one line naming the option and the valid values, before Ray starts.
@@ -48,18 +42,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--replicas", default="1",
                    help="planner replicas, >= 1, all fitting the CPUs (default 1)")
     s.add_argument("--solve-threads", default="1",
-                   help=f"solves at once per replica, 1..{MAX_SOLVE_THREADS}, torch using 1 "
+                   help=f"solves at once per replica, 1..{st.MAX_SOLVE_THREADS}, torch using 1 "
                    "thread each; each replica reserves 0.5 CPU per thread (default 1; 2 raises "
                    "throughput on long routes on a 2-core machine)")
-    s.add_argument("--check-interval", default=str(DEFAULT_CHECK_INTERVAL),
-                   help=f"seconds between checks for a new champion, 0..{MAX_CHECK_INTERVAL:g} "
-                   f"(0: on every request; default {DEFAULT_CHECK_INTERVAL:g})")
-    s.add_argument("--registry-timeout", default=str(DEFAULT_REGISTRY_TIMEOUT),
+    s.add_argument("--check-interval", default=str(st.DEFAULT_CHECK_INTERVAL),
+                   help="seconds between checks for a new champion, "
+                   f"0..{st.MAX_CHECK_INTERVAL:g} (0: on every request; default "
+                   f"{st.DEFAULT_CHECK_INTERVAL:g})")
+    s.add_argument("--registry-timeout", default=str(st.DEFAULT_REGISTRY_TIMEOUT),
                    help="seconds a request waits for the registry, 0.1..600; then it is served "
-                   f"with the cached model, or answered 503 (default {DEFAULT_REGISTRY_TIMEOUT:g})")
-    s.add_argument("--request-timeout", default=str(DEFAULT_REQUEST_TIMEOUT),
+                   "with the cached model, or answered 503 (default "
+                   f"{st.DEFAULT_REGISTRY_TIMEOUT:g})")
+    s.add_argument("--request-timeout", default=str(st.DEFAULT_REQUEST_TIMEOUT),
                    help="seconds after which an unanswered request gets 408, 1..3600 "
-                   f"(default {DEFAULT_REQUEST_TIMEOUT:g})")
+                   f"(default {st.DEFAULT_REQUEST_TIMEOUT:g})")
     s.add_argument("--ray-address", default="local",
                    help="'local' starts a private Ray (default); 'auto' or HOST:PORT joins one")
     s.set_defaults(func=_serve)
@@ -153,20 +149,18 @@ def _request(args) -> dict[str, Any]:
             if req[key] is None:
                 raise UserError(f"{option}: expected minutes (a finite number) or HH:MM, got "
                                 f"{value!r}")
-    if args.method is not None:
-        if args.method not in METHODS:
-            raise UserError(f"--method: unknown method {args.method!r}; expected one of "
-                            f"{', '.join(METHODS)}")
-        req["method"] = args.method
+    for key, what, known in (("method", "method", METHODS),
+                             ("preference", "profile", PREFERENCES)):
+        value = getattr(args, key)
+        if value is not None and value not in known:
+            raise UserError(f"--{key}: unknown {what} {value!r}; expected one of "
+                            f"{', '.join(known)}")
+        if value is not None:
+            req[key] = value
     if args.beams is not None:  # an integer's text as the integer; checked with the request
         beams = args.beams.strip()
         req["beams"] = int(beams) if re.fullmatch(r"[+-]?\d{1,30}", beams, re.ASCII) else beams
         req.setdefault("method", "beam")
-    if args.preference is not None:
-        if args.preference not in PREFERENCES:
-            raise UserError(f"--preference: unknown profile {args.preference!r}; expected one "
-                            f"of {', '.join(PREFERENCES)}")
-        req["preference"] = args.preference
     if args.scores is not None:
         if args.preference is not None:
             raise UserError("--scores: give --scores or --preference, not both")
@@ -238,19 +232,16 @@ def _plan(args) -> int:
     if isinstance(data.get("start"), dict) and data["region"] in catalog and \
             catalog.region(data["region"]).coords == "latlon":
         data["start"] = {"lat": data["start"]["x"], "lon": data["start"]["y"]}  # LAT,LON
+    models = None
     try:
         req = parse_request(data, catalog)  # against the region: nothing loaded yet
-    except PlanError as exc:
-        raise _option_error(exc) from None
-    models = _models(args)
-    try:
+        models = _models(args)
         import torch
 
         torch.set_num_threads(1)  # decoding runs many small ops: more threads only contend
-        try:
-            answer = Planner(catalog, models, warn=_warning).solve(req)
-        except PlanError as exc:
-            raise _option_error(exc) from None
+        answer = Planner(catalog, models, warn=_warning).solve(req)
+    except PlanError as exc:
+        raise _option_error(exc) from None
     finally:
         if isinstance(models, RegistryModels):
             models.close()

@@ -40,8 +40,8 @@ class CheckpointModels:
     def __init__(self, path: str | Path):
         from optw.model import load_model
 
-        self.path = Path(path)
-        self._loaded = LoadedModel(load_model(self.path), None, str(self.path))
+        path = Path(path)
+        self._loaded = LoadedModel(load_model(path), None, str(path))
 
     def get(self, region_id: str) -> LoadedModel:
         return self._loaded
@@ -56,15 +56,13 @@ class _Entry:
 
 
 class RegistryModels:
-    """Each region's ``models:/optw-<region>@champion``, cached per region.
-
-    Registry calls run in a small thread pool, at most one per region at a time. The alias is
-    looked up again at most every ``check_interval`` seconds, in the background; a new version
-    is loaded there too and then replaces the cached one. A cached model serves at once,
-    whatever the registry does; a region without one waits for the registry at most
-    ``timeout`` seconds, then gets a 503 :class:`PlanError` (the lookup goes on, and its result
-    serves the next request). ``clock``: the time source of the check interval.
-    """
+    """Each region's ``models:/optw-<region>@champion``, cached per region. Registry calls run
+    in a small thread pool, at most one per region at a time. The alias is looked up again at
+    most every ``check_interval`` seconds, in the background; a new version is loaded there too
+    and then replaces the cached one. A cached model serves at once, whatever the registry does;
+    a region without one waits for the registry at most ``timeout`` seconds, then gets a 503
+    :class:`PlanError` (the lookup goes on, and its result serves the next request).
+    ``clock``: the time source of the check interval."""
 
     def __init__(self, uri: str | None = None, check_interval: float = DEFAULT_CHECK_INTERVAL,
                  *, timeout: float = DEFAULT_REGISTRY_TIMEOUT,

@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from optw.catalog import Catalog, Region
-from optw.errors import UserError
 from optw.serve.errors import PlanError
 from optw.serve.models import LoadedModel, ModelProvider
 from optw.serve.preferences import PREFERENCES
@@ -58,17 +57,15 @@ METHOD_OPTIONS: dict[str, dict[str, Any]] = {"active-search": {"epochs": 8, "bat
 class Planner:
     """Plans itineraries: validates requests against the catalog and solves them with the
     region's model from ``models``. ``solve_options`` (request method -> extra
-    :func:`optw.decode.solve` arguments) override :data:`METHOD_OPTIONS`. A model trained on
-    other regions is told to ``warn`` (default: a logged warning) once per model and region."""
+    :func:`optw.decode.solve` arguments, checked by :func:`~optw.serve.settings.serve_settings`)
+    override :data:`METHOD_OPTIONS`. A model trained on other regions is told to ``warn``
+    (default: a logged warning) once per model and region."""
 
     def __init__(self, catalog: Catalog, models: ModelProvider, *,
                  solve_options: Mapping[str, Mapping[str, Any]] | None = None,
                  warn: Callable[[str], None] | None = None):
         self.catalog = catalog
         self.models = models
-        unknown = sorted(set(solve_options or {}) - set(METHODS))
-        if unknown:
-            raise UserError(f"solve_options for unknown method(s) {unknown}")
         self.solve_options = {m: {**METHOD_OPTIONS.get(m, {}), **(solve_options or {}).get(m, {})}
                               for m in METHODS}
         self._checked: set[tuple[str, int | None, str]] = set()  # (model, version, region)
@@ -105,14 +102,12 @@ class Planner:
         if region_id not in self.catalog:
             raise PlanError(404, "region", f"region: unknown region {region_id[:64]!r}")
         r = self.catalog.region(region_id)
-        points = []
-        for i in range(1, r.n_nodes - 1):
-            p = {"node": i, "name": node_name(r, i), "x": float(r.x[i]), "y": float(r.y[i]),
-                 "duration": float(r.duration[i]), "opening": float(r.opening[i]),
-                 "closing": float(r.closing[i]), "score": float(r.score[i]),
-                 "opening_clock": format_time(float(r.opening[i])),
-                 "closing_clock": format_time(float(r.closing[i]))}
-            points.append({**p, **node_latlon(r, i)})
+        points = [{"node": i, "name": node_name(r, i), "x": float(r.x[i]), "y": float(r.y[i]),
+                   "duration": float(r.duration[i]), "opening": float(r.opening[i]),
+                   "closing": float(r.closing[i]), "score": float(r.score[i]),
+                   "opening_clock": format_time(float(r.opening[i])),
+                   "closing_clock": format_time(float(r.closing[i])), **node_latlon(r, i)}
+                  for i in range(1, r.n_nodes - 1)]
         start = {"x": r.start_xy[0], "y": r.start_xy[1], "name": node_name(r, 0),
                  **node_latlon(r, 0)}
         return {"region": r.id, "group": r.group, "coords": r.coords,
@@ -151,8 +146,7 @@ class Planner:
             raise PlanError(500, None, str(exc)) from None
         solve_ms = (time.perf_counter() - t0) * 1e3
         stops = self._stops(req, route, check, tourists.scores[0])
-        start = {"x": req.start_xy[0], "y": req.start_xy[1],
-                 **_latlon_dict(req.start_latlon)}
+        start = {"x": req.start_xy[0], "y": req.start_xy[1], **_start_latlon(req)}
         return {
             "region": req.region.id, "coords": req.region.coords, "method": req.method,
             "clock_origin": clock_origin(req.region),
@@ -176,7 +170,7 @@ class Planner:
                 x, y = float(region.x[node]), float(region.y[node])
                 name, latlon = node_name(region, node), node_latlon(region, node)
             else:
-                (x, y), latlon = req.start_xy, _latlon_dict(req.start_latlon)
+                (x, y), latlon = req.start_xy, _start_latlon(req)
                 name = node_name(region, node, default_start)
             times = {"arrival": check.arrival[pos], "start": check.start[pos],
                      "leave": check.leave[pos]}
@@ -203,7 +197,8 @@ class Planner:
         return [int(v) for v in solutions[0].route]
 
 
-def _latlon_dict(latlon: tuple[float, float] | None) -> dict[str, float]:
+def _start_latlon(req: PlanRequest) -> dict[str, float]:
+    latlon = req.start_latlon
     return {} if latlon is None else {"lat": latlon[0], "lon": latlon[1]}
 
 

@@ -1,10 +1,8 @@
 """The planner's request (a JSON object, see ``docs/planner.md``): body decoding and validation.
-
 The planner's own fields are the region, ``"HH:MM"`` times, the preference profile, the method
-and the beam width; the tourist itself (start, times, scores) is read by
-:func:`optw.catalog.read_tourist`, like ``optw solve`` files. A lat/lon region's start
-``{"lat": .., "lon": ..}`` is converted to its x/y first. Errors are
-:class:`~optw.serve.errors.PlanError` (HTTP status, the offending field, a message naming it).
+and the beam width; the tourist (start, times, scores) is read by
+:func:`optw.catalog.read_tourist`, like ``optw solve`` files, a lat/lon region's start
+``{"lat": .., "lon": ..}`` converted to its x/y first. Errors are :class:`PlanError`s.
 """
 
 from __future__ import annotations
@@ -38,9 +36,9 @@ METHODS = {"greedy": "greedy", "beam": "beam", "active-search": "active_search"}
 #: Methods that use the request's ``beams``.
 BEAM_METHODS = ("beam", "active-search")
 DEFAULT_METHOD = "beam"
-FIELDS = ("region", "start", "t_start", "t_end", "scores", "preference", "method", "beams")
 #: The request's fields that describe the tourist (read by :func:`optw.catalog.read_tourist`).
 TOURIST_KEYS = ("start", "t_start", "t_end", "scores")
+FIELDS = ("region", *TOURIST_KEYS, "preference", "method", "beams")
 #: ASCII digits only: ``\d`` alone also takes Arabic-Indic and other Unicode digits.
 _HHMM = re.compile(r"^\s*(\d{1,2}):([0-5]\d)\s*$", re.ASCII)
 #: JSON integers longer than this (out of range of every field) are read as :class:`HugeInt`.
@@ -49,10 +47,6 @@ MAX_INT_DIGITS = 400
 
 def _invalid(exc: TouristError) -> PlanError:
     return PlanError(422, exc.field, exc.message)
-
-
-#: Accepted latitudes and longitudes (degrees).
-LAT_RANGE, LON_RANGE = (-90.0, 90.0), (-180.0, 180.0)
 
 
 def _degrees(value: Any, name: str, bounds: tuple[float, float]) -> float:
@@ -76,8 +70,8 @@ def latlon_start(value: Any, region: Region) -> tuple[float, float] | None:
                else describe(value))
         raise PlanError(422, "start", f"start: region {region.id} has lat/lon coordinates; "
                         f"expected {{\"lat\": degrees, \"lon\": degrees}}, got {got}")
-    return (_degrees(value["lat"], "start.lat", LAT_RANGE),
-            _degrees(value["lon"], "start.lon", LON_RANGE))
+    return (_degrees(value["lat"], "start.lat", (-90.0, 90.0)),
+            _degrees(value["lon"], "start.lon", (-180.0, 180.0)))
 
 
 def parse_time(value: Any, name: str) -> tuple[float, bool]:
@@ -106,8 +100,8 @@ def clock_origin(region: Region) -> str:
 
 
 def clock_note(region: Region) -> str | None:
-    """One sentence on what ``HH:MM`` means in a region whose clock starts at the depot's
-    opening (None where it is the time of day)."""
+    """What ``HH:MM`` means in a region whose clock starts at the depot's opening (None where
+    it is the time of day)."""
     if clock_origin(region) == "midnight":
         return None
     return (f"{region.id} counts time from the depot's opening, not midnight (09:00 = 540 "

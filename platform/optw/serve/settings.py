@@ -1,12 +1,12 @@
-"""The planner's settings, checked before Ray or any work starts (their valid values:
-``docs/planner.md``). ``optw serve``, ``optw plan`` and :func:`optw.serve.start_planner` go
-through these checks: every bad value is one :class:`~optw.errors.UserError` (or, for a store
-that cannot be reached, a :class:`~optw.tracking.TrackingUnavailableError`) whose message
-starts with the option's or parameter's name. Nothing is started or written here.
-"""
+"""The checks of the planner's settings (valid values: ``docs/planner.md``) for ``optw serve``,
+``optw plan`` and :func:`optw.serve.start_planner`, run before Ray or any work starts: every
+bad value is one :class:`~optw.errors.UserError` (an unreachable store a
+:class:`~optw.tracking.TrackingUnavailableError`) whose message starts with the option's or
+parameter's name. Nothing is started or written here."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import math
@@ -75,14 +75,11 @@ class ServeSettings:
 def bounded_int(value: Any, name: str, lo: int, hi: int, what: str) -> int:
     """``value`` (an int, or its ASCII decimal text) within ``lo..hi``; else a UserError
     naming ``name``."""
-    out: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        out = value
-    elif isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,30}\s*", value, re.ASCII):
-        out = int(value)
-    if out is None or not lo <= out <= hi:
+    ok = (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,30}\s*", value, re.ASCII))
+    if not ok or not lo <= int(value) <= hi:
         raise UserError(f"{name}: expected {what} in {lo}..{hi}, got {clip(value)!r}")
-    return out
+    return int(value)
 
 
 def seconds(value: Any, name: str, lo: float, hi: float, what: str) -> float:
@@ -91,10 +88,8 @@ def seconds(value: Any, name: str, lo: float, hi: float, what: str) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         out = float(value)
     elif isinstance(value, str) and value.isascii():  # float() also reads Arabic-Indic digits
-        try:
+        with contextlib.suppress(ValueError):
             out = float(value)
-        except ValueError:
-            out = None
     if out is None or not math.isfinite(out) or not lo <= out <= hi:
         raise UserError(f"{name}: expected {what}, a finite number in {lo:g}..{hi:g}, "
                         f"got {clip(value)!r}")

@@ -1,7 +1,5 @@
-"""MLflow "models from code" entry point, copied into every registered optw model.
-
-Not imported by the package: MLflow runs it when saving and when loading a model.
-"""
+"""MLflow "models from code" entry point, copied into every registered optw model; not imported
+by the package: MLflow runs it when saving and when loading a model."""
 
 import mlflow.models
 

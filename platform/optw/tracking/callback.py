@@ -1,8 +1,6 @@
 """``MlflowCallback``: training metrics, validation results and final files into an MLflow run.
-
-It only reads from the training loop (never sets ``ctx.stop``); by default a tracking failure is
-a warning, retried at the next flush, instead of the end of a long training run.
-"""
+It never sets ``ctx.stop``: by default a tracking failure is a warning, retried at the next
+flush, instead of the end of a long training run."""
 
 from __future__ import annotations
 
@@ -20,23 +18,22 @@ from optw.train.callbacks import Callback, TrainContext
 log = logging.getLogger(__name__)
 
 MAX_METRICS_PER_BATCH = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
+#: Most metric points kept while the store fails (the newest).
+MAX_BUFFER = 20_000
 
 
 class MlflowCallback(Callback):
-    """Log a training run into the existing MLflow run ``run_id`` (made by the driver).
-
-    Every ``log_every`` epochs (and the first and last) the numeric epoch metrics at step
+    """Log a training run into the existing MLflow run ``run_id`` (made by the driver): every
+    ``log_every`` epochs (and the first and last) the numeric epoch metrics at step
     ``ctx.epoch``, buffered and sent in one ``log_batch`` once ``flush_every`` points wait or
-    ``flush_seconds`` passed; validation metrics at once; at the end ``best_val_score``, the
-    config (``config_path`` and ``config.json``) and the final checkpoint (``checkpoints/``).
-    Picklable (a client per process), so it ships to a Ray worker. ``strict`` raises tracking
-    errors instead of warning.
+    ``flush_seconds`` passed; validation metrics at once; at the end ``best_val_score``,
+    ``config.json`` and the final checkpoint (``checkpoints/``). Picklable (a client per
+    process), so it ships to a Ray worker. ``strict`` raises tracking errors instead of warning.
     """
 
     def __init__(self, run_id: str, *, uri: str | None = None, log_every: int = 10,
                  flush_every: int = 200, flush_seconds: float = 60.0,
-                 config_path: str | Path | None = None, log_checkpoint: bool = True,
-                 strict: bool = False, max_buffer: int = 20_000):
+                 log_checkpoint: bool = True, strict: bool = False):
         if log_every < 1 or flush_every < 1:
             raise ValueError("log_every and flush_every must be >= 1")
         self.run_id = run_id
@@ -44,10 +41,8 @@ class MlflowCallback(Callback):
         self.log_every = log_every
         self.flush_every = flush_every
         self.flush_seconds = flush_seconds
-        self.config_path = Path(config_path) if config_path else None
         self.log_checkpoint = log_checkpoint
         self.strict = strict
-        self.max_buffer = max_buffer
         self._buffer: list = []
         self._last_flush = time.monotonic()
         self._last_epoch: tuple[int, dict[str, float]] | None = None
@@ -67,7 +62,7 @@ class MlflowCallback(Callback):
                 continue
             if not math.isinf(value):
                 self._buffer.append(Metric(metric_key(key), value, ts, step))
-        del self._buffer[:-self.max_buffer]  # tracking down for long: keep the newest
+        del self._buffer[:-MAX_BUFFER]
 
     def flush(self, force: bool = False) -> bool:
         """Send buffered points now; True if nothing is left. After a failure, tries wait
@@ -123,13 +118,8 @@ class MlflowCallback(Callback):
         client = get_client(self.uri)
         try:
             client.set_tag(self.run_id, "epochs_completed", str(int(ctx.epoch)))
-            if self.config_path is not None and self.config_path.is_file():
-                client.log_artifact(self.run_id, str(self.config_path))
             if ctx.config is not None:
-                try:
-                    text = json.dumps(config_dict(ctx.config), indent=2, sort_keys=True)
-                except TypeError:
-                    text = json.dumps({"config": str(ctx.config)}, indent=2)
+                text = json.dumps(config_dict(ctx.config), indent=2, sort_keys=True)
                 client.log_text(self.run_id, text, "config.json")
             if self.log_checkpoint and ctx.last_checkpoint is not None:
                 checkpoint = Path(ctx.last_checkpoint)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 import re
 import time
@@ -11,14 +10,10 @@ from typing import Any
 
 from optw.tracking.uri import get_client
 
-log = logging.getLogger(__name__)
-
-_BAD = re.compile(r"[^\w\-. /:]")
-
 
 def _name(text: Any) -> str:
     """``text`` as a metric or artifact name (other characters become ``_``)."""
-    return _BAD.sub("_", str(text)).strip() or "_"
+    return re.sub(r"[^\w\-. /:]", "_", str(text)).strip() or "_"
 
 
 def _cell(value: Any) -> str:
@@ -51,40 +46,27 @@ def log_tables(run_id: str, tables: Mapping[str, Any], *, uri: str | None = None
     return paths
 
 
-def evaluation_metrics(table, name: str, *, method_col: str = "method",
-                       score_col: str = "score", gap_col: str = "gap",
-                       seconds_col: str = "seconds") -> dict[str, float]:
-    """``{"<name>/<method>/mean_score": ..., ".../mean_gap": ..., ".../mean_seconds": ...}`` of
-    a table of one row per tourist (method ``all`` without a method column), NaNs ignored."""
-    if score_col not in table.columns:
-        raise ValueError(f"evaluation table {name!r} has no {score_col!r} column "
+def log_evaluation(run_id: str, table, name: str, *, uri: str | None = None) -> dict[str, float]:
+    """Log ``<name>/<method>/mean_score`` (``mean_gap``, ``mean_seconds``) of a table of one
+    row per tourist (method ``all`` without a ``method`` column; NaNs ignored) and the table as
+    ``evaluation/<name>.csv`` + ``.md``; returns the metrics."""
+    from mlflow.entities import Metric
+
+    if "score" not in table.columns:
+        raise ValueError(f"evaluation table {name!r} has no 'score' column "
                          f"(columns: {list(table.columns)})")
-    groups = table.groupby(method_col, sort=True) if method_col in table.columns \
+    groups = table.groupby("method", sort=True) if "method" in table.columns \
         else [("all", table)]
     metrics: dict[str, float] = {}
     for method, rows in groups:
-        prefix = f"{_name(name)}/{_name(method)}"
-        for col, key in ((score_col, "mean_score"), (gap_col, "mean_gap"),
-                         (seconds_col, "mean_seconds")):
+        for col in ("score", "gap", "seconds"):
             if col in rows.columns:
                 value = float(rows[col].astype(float).mean())
                 if not math.isnan(value):
-                    metrics[f"{prefix}/{key}"] = value
-    return metrics
-
-
-def log_evaluation(run_id: str, table, name: str, *, uri: str | None = None,
-                   step: int = 0, method_col: str = "method", score_col: str = "score",
-                   gap_col: str = "gap") -> dict[str, float]:
-    """Log :func:`evaluation_metrics` and the table as ``evaluation/<name>.csv`` + ``.md``;
-    returns the metrics."""
-    from mlflow.entities import Metric
-
-    metrics = evaluation_metrics(table, name, method_col=method_col, score_col=score_col,
-                                 gap_col=gap_col)
+                    metrics[f"{_name(name)}/{_name(method)}/mean_{col}"] = value
     if metrics:
         ts = int(time.time() * 1000)
         get_client(uri).log_batch(
-            run_id, metrics=[Metric(k, v, ts, step) for k, v in metrics.items()])
+            run_id, metrics=[Metric(k, v, ts, 0) for k, v in metrics.items()])
     log_tables(run_id, {name: table}, uri=uri, artifact_dir="evaluation")
     return metrics

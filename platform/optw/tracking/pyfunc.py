@@ -1,13 +1,7 @@
 """The registered artifact: an MLflow pyfunc model ("models from code", nothing pickled) that
 carries one region's checkpoint: ``MLmodel`` (config ``region``, ``catalog_version``, ...),
 ``_model_code.py`` (``set_model(OptwSolverModel())``) and, as artifacts, the checkpoint and
-``region.json`` (the region's data, so serving needs no catalog).
-
-``predict`` takes a DataFrame or a list of tourist dicts ``{start: [x, y], t_start, t_end,
-scores, tourist}`` (checked by :func:`optw.catalog.read_tourists`; missing keys take the
-region's benchmark values), params ``method`` (``beam``) and ``beams``
-(:data:`optw.decode.limits.SERVE_BEAMS`), and returns a DataFrame ``tourist, route, score,
-seconds`` echoing the given ids (the positions when none is given). Loading needs ``optw``
+``region.json`` (the region's data, so serving needs no catalog). Loading needs ``optw``
 installed; the model and decoder are imported on first use.
 """
 
@@ -35,7 +29,6 @@ if TYPE_CHECKING:
 
 MODEL_CODE = Path(__file__).with_name("_model_code.py")
 DEFAULT_METHOD = "beam"
-
 log = logging.getLogger(__name__)
 
 
@@ -100,20 +93,10 @@ def tourists_from_records(region: Region, data: Any) -> TouristBatch:
     return read_tourists([_alias(r) for r in _records(data)], region, defaults=True)
 
 
-def solutions_frame(solutions) -> pd.DataFrame:
-    """``list[Solution]`` -> DataFrame ``tourist, route, score, seconds`` (JSON-friendly cells:
-    a numpy integer id becomes an int)."""
-    rows = [{"tourist": int(s.tourist) if isinstance(s.tourist, numbers.Integral) else s.tourist,
-             "route": [int(v) for v in s.route], "score": float(s.score),
-             "seconds": float(s.seconds)} for s in solutions]
-    return pd.DataFrame(rows, columns=["tourist", "route", "score", "seconds"])
-
-
 class OptwSolverModel(mlflow.pyfunc.PythonModel):
     """Pyfunc wrapper of one region's checkpoint; torch model and region load on first use."""
 
     def __init__(self) -> None:
-        self.config: dict[str, Any] = {}
         self.region_id: str | None = None
         self.checkpoint: str | None = None
         self._region_file: str | None = None
@@ -122,8 +105,7 @@ class OptwSolverModel(mlflow.pyfunc.PythonModel):
         self._region_checked = False
 
     def load_context(self, context) -> None:
-        self.config = dict(context.model_config or {})
-        self.region_id = self.config.get("region")
+        self.region_id = (context.model_config or {}).get("region")
         self.checkpoint = context.artifacts["checkpoint"]
         self._region_file = context.artifacts.get("region")
 
@@ -160,11 +142,10 @@ class OptwSolverModel(mlflow.pyfunc.PythonModel):
         self._region_checked = True
         return warning
 
-    def solve(self, tourists: Any, method: str = DEFAULT_METHOD, beams: int | None = None,
-              threads: int | None = None):
+    def solve(self, tourists: Any, method: str = DEFAULT_METHOD, beams: int | None = None):
         """``optw.decode.solve`` for these tourists -> ``list[Solution]`` (``tourist``: the
-        given id); ``beams`` (default SERVE_BEAMS) is checked here, at the model's edge.
-        ``threads``: torch threads for this call (default: the cores other work leaves free)."""
+        given id); ``beams`` (default SERVE_BEAMS) is checked here, at the model's edge. Torch
+        uses the cores other work leaves free during the call."""
         import torch
 
         from optw.decode import METHODS, solve
@@ -182,7 +163,7 @@ class OptwSolverModel(mlflow.pyfunc.PythonModel):
         if not self._region_checked:
             self.check_region()
         before = torch.get_num_threads()
-        set_torch_threads(threads)
+        set_torch_threads()
         try:
             sols = solve(self.model, self.region, batch.tourists, method=method, beams=beams)
         finally:
@@ -192,24 +173,24 @@ class OptwSolverModel(mlflow.pyfunc.PythonModel):
 
     def predict(self, context, model_input: pd.DataFrame,
                 params: dict[str, Any] | None = None) -> pd.DataFrame:
-        """:meth:`solve` each tourist (DataFrame rows or a list of dicts) -> DataFrame
-        ``tourist, route, score, seconds``; only an absent (None) param takes its default."""
+        """:meth:`solve` each tourist (DataFrame rows or a list of dicts ``{start: [x, y],
+        t_start, t_end, scores, tourist}``, missing keys taking the region's benchmark values)
+        -> DataFrame ``tourist, route, score, seconds`` echoing the given ids (the positions
+        when none is given); only an absent (None) param takes its default."""
         params = params or {}
         method = params.get("method")
         sols = self.solve(model_input, method=DEFAULT_METHOD if method is None else method,
                           beams=params.get("beams"))
-        return solutions_frame(sols)
+        rows = [{"tourist": int(s.tourist) if isinstance(s.tourist, numbers.Integral)
+                 else s.tourist, "route": [int(v) for v in s.route], "score": float(s.score),
+                 "seconds": float(s.seconds)} for s in sols]
+        return pd.DataFrame(rows, columns=["tourist", "route", "score", "seconds"])
 
 
 def _requirements() -> list[str]:
-    reqs = []
-    for dist in ("mlflow", "torch", "numpy", "pandas"):
-        try:
-            version = importlib.metadata.version(dist).split("+", 1)[0]
-            reqs.append(f"{dist}=={version}")
-        except importlib.metadata.PackageNotFoundError:
-            reqs.append(dist)
-    return reqs
+    """The installed versions (no local ``+cu...`` suffix) of what loading the model imports."""
+    return [f"{dist}=={importlib.metadata.version(dist).split('+', 1)[0]}"
+            for dist in ("mlflow", "torch", "numpy", "pandas")]
 
 
 def save_pyfunc(path: str | Path, region_id: str, checkpoint: str | Path, *,

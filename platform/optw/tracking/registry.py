@@ -1,5 +1,4 @@
 """Model registry: one registered model ``optw-<region>`` per region, a version per trained model.
-
 :func:`register_version` logs the checkpoint as a pyfunc model under the run (``model/<region>``)
 and makes a version with the given tags, once per run (a retried Ray task gets the existing
 version). The alias ``champion`` moves to a new version only when its ``val_score`` is strictly
@@ -8,6 +7,7 @@ higher than the champion's (a champion without a readable ``val_score`` is the w
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -25,8 +25,6 @@ from optw.tracking.uri import get_client, quiet, tracking_uri
 log = logging.getLogger(__name__)
 
 CHAMPION = "champion"
-MODEL_PREFIX = "optw-"
-ARTIFACT_DIR = "model"
 _MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")
 
 
@@ -43,7 +41,7 @@ class ModelNotFoundError(OptwError, LookupError):
 
 def model_name(region: str) -> str:
     """Registered model name of a region: ``optw-<region>``."""
-    return f"{MODEL_PREFIX}{region}"
+    return f"optw-{region}"
 
 
 def _not_found(exc: Exception) -> bool:
@@ -117,18 +115,6 @@ def set_champion(region: str, version: int, *, uri: str | None = None) -> None:
     get_client(uri).set_registered_model_alias(model_name(region), CHAMPION, str(version))
 
 
-def _maybe_promote(region: str, version: int, tags: Mapping[str, str], uri: str | None) -> None:
-    current = champion(region, uri=uri)
-    new = _score(tags)
-    if current is not None:
-        old = _score(current.tags)
-        if current.version == version or new is None or (old is not None and not new > old):
-            return
-    set_champion(region, version, uri=uri)
-    log.info("%s: version %d is the new champion (val_score %s, was %s)", model_name(region),
-             version, new, None if current is None else current.tags.get("val_score"))
-
-
 def register_version(region: str, checkpoint_path: str | Path, run_id: str,
                      tags: Mapping[str, Any] | None = None, *, uri: str | None = None,
                      bundle_region: bool = True, region_data=None) -> int:
@@ -150,8 +136,13 @@ def register_version(region: str, checkpoint_path: str | Path, run_id: str,
         log.info("%s: run %s already registered as version %d", name, run_id, version)
     else:
         if bundle_region and region_data is None:
-            region_data = _catalog_region(region)
-        artifact_path = f"{ARTIFACT_DIR}/{region}"
+            try:  # without a catalog the region is read where it is served
+                from optw.catalog import open_catalog
+
+                region_data = open_catalog().region(region)
+            except Exception as exc:
+                log.debug("region %s not bundled with the model (%s)", region, exc)
+        artifact_path = f"model/{region}"
         with tempfile.TemporaryDirectory(prefix="optw-pyfunc-") as tmp:
             local = save_pyfunc(Path(tmp) / "model", region, checkpoint_path,
                                 region=region_data if bundle_region else None,
@@ -166,21 +157,18 @@ def register_version(region: str, checkpoint_path: str | Path, run_id: str,
         if first != version:
             client.delete_model_version(name, str(version))
             version = first
-    _maybe_promote(region, version, dict(client.get_model_version(name, str(version)).tags), uri)
+    new = _score(client.get_model_version(name, str(version)).tags)
+    current = champion(region, uri=uri)
+    old = None if current is None else _score(current.tags)
+    if current is None or (current.version != version and new is not None
+                           and (old is None or new > old)):
+        set_champion(region, version, uri=uri)
+        log.info("%s: version %d is the new champion (val_score %s, was %s)", name, version,
+                 new, None if current is None else current.tags.get("val_score"))
     return version
 
 
-def _catalog_region(region: str):
-    """The catalog's region, or None without a catalog (then it is read where it is served)."""
-    try:
-        from optw.catalog import open_catalog
-
-        return open_catalog().region(region)
-    except Exception as exc:
-        log.debug("region %s not bundled with the model (%s)", region, exc)
-        return None
-
-
+@dataclasses.dataclass(repr=False, eq=False)
 class RegionSolver:
     """A registered model, ready to solve tourists of its region (a ``Tourists`` batch, a
     tourist dict, a list of them or a DataFrame): ``solve`` -> ``list[Solution]``, ``predict``
@@ -188,14 +176,11 @@ class RegionSolver:
     ``local_path``: the model's folder (``None`` when loaded into memory, the download deleted).
     """
 
-    def __init__(self, impl, *, version: int | None, name: str | None, model_uri: str,
-                 tags: Mapping[str, str] | None = None, local_path: str | None = None):
-        self.impl = impl
-        self.version = version
-        self.name = name
-        self.model_uri = model_uri
-        self.tags = dict(tags or {})
-        self.local_path = local_path
+    impl: Any
+    version: int | None
+    model_uri: str
+    tags: dict[str, str]
+    local_path: str | None
 
     @property
     def region_id(self) -> str | None:
@@ -228,10 +213,11 @@ def load_solver(model_uri: str, *, uri: str | None = None, dst_path: str | Path 
     memory and the temporary download deleted at once, or, with ``load=False`` (open lazily),
     when the solver is garbage-collected."""
     import mlflow.artifacts
+    import mlflow.pyfunc
 
     uri = tracking_uri(uri)
     quiet()
-    version, name, tags = None, None, {}
+    version, tags = None, {}
     match = _MODEL_URI.match(model_uri)
     if match:
         from mlflow.exceptions import MlflowException
@@ -248,35 +234,24 @@ def load_solver(model_uri: str, *, uri: str | None = None, dst_path: str | Path 
         source = client.get_model_version_download_uri(name, str(mv.version))
     else:
         source = model_uri
-    meta = {"version": version, "name": name, "model_uri": model_uri, "tags": tags}
-    if Path(source).is_dir():
-        return _open(str(source), meta, load)
-    if dst_path:
+    is_dir = Path(source).is_dir()
+    if dst_path and not is_dir:
         Path(dst_path).mkdir(parents=True, exist_ok=True)
-        local = mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(dst_path),
-                                                    tracking_uri=uri, registry_uri=uri)
-        return _open(local, meta, load)
-    tmp = tempfile.mkdtemp(prefix="optw-model-")
-    keep = False
+    tmp = None if dst_path or is_dir else tempfile.mkdtemp(prefix="optw-model-")
     try:
-        local = mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=tmp,
-                                                    tracking_uri=uri, registry_uri=uri)
-        solver = _open(local, meta, load)
-        if load:
+        local = str(source) if is_dir else mlflow.artifacts.download_artifacts(
+            artifact_uri=source, dst_path=str(dst_path or tmp), tracking_uri=uri,
+            registry_uri=uri)
+        impl = mlflow.pyfunc.load_model(local).unwrap_python_model()
+        if load:  # now, instead of on the first solve
+            _ = impl.model, impl.region
+        solver = RegionSolver(impl, version, model_uri, tags, local)
+        if tmp and load:
             solver.local_path = None  # everything is in memory: the files go now
-        else:  # opened lazily: the files stay as long as the solver lives
+        elif tmp:  # opened lazily: the files stay as long as the solver lives
             weakref.finalize(solver, shutil.rmtree, tmp, True)
-            keep = True
+            tmp = None
         return solver
     finally:
-        if not keep:
+        if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _open(local: str, meta: dict[str, Any], load: bool) -> RegionSolver:
-    import mlflow.pyfunc
-
-    impl = mlflow.pyfunc.load_model(local).unwrap_python_model()
-    if load:  # now, instead of on the first solve
-        _ = impl.model, impl.region
-    return RegionSolver(impl, local_path=local, **meta)

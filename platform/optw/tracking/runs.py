@@ -1,8 +1,6 @@
 """Experiments and runs: one experiment per job, a parent run per job, a child per (stage, region).
-
 Runs are addressed by ``run_id`` through ``MlflowClient``, never the fluent ``mlflow.start_run``
-state, so a run made in the driver is logged to from a Ray worker (pass the :class:`JobRun`).
-"""
+state, so a run made in the driver is logged to from a Ray worker (pass the :class:`JobRun`)."""
 
 from __future__ import annotations
 
@@ -16,14 +14,13 @@ import re
 import subprocess
 import time
 import warnings
-from collections.abc import Iterable, Mapping
-from enum import Enum
+from collections.abc import Mapping
 from pathlib import Path, PurePath
 from typing import Any
 
 from optw.catalog import CATALOG_VERSION
 from optw.paths import PROJECT_ROOT
-from optw.tracking.uri import artifact_root, check_tracking_uri, get_client, tracking_uri
+from optw.tracking.uri import artifact_root, check_tracking_uri, get_client
 
 log = logging.getLogger(__name__)
 
@@ -44,19 +41,15 @@ def _plain(value: Any) -> Any:
         return sorted(items, key=repr) if isinstance(value, (set, frozenset)) else items
     if isinstance(value, PurePath):
         return value.as_posix()
-    if isinstance(value, Enum):
-        return _plain(value.value)
     if hasattr(value, "item") and callable(value.item) and getattr(value, "shape", None) == ():
         return value.item()  # numpy / torch scalars
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if hasattr(value, "to_dict") and callable(value.to_dict):
-        return _plain(value.to_dict())
     return str(value)
 
 
 def config_dict(config: Any) -> dict[str, Any]:
-    """A config (dict, dataclass or object with ``to_dict``) as a plain nested dict."""
+    """A config (a mapping or a dataclass) as a plain nested dict."""
     if config is None:
         return {}
     plain = _plain(config)
@@ -65,14 +58,14 @@ def config_dict(config: Any) -> dict[str, Any]:
     return plain
 
 
-def flatten_config(config: Any, sep: str = ".") -> dict[str, str]:
+def flatten_config(config: Any) -> dict[str, str]:
     """Nested config -> ``{"model.hidden": "128", ...}``; lists become JSON strings."""
     out: dict[str, str] = {}
 
     def walk(prefix: str, value: Any) -> None:
         if isinstance(value, dict) and value:
             for k, v in value.items():
-                walk(f"{prefix}{sep}{k}" if prefix else str(k), v)
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
         elif isinstance(value, (list, dict)):
             out[prefix] = json.dumps(value, sort_keys=True)
         else:
@@ -83,18 +76,9 @@ def flatten_config(config: Any, sep: str = ".") -> dict[str, str]:
     return out
 
 
-def config_hash(config: Any, exclude: Iterable[str] = ()) -> str:
-    """Stable 16-hex-digit SHA-256 of the config (key order does not matter), without the
-    top-level or dotted keys in ``exclude`` (e.g. output folders)."""
-    data = config_dict(config)
-    for key in exclude:
-        *path, last = key.split(".")
-        node: Any = data
-        for part in path:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(last, None)
-    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+def config_hash(config: Any) -> str:
+    """Stable 16-hex-digit SHA-256 of the config (key order does not matter)."""
+    blob = json.dumps(config_dict(config), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -140,17 +124,19 @@ def log_params(run_id: str, params: Mapping[str, Any], uri: str | None = None) -
         elif existing[k] != v:
             log.warning("run %s: param %r already logged as %r, keeping it (new value %r)",
                         run_id, k, existing[k], v)
-    items = [Param(k, v) for k, v in todo.items()]
-    for i in range(0, len(items), MAX_PER_BATCH):
-        client.log_batch(run_id, params=items[i:i + MAX_PER_BATCH])
+    _log_batches(run_id, "params", [Param(k, v) for k, v in todo.items()], uri)
 
 
 def set_tags(run_id: str, tags: Mapping[str, Any], uri: str | None = None) -> None:
     from mlflow.entities import RunTag
 
     items = [RunTag(metric_key(k), str(v)[:8000]) for k, v in tags.items()]
+    _log_batches(run_id, "tags", items, uri)
+
+
+def _log_batches(run_id: str, kind: str, items: list, uri: str | None) -> None:
     for i in range(0, len(items), MAX_PER_BATCH):
-        get_client(uri).log_batch(run_id, tags=items[i:i + MAX_PER_BATCH])
+        get_client(uri).log_batch(run_id, **{kind: items[i:i + MAX_PER_BATCH]})
 
 
 def experiment_id(name: str, uri: str | None = None) -> str:
@@ -195,7 +181,6 @@ class JobRun:
 
     def child(self, stage: str, region: str, config: Any = None,
               tags: Mapping[str, Any] | None = None) -> str:
-        """Child run for (stage, region); see :func:`start_child_run`."""
         return start_child_run(self, stage, region, config, tags)
 
     @property
@@ -215,11 +200,10 @@ class JobRun:
 
 
 def start_job_run(job_name: str, config: Any, tags: Mapping[str, Any] | None = None, *,
-                  run_name: str | None = None, uri: str | None = None,
-                  check: bool = True) -> JobRun:
+                  uri: str | None = None) -> JobRun:
     """Parent run of a job in experiment ``job_name``, with the job's config as params; checks
-    the store first (``check``). A context manager ends it FINISHED/FAILED, else ``finish()``."""
-    uri = check_tracking_uri(uri) if check else tracking_uri(uri)
+    the store first. A context manager ends it FINISHED/FAILED, else ``finish()``."""
+    uri = check_tracking_uri(uri)
     commit = git_commit()
     params = run_params(config, commit)
     exp_id = experiment_id(job_name, uri)
@@ -228,7 +212,7 @@ def start_job_run(job_name: str, config: Any, tags: Mapping[str, Any] | None = N
     if commit != "unknown":
         run_tags["mlflow.source.git.commit"] = commit
     run = get_client(uri).create_run(
-        exp_id, run_name=run_name or f"{job_name}-{time.strftime('%Y%m%d-%H%M%S')}",
+        exp_id, run_name=f"{job_name}-{time.strftime('%Y%m%d-%H%M%S')}",
         tags={k: str(v) for k, v in run_tags.items()})
     log_params(run.info.run_id, params, uri)
     return JobRun(run.info.run_id, exp_id, job_name, uri, commit, params["config_hash"])
@@ -247,28 +231,22 @@ def find_child_run(parent_run_id: str, stage: str, region: str,
     return found[0].info.run_id if found else None
 
 
-def start_child_run(parent: JobRun | str, stage: str, region: str, config: Any = None,
-                    tags: Mapping[str, Any] | None = None, *, uri: str | None = None,
-                    reuse: bool = True) -> str:
+def start_child_run(parent: JobRun, stage: str, region: str, config: Any = None,
+                    tags: Mapping[str, Any] | None = None, *, uri: str | None = None) -> str:
     """Child run ``<stage>/<region>`` of ``parent`` with :func:`run_params` of ``config``;
-    returns its run_id. With ``reuse`` an existing child for the same (parent, stage, region)
-    is returned (set RUNNING again), so a retried task keeps logging to the same run."""
-    parent_id, commit, job = parent, None, None
-    if isinstance(parent, JobRun):
-        parent_id, commit, job = parent.run_id, parent.git_commit, parent.job_name
-        uri = uri or parent.tracking_uri
+    returns its run_id. An existing child for the same (parent, stage, region) is returned
+    (set RUNNING again), so a retried task keeps logging to the same run."""
+    uri = uri or parent.tracking_uri
     client = get_client(uri)
-    run_id = find_child_run(parent_id, stage, region, uri) if reuse else None
+    run_id = find_child_run(parent.run_id, stage, region, uri)
     if run_id is not None:
         client.update_run(run_id, status="RUNNING")
     else:
-        exp_id = client.get_run(parent_id).info.experiment_id
-        run_tags = {PARENT_TAG: parent_id, "stage": stage, "region": region, **(tags or {})}
-        if job:
-            run_tags["job"] = job
-        run_id = client.create_run(exp_id, run_name=f"{stage}/{region}",
+        run_tags = {PARENT_TAG: parent.run_id, "stage": stage, "region": region, **(tags or {}),
+                    "job": parent.job_name}
+        run_id = client.create_run(parent.experiment_id, run_name=f"{stage}/{region}",
                                    tags={k: str(v) for k, v in run_tags.items()}).info.run_id
-    params = run_params(config, commit)
+    params = run_params(config, parent.git_commit)
     log_params(run_id, params, uri)
     set_tags(run_id, {"config_hash": params["config_hash"]}, uri)
     return run_id

@@ -26,25 +26,20 @@ from optw.tracking.uri import (
 
 def server_command(host: str = "127.0.0.1", port: int = 5000, *,
                    backend_store_uri: str | None = None,
-                   artifacts_destination: str | Path | None = None, workers: int = 1,
-                   serve_artifacts: bool = True) -> list[str]:
-    """The ``mlflow server`` command line (MLflow 3.x flags) over ``backend_store_uri`` (default
-    the project's sqlite store). With ``serve_artifacts`` the server proxies artifacts (clients,
+                   artifacts_destination: str | Path | None = None) -> list[str]:
+    """The ``mlflow server`` command line (MLflow 3.x flags, one worker) over
+    ``backend_store_uri`` (default the project's sqlite store), proxying artifacts (clients,
     e.g. Ray workers on other nodes, need no file access) into ``artifacts_destination``
-    (default ``mlartifacts/`` beside the database); without it clients write there directly."""
+    (default ``mlartifacts/`` beside the database)."""
     backend = backend_store_uri or default_tracking_uri()
     dest = Path(artifacts_destination) if artifacts_destination else \
         (artifact_root(backend) or Path.cwd() / ARTIFACTS_DIR)
     # the GenAI job runner of MLflow 3 servers is not needed for tracking and the registry
-    cmd = ["env", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false",
-           sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
-           "--host", host, "--port", str(port), "--workers", str(workers)]
-    if serve_artifacts:
-        cmd += ["--serve-artifacts", "--default-artifact-root", "mlflow-artifacts:/",
-                "--artifacts-destination", dest.resolve().as_uri()]
-    else:
-        cmd += ["--no-serve-artifacts", "--default-artifact-root", dest.resolve().as_uri()]
-    return cmd
+    return ["env", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false",
+            sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend,
+            "--host", host, "--port", str(port), "--workers", "1",
+            "--serve-artifacts", "--default-artifact-root", "mlflow-artifacts:/",
+            "--artifacts-destination", dest.resolve().as_uri()]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -54,8 +49,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for_server(uri: str, timeout: float = 60.0, proc: subprocess.Popen | None = None,
-                    ) -> None:
+def wait_for_server(uri: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
     """Poll ``uri`` until it answers; raise TrackingUnavailableError after ``timeout`` s (at
     once if ``proc`` exited)."""
     deadline = time.monotonic() + timeout

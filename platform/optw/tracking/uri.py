@@ -1,5 +1,4 @@
 """Where tracking data goes: the tracking URI, a fail-fast reachability check, cached clients.
-
 Default store: ``sqlite:///<project>/mlflow.db``, artifacts in ``<project>/mlartifacts``;
 ``$MLFLOW_TRACKING_URI`` overrides it (e.g. a server). Every function takes an optional ``uri``
 (``None``: :func:`tracking_uri`); MLflow's process-global URI is never set, so a Ray worker logs
@@ -27,8 +26,6 @@ if TYPE_CHECKING:
 
 ENV_URI = "MLFLOW_TRACKING_URI"
 ARTIFACTS_DIR = "mlartifacts"
-
-log = logging.getLogger(__name__)
 
 
 class TrackingUnavailableError(OptwError, RuntimeError):
@@ -159,6 +156,12 @@ HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "30", "MLFLOW_HTTP_REQUEST_MAX_RET
                "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 
 
+def get_client(uri: str | None = None) -> MlflowClient:
+    """One cached ``MlflowClient`` per URI and process (tracking and registry on the same
+    store); the first call opens the store (sqlite: creates or migrates the database)."""
+    return _client(tracking_uri(uri))
+
+
 @functools.lru_cache(maxsize=8)
 def _client(uri: str) -> MlflowClient:
     quiet()
@@ -167,9 +170,3 @@ def _client(uri: str) -> MlflowClient:
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
-
-
-def get_client(uri: str | None = None) -> MlflowClient:
-    """One cached ``MlflowClient`` per URI and process (tracking and registry on the same
-    store); the first call opens the store (sqlite: creates or migrates the database)."""
-    return _client(tracking_uri(uri))
