@@ -732,7 +732,7 @@ def test_job_modes_on_real_regions(ray_cluster, real_catalog, tmp_path, mode, me
     region's champion is the version the job registered, the results,
     summary table and report are written and logged; running the job again skips every
     region, registers nothing new and keeps the earlier report, results and parent run
-    (issue 16). global-ft: one global model of the group (validated on both regions), then
+    global-ft: one global model of the group (validated on both regions), then
     each region fine-tuned from it (fixed fine-tuning lr, the fine-tuning budget), registered
     as global_ft."""
     import torch
@@ -828,20 +828,21 @@ def test_score_kind_accepts_the_custom_score_model():
 
 
 def test_a_job_learning_from_demonstrations(ray_cluster, tiny_catalog, store, tmp_path):
-    """A global-ft job whose fine-tuning imitates ILS demonstrations: the job computes them
-    beside the ILS baseline (Ray tasks), stores them in the catalog's baselines/demos.parquet,
-    hands each worker its regions' demonstrations and logs them as each fine-tuning run's
-    MLflow input; the fine-tuned models are registered."""
+    """A job whose training imitates ILS demonstrations first: the job computes them beside
+    the ILS baseline (Ray tasks), stores them in the catalog's baselines/demos.parquet, hands
+    each worker its regions' demonstrations and logs them as each run's MLflow input; the
+    models are registered. (One stage: a fine-tuning stage gets them the same way, through
+    its config's ``demos``.)"""
     import pandas as pd
 
     from optw.baselines.demos import demos_path
     from optw.tracking import get_client
 
     profile = JobProfile.from_dict({
-        "job": {"name": "demos", "mode": "global-ft", "regions": TINY},
-        "train": {"epochs": 2, "batch_size": 4, "val_every": 0, "val_tourists": 4,
-                  "checkpoint_every": 0, "threads": 1},
-        "finetune": {"epochs": 1, "demos": 6, "imitation_epochs": 2, "imitation_batch": 4},
+        "job": {"name": "demos", "mode": "scratch", "regions": TINY},
+        "train": {"epochs": 1, "batch_size": 4, "val_every": 0, "val_tourists": 4,
+                  "checkpoint_every": 0, "threads": 1, "demos": 6, "imitation_epochs": 2,
+                  "imitation_batch": 4},
         "evaluate": {"beams": 2, "validation_tourists": 4, "beam_sweep": [2]},
         "resources": {"cpus_per_region": 1, "regions_per_worker": 2}}, source="test-demos")
     summary = _run(profile, tiny_catalog, store, tmp_path, force=True)
@@ -850,7 +851,7 @@ def test_a_job_learning_from_demonstrations(ray_cluster, tiny_catalog, store, tm
     assert {r: int((stored["region"] == r).sum()) for r in TINY} == {r: 6 for r in TINY}
     client = get_client(store)
     runs = client.search_runs(client.get_experiment_by_name("demos").experiment_id,
-                              "tags.stage = 'finetune'")
+                              "tags.stage = 'scratch'")
     assert len(runs) == 2
     for run in runs:
         inputs = run.inputs.dataset_inputs

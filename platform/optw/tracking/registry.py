@@ -1,4 +1,5 @@
 """Model registry: one registered model ``optw-<region>`` per region, a version per trained model.
+
 :func:`register_version` logs the checkpoint as a pyfunc model under the run (``model/<region>``)
 and makes a version with the given tags, once per run (a retried Ray task gets the existing
 version). The alias ``champion`` moves to a new version only when its ``val_score`` is strictly
