@@ -30,72 +30,72 @@ class BeamResult:
     finished: list[int]
 
 
+@torch.inference_mode()
 def beam_search(model: PointerNet, inst: Instances, width: int = PAPER_BEAMS) -> BeamResult:
     """Beam search of ``width`` beams for every tourist of ``inst`` (no gradients). User widths
     are checked at the edge (:func:`~optw.decode.limits.check_beams`)."""
     if width < 1:
         raise ValueError(f"beam width {width}: expected at least 1")
-    with torch.inference_mode():
-        dev = inst.device
-        k_tourists = inst.n_tourists
-        dec = Decoder(model, inst)
-        end = dec.end
-        fr: Frontier = dec.start(torch.arange(k_tourists, device=dev))
-        group = torch.arange(k_tourists, device=dev)  # tourist of each beam; beams grouped in order
-        route = torch.zeros(k_tourists, 1, dtype=torch.long, device=dev)  # each beam's nodes
-        sum_lp = torch.zeros(k_tourists, device=dev)
-        fins: list[tuple[torch.Tensor, ...]] = []  # finished routes: tourist, route, log-prob
-        while group.numel():
-            forced = fr.state.mask.sum(1) == 1  # only the end admissible
-            free = (~forced).nonzero().squeeze(1)
-            r = fr.count.shape[0]
-            p: Pass | None = None
-            if free.numel():
-                sub = fr if free.numel() == r else fr.index(free)
-                p = dec.evaluate(sub)
-                m = p.logits.shape[1]
-                logp = torch.log_softmax(p.logits, dim=1)
-                if free.numel() < r:
-                    logp = torch.full((r, m), float("-inf"), device=dev).index_copy(0, free, logp)
-            else:
-                m = int(fr.count.max())
-                logp = torch.full((r, m), float("-inf"), device=dev)
-            if free.numel() < r:  # a forced beam's one pair (the end, its last row) has log-prob 0
-                rows = forced.nonzero().squeeze(1)
-                logp[rows, fr.count.index_select(0, rows) - 1] = 0.0
-            cand = sum_lp.unsqueeze(1) + logp  # [R, m]
+    dev = inst.device
+    k_tourists = inst.n_tourists
+    dec = Decoder(model, inst)
+    end = dec.end
+    fr: Frontier = dec.start(torch.arange(k_tourists, device=dev))
+    group = torch.arange(k_tourists, device=dev)  # tourist of each beam; beams grouped in order
+    route = torch.zeros(k_tourists, 1, dtype=torch.long, device=dev)  # each beam's nodes
+    sum_lp = torch.zeros(k_tourists, device=dev)
+    fins: list[tuple[torch.Tensor, ...]] = []  # finished routes: tourist, route, log-prob
+    while group.numel():
+        forced = fr.forced()
+        free = (~forced).nonzero().squeeze(1)
+        r = fr.count.shape[0]
+        p: Pass | None = None
+        if free.numel():
+            sub = fr if free.numel() == r else fr.index(free)
+            p = dec.evaluate(sub)
+            m = p.logits.shape[1]
+            logp = torch.log_softmax(p.logits, dim=1)
+            if free.numel() < r:
+                logp = torch.full((r, m), float("-inf"), device=dev).index_copy(0, free, logp)
+        else:
+            m = int(fr.count.max())
+            logp = torch.full((r, m), float("-inf"), device=dev)
+        if free.numel() < r:  # a forced beam's one pair (the end, its last row) has log-prob 0
+            rows = forced.nonzero().squeeze(1)
+            logp[rows, fr.count.index_select(0, rows) - 1] = 0.0
+        cand = sum_lp.unsqueeze(1) + logp  # [R, m]
 
-            # rank (beam, row) pairs per tourist in one padded topk; order = (beam, node)
-            counts = torch.bincount(group, minlength=k_tourists)
-            offsets = torch.cumsum(counts, 0) - counts
-            b_max = int(counts.max())
-            rank = torch.arange(r, device=dev) - offsets[group]
-            table = torch.full((k_tourists, b_max, m), float("-inf"), device=dev)
-            table[group, rank] = cand
-            k = min(width, b_max * m)
-            vals, idx = table.view(k_tourists, -1).topk(k, dim=1)
-            sel_t, sel_j = torch.isfinite(vals).nonzero(as_tuple=True)
-            flat = idx[sel_t, sel_j]
-            parent = offsets[sel_t] + torch.div(flat, m, rounding_mode="floor")
-            slot = flat % m
-            new_lp = vals[sel_t, sel_j]
-            node = fr.node.index_select(0, fr.offsets().index_select(0, parent) + slot)
-            paths = torch.cat([route.index_select(0, parent), node.unsqueeze(1)], dim=1)
+        # rank (beam, row) pairs per tourist in one padded topk; order = (beam, node)
+        counts = torch.bincount(group, minlength=k_tourists)
+        offsets = torch.cumsum(counts, 0) - counts
+        b_max = int(counts.max())
+        rank = torch.arange(r, device=dev) - offsets[group]
+        table = torch.full((k_tourists, b_max, m), float("-inf"), device=dev)
+        table[group, rank] = cand
+        k = min(width, b_max * m)
+        vals, idx = table.view(k_tourists, -1).topk(k, dim=1)
+        sel_t, sel_j = torch.isfinite(vals).nonzero(as_tuple=True)
+        flat = idx[sel_t, sel_j]
+        parent = offsets[sel_t] + torch.div(flat, m, rounding_mode="floor")
+        slot = flat % m
+        new_lp = vals[sel_t, sel_j]
+        node = fr.node.index_select(0, fr.offsets().index_select(0, parent) + slot)
+        paths = torch.cat([route.index_select(0, parent), node.unsqueeze(1)], dim=1)
 
-            done = node == end
-            if bool(done.any()):
-                fins.append((sel_t[done], paths[done], new_lp[done]))
-            go = (~done).nonzero().squeeze(1)
-            if not go.numel():
-                break
-            assert p is not None  # a forced beam's only pair is the end
-            sub_row = torch.cumsum((~forced).long(), 0) - 1  # row of each free beam in the pass
-            fr = dec.advance(sub, p, sub_row.index_select(0, parent.index_select(0, go)),
-                             slot.index_select(0, go))
-            route = paths.index_select(0, go)
-            group = sel_t.index_select(0, go)
-            sum_lp = new_lp.index_select(0, go)
-        return best_routes(inst, fins)
+        done = node == end
+        if bool(done.any()):
+            fins.append((sel_t[done], paths[done], new_lp[done]))
+        go = (~done).nonzero().squeeze(1)
+        if not go.numel():
+            break
+        assert p is not None  # a forced beam's only pair is the end
+        sub_row = torch.cumsum((~forced).long(), 0) - 1  # row of each free beam in the pass
+        fr = dec.advance(sub, p, sub_row.index_select(0, parent.index_select(0, go)),
+                         slot.index_select(0, go))
+        route = paths.index_select(0, go)
+        group = sel_t.index_select(0, go)
+        sum_lp = new_lp.index_select(0, go)
+    return best_routes(inst, fins)
 
 
 def best_routes(inst: Instances, fins: list[tuple[torch.Tensor, ...]]) -> BeamResult:

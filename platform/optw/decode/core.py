@@ -81,6 +81,10 @@ class Frontier:
         """First row of each route."""
         return torch.cumsum(self.count, 0) - self.count
 
+    def forced(self) -> torch.Tensor:
+        """[R] bool: routes whose only admissible node is the end."""
+        return self.state.mask.sum(1) == 1
+
     def index(self, idx: torch.Tensor) -> Frontier:
         """The routes ``idx`` (an index tensor)."""
         rows, child = rows_of(self.count, idx)
@@ -434,7 +438,7 @@ def rollout(model: PointerNet, instances: Instances, ids: torch.Tensor | None = 
     live = torch.arange(r, device=dev)
     col = 1
     while live.numel():
-        forced = fr.state.mask.sum(1) == 1  # only the end admissible
+        forced = fr.forced()
         if bool(forced.any()):
             done = forced.index_select(0, owner)
             if forcing and col < actions.shape[1]:

@@ -79,6 +79,7 @@ def join(location: str | Path, *parts: str) -> str:
 
 
 def local_path(location: str | Path) -> Path | None:
+    """The local path of a location, None for a URI."""
     return None if is_uri(location) else Path(normalize(location))
 
 
@@ -176,6 +177,7 @@ def _write(location: str | Path, local: Callable[[Path], object],
 
 
 def write_bytes(location: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``location`` whole (:func:`_write`)."""
     _write(location, lambda tmp: tmp.write_bytes(data), lambda f: f.write(data))
 
 
