@@ -5,8 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-# Two pytest-xdist workers: the modules that run Ray take one, one after another
-# (tests/conftest.py: RAY_MODULES), the rest of the suite the other.
+# Two pytest-xdist workers; which modules run beside which: tests/conftest.py, RayModulesApart.
 PYTEST := $(BIN)/python -m pytest -n 2
 
 .PHONY: browser run test test-under-load test-slow test-all test-cluster lint catalog install clean-catalog \

@@ -68,29 +68,53 @@ def write_tiny_source(root: Path) -> Path:
     return root
 
 
-#: Modules that start Ray (a local instance, `ray start`, Ray Serve, ILS on Ray workers, a job),
-#: stop it (`ray stop --force` stops every Ray of the machine) or use its fixed ports. Under
-#: pytest-xdist (`make test` runs two workers) they run one after another in one worker, in
-#: file order, while the other worker takes the rest of the suite a module at a time
-#: (:class:`RayModulesApart`).
-RAY_MODULES = frozenset({
-    "test_custom_job", "test_dashboards", "test_distributed", "test_embedded", "test_examples",
-    "test_fresh_machine", "test_ils", "test_planner_page", "test_quiet_output", "test_raylogs",
-    "test_report_job", "test_serve", "test_serve_cli", "test_serve_latlon", "test_two_node"})
+#: Modules that start Ray (a local instance, `ray start`, Ray Serve, ILS on Ray workers, a job)
+#: or stop it. RAY_ALONE stop every Ray of the machine (`ray stop`) or start `ray start` heads:
+#: no other Ray module runs meanwhile (:func:`ray_turn`). RAY_SHARED start local Ray instances
+#: of their own, which run beside another one (free ports; a job passes its address on); they
+#: are listed longest first.
+RAY_ALONE = ("test_embedded", "test_fresh_machine", "test_quiet_output", "test_two_node")
+RAY_SHARED = ("test_distributed", "test_custom_job", "test_serve", "test_dashboards",
+              "test_planner_page", "test_raylogs", "test_ils", "test_report_job",
+              "test_serve_cli", "test_serve_latlon", "test_examples")
+RAY_MODULES = frozenset(RAY_ALONE + RAY_SHARED)
+#: Modules that serve on README's fixed port 8000: one scope, so they run one after another.
+PORT_8000 = ("test_serve_cli", "test_examples")
+
+
+def xdist_scope(module: str) -> str:
+    """The pytest-xdist scope of a test module (its file's stem): its own, or its group's."""
+    return "ray-alone" if module in RAY_ALONE else "port-8000" if module in PORT_8000 else module
 
 
 class RayModulesApart:
     """pytest-xdist's scheduler for this suite: a scope per module (its module fixtures run
-    once), except the Ray modules, which form one scope (the largest: it goes first)."""
+    once), RAY_ALONE and PORT_8000 one scope each. The first worker starts with RAY_ALONE,
+    the others with the modules without Ray; then each worker takes the longest Ray module
+    left, then any module."""
 
     @staticmethod
     def pytest_xdist_make_scheduler(config, log):
         from xdist.scheduler import LoadScopeScheduling
 
+        shared = [xdist_scope(m) for m in RAY_SHARED]
+
+        def rank(scope: str, first: bool) -> tuple[int, int]:
+            if scope == "ray-alone":
+                return (0 if first else 3, 0)
+            if scope in shared:
+                return (1 if first else 2, shared.index(scope))
+            return (2 if first else 1, 0)  # without Ray: the queue's order (largest first)
+
         class Scheduling(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
-                module = Path(nodeid.split("::", 1)[0]).stem
-                return "ray" if module in RAY_MODULES else module
+                return xdist_scope(Path(nodeid.split("::", 1)[0]).stem)
+
+            def _assign_work_unit(self, node) -> None:
+                first = node is self.nodes[0]
+                best = min(self.workqueue, key=lambda scope: rank(scope, first))
+                self.workqueue.move_to_end(best, last=False)
+                super()._assign_work_unit(node)
 
         return Scheduling(config, log)
 
@@ -98,6 +122,30 @@ class RayModulesApart:
 def pytest_configure(config) -> None:
     if config.pluginmanager.hasplugin("xdist"):  # its hook exists only with xdist installed
         config.pluginmanager.register(RayModulesApart(), "optw-ray-modules-apart")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_turn(request, tmp_path_factory) -> Iterator[None]:
+    """A Ray module's turn: RAY_ALONE modules hold the test run's Ray lock alone, the others
+    share it, so no Ray module runs beside one that stops every Ray of the machine. Ray
+    started in this process is shut down at the module's end."""
+    module = Path(request.path).stem
+    if module not in RAY_MODULES:
+        yield
+        return
+    import fcntl
+    import sys
+
+    # the workers' temporary folders share their parent (pytest-xdist's popen-gwN)
+    with open(tmp_path_factory.getbasetemp().parent / "optw-ray.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if module in RAY_ALONE else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            ray = sys.modules.get("ray")
+            if ray is not None and ray.is_initialized():
+                ray.shutdown()
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

@@ -108,7 +108,7 @@ def test_distances_for_a_moved_start(catalog):
 
 
 def test_many_tourists_distances_warn_and_come_in_chunks(catalog, monkeypatch):
-    """Issue 25: `region.distances` for 10,000 t101 tourists allocates ~830 MB; past
+    """`region.distances` for 10,000 t101 tourists allocates ~830 MB; past
     DISTANCES_WARN_BYTES it says so (RuntimeWarning naming iter_distances), and
     `iter_distances` yields the same arrays in bounded chunks."""
     import warnings
@@ -132,8 +132,8 @@ def test_many_tourists_distances_warn_and_come_in_chunks(catalog, monkeypatch):
 
 
 def test_catalog_build_refuses_a_bogus_device_and_an_out_file(tmp_path, capsys):
-    """Issue 25: `catalog build --device bogus` (was silently ignored) names --device and its
-    values; --device without --paper-sets says it does nothing; `--out FILE` (was a raw
+    """`catalog build --device bogus` (once silently ignored) names --device and its
+    values; --device without --paper-sets says it does nothing; `--out FILE` (once a raw
     `[Errno 17] File exists`) is one line naming --out; the file is untouched."""
     src = write_tiny_source(tmp_path / "src")
     afile = tmp_path / "cat.txt"
@@ -411,7 +411,7 @@ def test_to_time_units_matches_the_formula_it_replaced():
 
 
 def test_load_json_names_the_input_for_deep_huge_or_bad_json():
-    """Issue 25: a JSON input nested 100k deep (was a bare `maximum recursion depth
+    """A JSON input nested 100k deep (once a bare `maximum recursion depth
     exceeded`), a 5000-digit integer or bad JSON give one line starting with the file's
     name; a tourist nested deep in a field is described without recursing through it."""
     from optw.catalog.tourist_json import describe, load_json

@@ -157,7 +157,7 @@ def test_custom_regions_train_evaluate_register_and_report(job, custom_catalog, 
 def test_job_logs_its_tables_and_a_rerun_changes_nothing(job, custom_catalog, store, root):
     """The job's summary table is logged to its parent run and each town has one registry
     version; running the job again (same profile and catalog) skips every region, registers
-    nothing new and keeps the earlier report, results and parent run (issue 16)."""
+    nothing new and keeps the earlier report, results and parent run."""
     from optw.distributed.job import run_job
     from optw.tracking import get_client
 

@@ -1,4 +1,4 @@
-"""Custom regions ("bring your own region", issue 14 §1): ``optw catalog add|remove``.
+"""Custom regions ("bring your own region"): ``optw catalog add|remove``.
 
 Fixtures under ``tests/fixtures/custom/``: ``town.csv`` / ``town.geojson`` (the same 10 points
 of a small old town in lat/lon, plus the start place), ``grid.csv`` (8 points in x/y minutes)
@@ -407,7 +407,7 @@ BAD = {
     "matrix non-numeric": (_matrix(lambda r: r[:2] + [r[2][:3] + ["x"] + r[2][4:]] + r[3:]), 2,
                            "C", "non-numeric"),
     "matrix missing point": (_matrix(_drop_h), None, None, "'H'"),
-    # issue 25: every number that enters is finite and bounded; deep or huge JSON is named
+    # every number that enters is finite and bounded; deep or huge JSON is named
     "huge x": (_grid_edit(3, x="1e300"), 3, "x", "outside [-100000, 100000]"),
     "huge y": (_grid_edit(2, y="-2e5"), 2, "y", "outside"),
     "huge visit": (_edit(2, visit_minutes="1e9"), 2, "visit_minutes", "longer than 2879"),
@@ -637,7 +637,7 @@ def test_cli_add_show_remove(cat_dir, capsys):
 
 
 def test_cli_add_prints_what_the_readme_shows_and_show_speaks_lat_lon(cat_dir, capsys):
-    """Issue 25: `catalog add` prints "Added region ..." (as README shows); `catalog show` of
+    """`catalog add` prints "Added region ..." (as README shows); `catalog show` of
     a lat/lon region prints the start as lat/lon and the day and tourists' times as clock
     times, not projected x/y and minutes; `--json` is valid JSON (no Infinity/NaN)."""
     from optw.catalog.cli import dumps
@@ -663,7 +663,7 @@ def test_cli_add_prints_what_the_readme_shows_and_show_speaks_lat_lon(cat_dir, c
 
 
 def test_cli_refuses_unbounded_numbers_in_one_line(cat_dir, tmp_path, capsys):
-    """Issue 25: x = 1e300 (was an OverflowError traceback), a travel time of 1e308 (was
+    """x = 1e300 (once an OverflowError traceback), a travel time of 1e308 (was
     stored as inf and a route across it passed the validator) and a score of 1e308 are
     refused in one line naming the file, row and field; the catalog is untouched."""
     before = snapshot(cat_dir)
@@ -689,7 +689,7 @@ def test_cli_refuses_unbounded_numbers_in_one_line(cat_dir, tmp_path, capsys):
 
 
 def test_an_infinite_travel_time_never_makes_a_route_feasible():
-    """Issue 25: a travel time of inf (as 1e308 used to be stored) became INT64_MIN in time
+    """A travel time of inf (as 1e308 used to be stored) became INT64_MIN in time
     units and a route across it passed the validator; now converting it is a ValueError, so
     no check or solver sees it as a short edge."""
     import dataclasses

@@ -247,7 +247,7 @@ def test_cli_writes_tables(setup, capsys):
     (_csv(["c101,0,bad name,1,0.5"]), "method 'bad name' is not a valid name"),
     (_csv(["c101,0,m,-1,0.5", "c101,1,m,1,nan"]), "row 1 (line 2): score -1"),
     (_csv(GOOD + ["c101,0,m,3,0.5"]), "row 6 (line 7): duplicates row 1 (line 2)"),
-    # issue 25: a score past what the tourist can score (was a 300-digit gap), huge seconds
+    # a score past what the tourist can score (was a 300-digit gap), huge seconds
     (_csv(GOOD[:1] + ["c101,1,m,1e308,0.5"]), "row 2 (line 3): score 1e+308 is more than "
      "tourist 1 can score in c101"),
     (_csv(["c101,0,m,1811,0.5"]), "score 1811 is more than tourist 0 can score in c101 "
@@ -267,7 +267,7 @@ def test_cli_bad_input(setup, capsys, content, expected):
 
 
 def test_cli_out_file_and_unreadable_json_lines_are_one_line(setup, capsys):
-    """Issue 25: `evaluate --out FILE` (was a raw `[Errno 17] File exists`) is one line
+    """`evaluate --out FILE` (once a raw `[Errno 17] File exists`) is one line
     naming --out, the file untouched; a JSON-lines results file with a 5000-digit number
     names the file and line, not Python's digit limit alone."""
     from optw.cli import main

@@ -1,6 +1,6 @@
 """README's worked examples run as written.
 
-"Your own region" (issue 14): the shell commands between ``<!-- your-region:begin -->`` and
+"Your own region": the shell commands between ``<!-- your-region:begin -->`` and
 ``<!-- your-region:end -->`` in README.md are parsed out of the file (so README and test cannot
 drift) and run one after another in the project root, against a private copy of the built
 catalog (``OPTW_CATALOG``), a temporary MLflow store (``MLFLOW_TRACKING_URI``) and temporary

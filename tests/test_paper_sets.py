@@ -124,7 +124,7 @@ def _scalar_f32_rows(region, start_xy: np.ndarray) -> np.ndarray:
 
 def test_start_rows_are_float32(paper_catalog):
     """Paper tourists' travel times from the start are the IEEE float32 value of
-    floor(k·sqrt(dx²+dy²))/k, as the authors compute them, on every machine (issue 25: a
+    floor(k·sqrt(dx²+dy²))/k, as the authors compute them, on every machine (a
     vectorised float32 sqrt 1 ulp off on one CPU made pr01 node 37 139.33); float64 differs in
     rare entries (pr01 tourist 1000, node 37: 139.34 against 139.33), and the environment, the
     validator and ILS use the float32 rows."""
@@ -162,7 +162,7 @@ print(torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(), h.hexdig
 def test_paper_rows_are_the_same_on_every_cpu_path():
     """The paper sets (torch draws) and their float32 start rows hash the same with torch on
     one thread and on four, and with ATEN_CPU_CAPABILITY=default (scalar kernels) and avx2 (or
-    the best this CPU has): no SIMD path or thread count changes a travel time (issue 25)."""
+    the best this CPU has): no SIMD path or thread count changes a travel time."""
     source = default_source()
     if not source.is_dir():
         pytest.skip(f"benchmark files not found at {source}")

@@ -258,7 +258,7 @@ def test_report_replaces_atomically_and_keeps_old_on_failure(job_store, tmp_path
 
 
 def test_report_never_replaces_a_folder_or_file_it_does_not_own(job_store, tmp_path, capsys):
-    """Issue 25 (data loss): `optw report --out DIR` where DIR holds other files, or --out an
+    """No data loss: `optw report --out DIR` where DIR holds other files, or --out an
     existing file, is refused in one line naming --out, and nothing is moved or deleted; a
     previous report (it carries a marker file) and an empty folder are replaced."""
     from optw.cli import main

@@ -1,4 +1,4 @@
-"""`optw solve --active-search N` shows its progress (issue 25, table row 19): a callback of
+"""`optw solve --active-search N` shows its progress: a callback of
 active search called once per epoch, and a tqdm bar on stderr only when stderr is a terminal
 or ``--progress`` asks, so piped output is unchanged."""
 

@@ -175,7 +175,7 @@ def test_cli_resume_refuses_what_does_not_match(tiny_catalog, tmp_path, capsys):
 
 def test_global_model_file_loads_and_solves(tiny_catalog, tmp_path):
     """A model trained on several regions (per-region validation metrics in its file) loads
-    with ``weights_only=True``, resumes, and solves through ``optw solve`` (issue 15)."""
+    with ``weights_only=True``, resumes, and solves through ``optw solve``."""
     from optw.cli import main
     from optw.model import load_model, read_checkpoint
 
@@ -209,7 +209,7 @@ def test_every_checkpoint_writer_guards_plain_values(tmp_path):
 
 
 def test_model_files_written_before_the_fix_still_load(tmp_path):
-    """Files whose metrics hold numpy scalars (written before issue 15's fix) load: numpy
+    """Files whose metrics hold numpy scalars (as earlier versions wrote them) load: numpy
     scalars are rebuilt from an allow-list and returned as Python numbers; other globals are
     still refused."""
     import io

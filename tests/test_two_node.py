@@ -406,7 +406,7 @@ def test_two_node_job_with_killed_remote_worker(cluster, monkeypatch):
 
 
 def test_tune_runs_against_the_jobs_storage_uri(cluster, monkeypatch):
-    """`optw tune` on the two-node cluster (issue 25, item 4): Ray Tune's and every trial's
+    """`optw tune` on the two-node cluster: Ray Tune's and every trial's
     Ray Train files go to the job's storage URI (``$OPTW_STORAGE``, S3), the catalog is given
     by URI (each trial's worker mirrors it on its own node), the early check passes, and the
     trial reports its gap to ILS. (One trial: the pick of the best is checked on a trials
@@ -435,7 +435,7 @@ def test_tune_runs_against_the_jobs_storage_uri(cluster, monkeypatch):
 
 
 def test_ils_task_mirrors_the_catalog_on_a_node_that_joined_late(cluster):
-    """Issue 25, item 4: an ILS task scheduled on a node whose catalog mirror did not exist at
+    """An ILS task scheduled on a node whose catalog mirror did not exist at
     the job's check (the second node's mirror is removed, as on a node that joined later, and
     the driver's mirror path is hidden there) mirrors the catalog URI on entry and returns its
     rows, which the driver writes to its own store."""
