@@ -308,23 +308,20 @@ def ray_token():
 
 
 @contextlib.contextmanager
-def local_ray(num_cpus: int = 2, dashboard: bool = False, object_store_mb: int = 200,
-              reuse: bool = False) -> Iterator[object]:
+def local_ray(num_cpus: int = 2, dashboard: bool = False,
+              object_store_mb: int = 200) -> Iterator[object]:
     """A local Ray started the way the product starts one
     (:func:`optw.distributed.rayenv.connect`): :data:`~optw.distributed.rayenv.RAY_ENV`'s
     defaults, Ray's token (:func:`optw.raylocal.ensure_token`) and the job's runtime
     environment (each worker pins its cluster's address), with a test's small resources;
     yields the ``ray`` module and shuts Ray down after. A Ray this process already runs is
-    shut down first, or with ``reuse`` used as it is (and left running)."""
+    shut down first."""
     ray = pytest.importorskip("ray")
     from optw.distributed.rayenv import RUNTIME_ENV, configure_ray_env
     from optw.raylocal import ensure_token
 
     if ray.is_initialized():
-        if reuse:
-            yield ray
-            return
-        ray.shutdown()  # an earlier module's local Ray: one instance at a time
+        ray.shutdown()  # one instance at a time
     configure_ray_env()
     ensure_token(say=None)
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard,

@@ -71,7 +71,7 @@ def test_dashboard_json_queries_the_exported_metrics(dashboard):
 def ray_metrics():
     """A local Ray where an actor has set RayReport's gauges for model (r199, scratch), as a
     training worker does; yields the metrics export URL of the actor's node."""
-    with local_ray(num_cpus=1, object_store_mb=100, reuse=True) as ray:
+    with local_ray(num_cpus=1, object_store_mb=100) as ray:
         yield from _report_metrics(ray)
 
 
