@@ -731,7 +731,7 @@ def test_job_modes_on_real_regions(ray_cluster, real_catalog, tmp_path, mode, me
     slow: see the parameters for where the default suite checks the same). scratch: each
     region's champion is the version the job registered, the results,
     summary table and report are written and logged; running the job again skips every
-    region, registers nothing new and keeps the earlier report, results and parent run
+    region, registers nothing new and keeps the earlier report, results and parent run.
     global-ft: one global model of the group (validated on both regions), then
     each region fine-tuned from it (fixed fine-tuning lr, the fine-tuning budget), registered
     as global_ft."""
