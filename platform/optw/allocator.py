@@ -1,10 +1,6 @@
-"""The C allocator, set for decoding's large short-lived tensors: glibc serves blocks above its
-mmap threshold with fresh pages and returns them on free, so every decoding step, which
-allocates and frees tables of tens to hundreds of MB, pays page faults again.
-:func:`reuse_large_blocks` (called by the decoder) raises the threshold to 1 GiB so freed
-blocks stay in the heap, at the cost of a higher peak memory (``docs/measurements.md``). It
-does nothing off glibc, when ``MALLOC_MMAP_THRESHOLD_`` is set (the user's own setting wins),
-or with ``OPTW_MALLOC=0``.
+"""glibc's mmap threshold raised to 1 GiB, so decoding's large short-lived tensors reuse heap
+blocks instead of paying page faults for fresh pages at every step (docs/measurements.md);
+not off glibc, with ``MALLOC_MMAP_THRESHOLD_`` set or with ``OPTW_MALLOC=0``.
 """
 
 from __future__ import annotations
@@ -33,8 +29,7 @@ def _apply() -> bool:
             os.environ or not sys.platform.startswith("linux")):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int

@@ -1,6 +1,5 @@
-"""Checking helpers every settings table uses (training, models, job profiles, evaluation):
-value predicates, one error format naming the key, dataclasses built from tables, and TOML /
-YAML / JSON files read into tables."""
+"""Checking helpers of every settings table: value predicates, one error format naming the
+key, dataclasses built from tables, and TOML / YAML / JSON files read into tables."""
 
 from __future__ import annotations
 
@@ -40,18 +39,15 @@ def require(cond: bool, key: str, value: Any, what: str) -> None:
 
 
 def from_table(cls, data: dict[str, Any], where: str):
-    """Build dataclass ``cls`` from a table; unknown keys and bad values are a
-    :class:`ConfigError` naming ``where``."""
+    """Dataclass ``cls`` from a table; a bad key or value is a ConfigError naming ``where``."""
     known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
+    if unknown := sorted(set(data) - known):
         raise ConfigError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(known)}")
     try:
         return cls(**data)
     except ConfigError as exc:
         msg = str(exc)
-        raise ConfigError(msg if msg.startswith(where) else f"{where}: {msg}",
-                          exc.key) from None
+        raise ConfigError(msg if msg.startswith(where) else f"{where}: {msg}", exc.key) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
 

@@ -18,11 +18,8 @@ COMMAND_MODULES = ("optw.catalog.cli", "optw.decode.cli", "optw.train.cli",
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="optw",
-        description="Train, evaluate and serve neural solvers for the Orienteering Problem "
-        "with Time Windows.",
-    )
+    parser = argparse.ArgumentParser(prog="optw", description="Train, evaluate and serve neural "
+                                     "solvers for the Orienteering Problem with Time Windows.")
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback of an error instead of one line")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -32,15 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line(text: str) -> str:
-    """A message as the error line shows it: whitespace runs joined, unless it is a list of
-    several lines (e.g. one per failed pack)."""
+    """A message with whitespace runs joined, unless it lists several lines (one per pack)."""
     return " ".join(text.split()) if text.count("\n") < 2 else text.strip()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command: an :class:`~optw.errors.OptwError` is one line, exit 2; any other
-    exception is a bug: one line with its type, message and last frame, exit 1 (``--debug``:
-    the full traceback)."""
+    """Run one command: an OptwError is one line, exit 2; any other error a bug, exit 1."""
     args = build_parser().parse_args(argv)
     name = " ".join(filter(None, (args.command, getattr(args, f"{args.command}_command", None))))
     try:
@@ -52,8 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         # the reader went away (`optw catalog list --json | head`): not an error
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OptwError as exc:
         if args.debug:

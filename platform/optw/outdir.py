@@ -1,10 +1,6 @@
-"""Output folders a command owns: written whole, never over anything it did not write.
-
-:func:`replace_dir` builds the outputs in a hidden sibling folder and renames it into place,
-with a marker file naming the kind of output. A folder is replaced (as a whole) only when it is
-absent, empty or holds that kind's marker; anything else is an :class:`OutDirError` and nothing
-is touched. A failure leaves the previous output as it was.
-"""
+"""Output folders a command owns: built in a hidden sibling folder and renamed into place, with
+a marker file naming the kind of output; a folder is replaced only when it is absent, empty or
+holds that kind's marker (else an :class:`OutDirError`). A failure leaves the old output."""
 
 from __future__ import annotations
 
@@ -19,8 +15,7 @@ from optw.errors import UserError
 
 
 class OutDirError(UserError):
-    """The output path is a file, or a folder this kind of output did not write (message
-    ``--out PATH: reason`` with ``option``, else ``PATH reason``)."""
+    """The output path is a file, or a folder this kind of output did not write."""
 
     def __init__(self, path: Path, reason: str, option: str | None = None):
         super().__init__(f"{option} {path}: {reason}" if option else f"{path} {reason}")
@@ -39,9 +34,7 @@ def _a(kind: str) -> str:
 
 def check_out_dir(out: str | Path, kind: str, legacy: frozenset[str] = frozenset(),
                   option: str | None = None) -> Path:
-    """``out`` resolved, when a ``kind`` output may replace it: absent, empty, holding
-    :func:`marker`, or only names of ``legacy`` (outputs written before markers); else an
-    :class:`OutDirError` (naming ``option`` and ``out`` as given, when ``option`` is given)."""
+    """``out`` resolved, when a ``kind`` output may replace it, else an :class:`OutDirError`."""
     given = Path(out)
     out = given.resolve()
 
@@ -69,9 +62,7 @@ def check_out_dir(out: str | Path, kind: str, legacy: frozenset[str] = frozenset
 def replace_dir(out: str | Path, kind: str, note: str = "",
                 legacy: frozenset[str] = frozenset(), option: str | None = None,
                 ) -> Iterator[Path]:
-    """Yield a fresh hidden folder beside ``out``; when the block ends without an error it
-    replaces ``out`` as a whole, with the marker (holding ``note``). ``out`` is checked
-    (:func:`check_out_dir`) before and again just before the rename."""
+    """Yield a hidden folder beside ``out`` that replaces it, with the marker, if no error."""
     given = out
     out = check_out_dir(out, kind, legacy, option)
     tag = uuid.uuid4().hex[:8]

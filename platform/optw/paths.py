@@ -1,17 +1,6 @@
-"""Where the project's folders are (the one place that resolves default locations, each
-overridable by an environment variable), and atomic writes of files there. Layout::
-
-    region_catalog/            the built catalog ($OPTW_CATALOG)
-    mlflow.db, mlartifacts/    the default MLflow store (see optw.tracking.uri)
-    runs/                      run outputs ($OPTW_RUNS)
-      <job>/                   a platform job: results.parquet, models/, report/
-      ray_train/               Ray Train storage of the jobs
-      ray_tune/                Ray Tune storage of the sweeps
-      train/<regions>/         `optw train` runs
-      .cache/                  node-local copies of catalogs given by URI ($OPTW_CACHE)
-
-``$OPTW_STORAGE`` puts a job's ``<job>/`` and ``ray_train/`` under a folder shared by a
-cluster's nodes or a URI such as ``s3://bucket/optw`` (docs/cluster.md).
+"""Where the project's folders are (each default overridable by an environment variable:
+$OPTW_CATALOG, $OPTW_RUNS, $OPTW_CACHE; $OPTW_STORAGE puts jobs' outputs on a shared folder or
+a URI, docs/cluster.md), and atomic writes of files there.
 """
 
 from __future__ import annotations
@@ -30,8 +19,7 @@ SHARED = PROJECT_ROOT.parent / "shared"
 
 
 def _env(name: str, default: Path) -> Path:
-    value = os.environ.get(name)
-    return Path(value) if value else default
+    return Path(os.environ[name]) if os.environ.get(name) else default
 
 
 def benchmarks_dir() -> Path:
@@ -65,8 +53,7 @@ def join_location(base: str, *parts: str) -> str:
     if "://" not in base or base.startswith("file://"):
         return os.path.join(base, *parts)
     split = urllib.parse.urlsplit(base)
-    path = "/".join([split.path.rstrip("/"), *parts])
-    return urllib.parse.urlunsplit(split._replace(path=path))
+    return urllib.parse.urlunsplit(split._replace(path="/".join([split.path.rstrip("/"), *parts])))
 
 
 def storage_root() -> str:
@@ -112,16 +99,14 @@ class PathError(OptwError, OSError):
 
 
 def path_error(exc: OSError, path: str | Path, doing: str = "write") -> PathError:
-    """``exc`` as a :class:`PathError` naming its own ``filename``, or ``path`` when it names
-    none (or a temporary file beside ``path``)."""
+    """``exc`` as a :class:`PathError` naming its file, or ``path`` (for none or a temp file)."""
     named = exc.filename if exc.filename and not Path(str(exc.filename)).name.startswith(
         f".{Path(path).name}.tmp-") else path
     return PathError(f"cannot {doing} {named}: {exc.strerror or exc}")
 
 
 def replace_atomic(path: str | Path, write: Callable[[Path], object]) -> Path:
-    """``write(tmp)`` a temporary file beside ``path``, then rename it over ``path`` (removed
-    if writing fails); an ``OSError`` is a :class:`PathError` naming the file."""
+    """``write(tmp)`` a file beside ``path``, then rename it over ``path`` (errors: PathError)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:

@@ -1,8 +1,6 @@
-"""Ray's token for the local clusters the project starts, their environment, and what their
-drivers and worker processes do when they start or are told to stop (light: every Ray worker
-process imports it). With ``RAY_AUTH_MODE=token`` ``ray start --head`` refuses to start without
-a token and every client must present it: every entry point that may start a local cluster
-calls :func:`ensure_token` first (``python -m optw.raylocal`` for ``jobs/embedded.sh``).
+"""Ray's token and environment for the local clusters the project starts, and the set-up of
+their drivers and workers (light: every Ray worker imports it); every entry point that may
+start a local cluster calls :func:`ensure_token` first (``python -m optw.raylocal``).
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ from optw.paths import path_error
 TOKEN_ENV = "RAY_AUTH_TOKEN"
 TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 
-#: Environment defaults of the project's Ray clusters (a local cluster's processes inherit
-#: them from the process that starts it).
+#: Environment defaults of the project's Ray clusters (inherited by a local cluster).
 RAY_ENV: dict[str, str] = {
     # a worker importing torch on a busy machine can miss Ray Train's default 60 s to join
     "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600",
@@ -75,10 +72,8 @@ def _stderr(line: str) -> None:
 
 
 def ensure_token(say: Callable[[str], None] | None = _stderr) -> str | None:
-    """Make sure a local cluster started now finds a token; returns where it is kept (None
-    when ``RAY_AUTH_MODE=disabled``). An existing token is reused; else a new one (as Ray's
-    generator makes) is written atomically, mode 0600, and ``say`` is told where (a PathError
-    when it cannot be written)."""
+    """Make sure a local cluster finds a token (else one is written, mode 0600, ``say`` told
+    where); returns where it is (None when ``RAY_AUTH_MODE=disabled``)."""
     if os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "disabled":
         return None
     if source := token_source():
@@ -104,9 +99,7 @@ def ensure_token(say: Callable[[str], None] | None = _stderr) -> str | None:
 
 
 def setup_worker() -> None:
-    """The ``worker_process_setup_hook`` of the project's clusters: ``RAY_ADDRESS`` becomes
-    this cluster's (else Ray's own look-ups of "the" cluster inside the job fail with "Found
-    multiple active Ray instances" beside other instances), and ``quiet_ray_internals``."""
+    """Ray's ``worker_process_setup_hook``: ``RAY_ADDRESS`` and quiet internals."""
     from optw.raylogs import quiet_ray_internals
 
     try:
@@ -119,9 +112,7 @@ def setup_worker() -> None:
 
 
 def interrupt_on_signals(signals: Iterable[int] = (signal.SIGTERM,)) -> None:
-    """In a driver's main thread, once Ray is initialised: each of ``signals`` raises
-    ``KeyboardInterrupt`` as Ctrl-C does (clean-up runs, ``optw`` exits 130), instead of the
-    handler of Ray's C++ core, which prints a stack dump."""
+    """In a driver's main thread: ``signals`` raise KeyboardInterrupt, not Ray's stack dump."""
     if threading.current_thread() is not threading.main_thread():
         return
 

@@ -1,8 +1,5 @@
-"""The one filter of Ray's lines: :data:`RAY_NOISE` names the lines of Ray's internals nobody
-has to act on (Ray's log folder keeps them all), and every place that shows Ray's output drops
-them: a driver (:func:`quiet_ray_output`), ``jobs/embedded.sh``'s follower, a Ray Train worker
-(:func:`quiet_train_worker`), ``optw serve`` (:func:`filter_ray_noise`) and every worker
-process of a job (:func:`quiet_ray_internals`). Other warnings and errors always pass.
+"""The one filter of Ray's lines: :data:`RAY_NOISE`, lines of Ray's internals nobody has to
+act on, is dropped wherever Ray's output shows; other warnings and errors always pass.
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ RAY_NOISE = re.compile(
     r"|logging\.cc:\d+: +(@ +0x[0-9a-f]+|\*\*\* SIG\w+ received)"
     r"|^\s*(PC: )?@ +0x[0-9a-f]+ .*\(unknown\)"
     r"|^\*\*\* SIG\w+ received at time=")
-#: A Ray Train worker's lines in a driver's output: dropped unless :func:`train_log_level`
-#: is below WARNING.
+#: A Ray Train worker's lines: dropped unless :func:`train_log_level` is below WARNING.
 RAY_TRAIN_WORKER = re.compile(r"\(RayTrainWorker pid=\d+")
 #: Ray's own INFO/DEBUG log lines (dropped by :class:`RayLogFilter`, not by ``optw serve``).
 RAY_INFO = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+\s+(INFO|DEBUG) \w+\.py:\d+ -- ")
@@ -45,9 +41,8 @@ def train_log_level() -> str:
 
 
 class RayLogFilter(logging.Filter):
-    """Keeps a line or a log record unless it is Ray's noise: :data:`RAY_NOISE` at any level;
-    below WARNING also :data:`RAY_INFO`, a Ray Train worker's line or a Ray Train record below
-    ``train_level``."""
+    """Keeps a line or a log record unless it is :data:`RAY_NOISE`, or below WARNING
+    :data:`RAY_INFO`, a Ray Train worker's line or a Ray Train record below ``train_level``."""
 
     def __init__(self, train_level: str | None = None):
         super().__init__()
@@ -73,9 +68,7 @@ AUTOSCALING_CLIENT_LOGGER = ("ray.train.v2._internal.execution.scaling_policy."
 
 
 class TransientRayTimeouts(logging.Filter):
-    """Drops a record whose error is Ray's ``GetTimeoutError``: the warning, with a traceback,
-    that the AutoscalingCoordinator did not answer within Ray's fixed 5 s (the request only
-    informs an autoscaler and is sent again at the next scaling decision)."""
+    """Drops the AutoscalingCoordinator's transient ``GetTimeoutError`` (sent again later)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
@@ -94,8 +87,7 @@ def quiet_ray_internals() -> None:
 
 
 class DropLines:
-    """A text stream that passes every line to ``stream`` except Ray's noise
-    (:meth:`RayLogFilter.keep`; Ray prints whole lines, from several threads)."""
+    """A text stream passing ``stream`` the lines :meth:`RayLogFilter.keep` keeps."""
 
     def __init__(self, stream: TextIO):
         self._stream, self._filter = stream, RayLogFilter()
@@ -131,8 +123,7 @@ def quiet_ray_loggers() -> None:
 
 @contextlib.contextmanager
 def quiet_ray_output() -> Iterator[None]:
-    """In a driver, for the block: stdout and stderr through :class:`DropLines` and Ray's
-    loggers at WARNING (Ray's warnings and errors still show)."""
+    """In a driver, for the block: stdout and stderr through :class:`DropLines`, Ray at WARNING."""
     quiet_ray_loggers()
     before = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = DropLines(before[0]), DropLines(before[1])
@@ -164,9 +155,7 @@ for line in sys.stdin.buffer:
 
 
 def filter_ray_noise() -> list[subprocess.Popen]:
-    """From now on, drop :data:`RAY_NOISE` from this process's stdout and stderr (written from
-    Python or straight to the descriptors) through filter processes, which end when this
-    process closes its output; Serve's logger goes to WARNING. Returns the processes."""
+    """Filter processes dropping :data:`RAY_NOISE` from this process's stdout and stderr."""
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     procs = []
     for fd in (1, 2):

@@ -1,6 +1,5 @@
-"""How many torch threads to use: the cores this process may actually use now (torch's default,
-one per core, is many times slower when other work keeps the cores busy).
-"""
+"""How many torch threads to use: the cores this process may use now (torch's default, one per
+core, is many times slower when other work keeps the cores busy)."""
 
 from __future__ import annotations
 
@@ -15,9 +14,7 @@ MAX_THREADS = 256  # the largest explicit thread count (``--threads``)
 
 
 def granted_cpus() -> int:
-    """The cores this process may use: the smallest of its CPU affinity, the cgroup CPU quota,
-    Ray's CPU grant when it runs inside a Ray task or actor, and ``$OMP_NUM_THREADS`` when set
-    (Ray sets it in its workers). At least 1."""
+    """The cores this process may use: its affinity, cgroup quota, Ray grant or OMP_NUM_THREADS."""
     omp = os.environ.get("OMP_NUM_THREADS", "").strip()
     limits = [len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
               else (os.cpu_count() or 1), _cgroup_cpus(), _ray_grant(),
@@ -26,17 +23,14 @@ def granted_cpus() -> int:
 
 
 def default_threads() -> int:
-    """The granted cores less those other processes keep busy (the 1-minute load average less
-    this process's own share, its CPU time over its age of at least a minute, scaled to the
-    granted share of the machine), rounded, at least 1."""
+    """The granted cores less those other processes keep busy (by the load average), >= 1."""
     cpus = granted_cpus()
     try:
         load = os.getloadavg()[0]
     except (OSError, AttributeError):  # no load average on this platform
         return cpus
-    machine = os.cpu_count() or cpus
     own = min(load, time.process_time() / max(60.0, _age_s()))
-    busy = max(0.0, load - own) * min(1.0, cpus / machine)
+    busy = max(0.0, load - own) * min(1.0, cpus / (os.cpu_count() or cpus))
     return max(1, min(cpus, math.floor(cpus - busy + 0.5)))
 
 
@@ -84,8 +78,7 @@ def _cgroup_cpus() -> int | None:
 
 
 def _ray_grant() -> int | None:
-    """CPUs Ray granted the current task or actor (None outside a Ray worker; Ray is asked
-    only when this process already imported it)."""
+    """CPUs Ray granted the current task or actor (None outside a Ray worker)."""
     ray = sys.modules.get("ray")
     try:
         ctx = ray.get_runtime_context() if ray is not None and ray.is_initialized() else None

@@ -1,7 +1,5 @@
-"""Baselines: the ILS heuristic of Vansteenwegen et al. (2009) and its stored results.
-
-Names are imported lazily, so the CLI (``optw.baselines.cli``) loads without numba/pandas.
-"""
+"""Baselines: the ILS heuristic of Vansteenwegen et al. (2009) and its stored results
+(imported lazily, so the CLI loads without numba/pandas)."""
 
 from __future__ import annotations
 

@@ -77,14 +77,11 @@ def _ils(args) -> int:
 
     cat = open_catalog(args.catalog)
     df = df.assign(group=df["region"].map(cat.regions_table["group"]), ms=df["seconds"] * 1000)
-    summary = df.groupby(["group", "kind"]).agg(
+    print(df.groupby(["group", "kind"]).agg(
         regions=("region", "nunique"), tourists=("tourist", "size"),
-        mean_score=("score", "mean"), median_ms=("ms", "median"),
-    )
-    print(summary.round(2).to_string())
+        mean_score=("score", "mean"), median_ms=("ms", "median")).round(2).to_string())
     paper = sorted(set(df.loc[df["kind"] == "paper", "region"]))
-    approx = [r for r in paper if not cat.paper_exact(r)]
-    if approx:
+    if approx := [r for r in paper if not cat.paper_exact(r)]:
         print(f"\nnot exact: the paper sets of {len(approx)} region(s) are the CPU "
               f"approximation ({' '.join(approx[:6])}{' …' if len(approx) > 6 else ''})")
     print(f"\n{run.computed} computed, {run.cached} already stored; {run.seconds:.1f} s; "

@@ -1,15 +1,6 @@
-"""Demonstrations for imitation: ILS routes of generated training tourists, per region.
-
-- **Tourists** come from a stream of their own (:func:`demo_tourists`): blocks of
-  :data:`BLOCK` tourists, block b drawn from ``default_rng([DEMO_STREAM, seed, crc32(region),
-  b])`` (the validation sets' stream is ``default_rng([seed, crc32(region)])``), ids from
-  :data:`FIRST_ID` on; a tourist equal to one of the region's validation or benchmark tourists
-  is dropped, so a demonstration is never a tourist the models are scored on. The first n
-  tourists of a longer set are the n of a shorter one.
-- **Routes** are ILS's (:func:`~optw.baselines.ils.solve_ils`), each checked.
-- **Stored** in ``<catalog>/baselines/demos.parquet``, one row per demonstration, keyed by
-  (region, seed, score kind, ILS version, index): a run that needs n demonstrations reads the
-  first n and computes only the missing ones (:func:`get_demos`; on Ray with ``workers`` > 1).
+"""Demonstrations for imitation: ILS routes of generated training tourists, per region, from
+their own stream (block b drawn from ``default_rng([DEMO_STREAM, seed, crc32(region), b])``)
+without validation or benchmark tourists, stored in ``<catalog>/baselines/demos.parquet``.
 """
 
 from __future__ import annotations
@@ -59,9 +50,7 @@ def _key(t: Tourists, i: int) -> bytes:
 
 def demo_tourists(region: Region, n: int, seed: int, held_out: Sequence[Tourists],
                   score_kind: str | None = None) -> Tourists:
-    """The region's first ``n`` demonstration tourists for ``seed`` (see the module
-    docstring), none equal to a tourist of ``held_out`` (its validation and benchmark
-    tourists)."""
+    """The region's first ``n`` demonstration tourists for ``seed``, none in ``held_out``."""
     banned = {_key(t, i) for t in held_out for i in range(len(t))}
     crc = zlib.crc32(region.id.encode())
     blocks, have, b = [], 0, 0
@@ -80,9 +69,7 @@ def demo_tourists(region: Region, n: int, seed: int, held_out: Sequence[Tourists
 def solve_block(catalog: str, region_id: str, start: int, stop: int, seed: int,
                 score_kind: str | None, localize: Callable[[str], str] | None = None,
                 ) -> list[dict]:
-    """Demonstrations ``start..stop-1`` of a region as store rows, each ILS route checked (an
-    invalid one is a bug in the ILS and raises). A Ray task; ``localize`` makes ``catalog`` a
-    folder on the task's node, as for the ILS baseline's tasks."""
+    """Demonstrations ``start..stop-1`` of a region as store rows, each route checked."""
     cat = open_catalog(localize(catalog) if localize is not None else catalog)
     region = cat.region(region_id)
     tourists = demo_tourists(region, stop, seed, [cat.validation(region_id),
@@ -109,8 +96,7 @@ def _read(path: Path) -> pd.DataFrame:
 
 
 def _write(path: Path, stored: pd.DataFrame, rows: list[dict]) -> pd.DataFrame:
-    """The store with ``rows`` added (a new row wins over a stored one of the same key),
-    written atomically."""
+    """The store with ``rows`` added (new rows win per key), written atomically."""
     new = pd.DataFrame(rows, columns=SCHEMA.names)
     both = pd.concat([df for df in (stored, new) if len(df)], ignore_index=True)
     both = both.drop_duplicates(list(KEY), keep="last").sort_values(list(KEY))
@@ -127,10 +113,7 @@ def get_demos(catalog, region_ids: Sequence[str], n: int, seed: int,
               localize: Callable[[str], str] | None = None,
               task_resources: Mapping[str, float] | None = None,
               ) -> dict[str, Demonstrations]:
-    """``n`` demonstrations of each region of ``catalog`` (an open
-    :class:`~optw.catalog.Catalog`): the stored ones, and the missing ones computed (in
-    ``workers`` Ray tasks when more than one, opening ``task_catalog`` through ``localize``
-    as the ILS baseline's tasks do) and added to the store (unless ``write`` is false)."""
+    """``n`` demonstrations of each region of the open ``catalog``, the missing ones computed."""
     def ours(df: pd.DataFrame) -> pd.DataFrame:
         return df[(df["seed"] == seed) & (df["score_kind"] == (score_kind or "default"))
                   & (df["ils_version"] == ILS_VERSION)] if len(df) else df
@@ -155,10 +138,8 @@ def get_demos(catalog, region_ids: Sequence[str], n: int, seed: int,
                 bar.update(len(got))
         finally:
             bar.close()
-        if write:
-            stored = _write(path, stored, rows)
-        else:
-            stored = pd.concat([stored, pd.DataFrame(rows, columns=SCHEMA.names)])
+        stored = (_write(path, stored, rows) if write else
+                  pd.concat([stored, pd.DataFrame(rows, columns=SCHEMA.names)]))
         mine = ours(stored)
     return {rid: _demonstrations(rid, mine[(mine["region"] == rid) & (mine["index"] < n)]
                                  .sort_values("index")) for rid in region_ids}

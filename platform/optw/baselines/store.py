@@ -1,9 +1,6 @@
-"""Stored ILS results: Parquet files beside the catalog, filled incrementally and in parallel.
-
-One row per (region, tourist) (:data:`SCHEMA`) in two stores that never mix: ``ils.parquet``
-for our tourists and ``ils_paper.parquet`` for the paper's sets. Each file's metadata records
-the hash of the catalog file its tourists come from; rows of another ILS version or another
-build of those tourists are stale and are recomputed (docs/ils.md).
+"""Stored ILS results, filled incrementally and in parallel: one row per (region, tourist) in
+``ils.parquet`` (ours) or ``ils_paper.parquet`` (the paper's sets), whose metadata holds the
+hash of the tourists' catalog file; rows of another ILS version or build are stale.
 """
 
 from __future__ import annotations
@@ -47,8 +44,7 @@ SCHEMA = pa.schema([
 
 
 def ils_store_path(catalog_dir: Path | str | None = None, kind: str = "validation") -> Path:
-    """The store of ``kind``'s results (default catalog: ``$OPTW_CATALOG`` or
-    ``region_catalog/``)."""
+    """The store of ``kind``'s results (default: the default catalog's)."""
     return _store_path(catalog_dir, _STORE_OF[kind])
 
 
@@ -70,8 +66,7 @@ def _read(path: Path) -> tuple[pd.DataFrame, str | None]:
 
 
 def load_ils_results(catalog_dir: Path | str | None = None) -> pd.DataFrame:
-    """The current stored ILS results of both stores (rows of another ILS version or another
-    build of the catalog's tourists left out), sorted by region and tourist."""
+    """The current (not stale) stored ILS results of both stores, by region and tourist."""
     parts = []
     for store in _SOURCE_OF:
         df, sha = _read(_store_path(catalog_dir, store))
@@ -85,8 +80,7 @@ def load_ils_results(catalog_dir: Path | str | None = None) -> pd.DataFrame:
 
 
 def write_ils_results(catalog_dir: Path | str | None, rows: pd.DataFrame) -> Path:
-    """Merge ``rows`` into their stores by kind (new rows win per (region, tourist); a store of
-    another build of the tourists is replaced); returns the last store written."""
+    """Merge ``rows`` into their stores (new rows win); returns the last store written."""
     path = ils_store_path(catalog_dir)
     for store, part in rows.groupby(rows["kind"].map(_STORE_OF), sort=False):
         path = _store_path(catalog_dir, store)
@@ -112,8 +106,7 @@ Localize = Callable[[str], str]
 
 def solve_region_batch(catalog_dir: str, region_id: str, kind: str, tourist_ids: list[int],
                        *, localize: Localize | None = None) -> list[dict]:
-    """Store rows of the listed tourists of one region, each route checked (a Ray task;
-    ``localize`` turns ``catalog_dir`` into a folder on this node, e.g. mirrors a URI)."""
+    """Store rows of the listed tourists of one region, each route checked (a Ray task)."""
     folder = localize(catalog_dir) if localize is not None else catalog_dir
     manifest = Path(folder) / "manifest.json"
     key = (str(folder), manifest.stat().st_mtime_ns if manifest.is_file() else 0)
@@ -155,15 +148,8 @@ def run_ils_baseline(catalog_dir: Path | str | None = None,
                      flush_seconds: float = 30.0, task_catalog: str | None = None,
                      localize: Localize | None = None,
                      task_resources: Mapping[str, float] | None = None) -> IlsRun:
-    """Compute the ILS results missing from the store for the selection, in parallel.
-
-    ``tourists``: ``benchmark``, ``validation``, ``paper`` or ``all`` (every kind the catalog
-    holds); ``force`` recomputes stored pairs; ``on_result`` gets each new row. New rows are
-    flushed to the stores every ``flush_seconds`` and at the end (also when interrupted). The
-    Ray tasks (one per (region, kind) batch, or in-process with ``workers=1``) open
-    ``task_catalog`` (default: ``catalog_dir``) through ``localize`` on their node (picklable,
-    e.g. :func:`optw.distributed.mirror.local_catalog`), asking for ``task_resources``.
-    """
+    """Compute the ILS results missing from the store for the selection, in parallel (Ray tasks
+    open ``task_catalog`` through ``localize``); new rows are flushed every ``flush_seconds``."""
     t0 = time.perf_counter()
     catalog_dir = Path(catalog_dir or default_catalog_dir()).resolve()
     cat = open_catalog(catalog_dir)
@@ -179,10 +165,9 @@ def run_ils_baseline(catalog_dir: Path | str | None = None,
     regions = list(regions or [])
     groups = list(groups) if groups else None
     ids = cat.list_regions(groups)
-    if regions:
-        for r in regions:
-            cat.region(r)  # an unknown region is an error naming it, with a suggestion
-        ids = [r for r in ids if r in regions]
+    for r in regions:
+        cat.region(r)  # an unknown region is an error naming it, with a suggestion
+    ids = [r for r in ids if not regions or r in regions]
     selection = [(rid, kind, [int(t) for t in cat.tourists(rid, kind).tourist_id])
                  for rid in ids for kind in kinds]
     if not selection:
@@ -191,8 +176,7 @@ def run_ils_baseline(catalog_dir: Path | str | None = None,
     done = set(zip(stored["region"], stored["tourist"], strict=True)) if len(stored) else set()
     jobs = []
     for rid, kind, tids in selection:
-        todo = [t for t in tids if (rid, t) not in done]
-        if todo:
+        if todo := [t for t in tids if (rid, t) not in done]:
             jobs.append((cat.regions_table.at[rid, "nodes"] * len(todo), rid, kind, todo))
     jobs.sort(key=lambda j: -j[0])  # longest first balances the workers
     n_todo = sum(len(j[3]) for j in jobs)
@@ -240,9 +224,7 @@ def run_ils_baseline(catalog_dir: Path | str | None = None,
 
 def map_tasks(fn: Callable[..., Any], calls: list[tuple], workers: int,
               resources: Mapping[str, float] | None = None, **kwargs: Any) -> Iterator[Any]:
-    """``fn(*call, **kwargs)`` of each call, results as they arrive: in this process with one
-    worker, else as one Ray task each (one CPU) on the current cluster, or on a local one of
-    ``workers`` CPUs."""
+    """``fn(*call, **kwargs)`` of each call as they finish, in-process or as Ray tasks."""
     if workers <= 1:
         for call in calls:
             yield fn(*call, **kwargs)

@@ -1,12 +1,8 @@
 """Region catalog: benchmark parsing, Parquet store, tourist generator, custom regions.
 
-Typical use::
-
-    cat = open_catalog()
-    region = cat.region("c101")             # Region (numpy arrays, node 0 start, n-1 end)
-    val = cat.validation("c101")            # Tourists batch of 64 (benchmark(): 1)
-    new = sample_tourists(region, 1000, rng=0)
-    dist = region.distances(new.start_xy)   # [1000, n, n] rounded travel times
+``open_catalog().region("c101")`` is a :class:`Region`, ``.validation("c101")`` its 64 fixed
+tourists; :func:`sample_tourists` draws more, ``region.distances(tourists.start_xy)`` their
+``[K, n, n]`` travel times.
 """
 
 from optw.catalog.custom import CustomRegionError, build_custom_region

@@ -1,11 +1,6 @@
-"""Custom regions ("bring your own region"): a points file (CSV or GeoJSON) and an optional
-travel-time matrix (CSV) -> a :class:`~optw.catalog.region.Region` (formats in
-``docs/custom-regions.md``). The first place is the start (= end) place, its opening hours the
-day; ``closes`` is the LATEST START of a visit. Travel times are great-circle (lat/lon, at
-``speed_kmh``) or Euclidean (x/y, in minutes) rounded DOWN to :data:`CUSTOM_DECIMALS`
-decimals, except between the places a matrix lists. Every number must be finite and bounded;
-every problem is a :class:`CustomRegionError` naming the file, the row (1-based data row;
-``feature N`` in GeoJSON) and the field.
+"""Custom regions: a points file (CSV or GeoJSON) and an optional travel-time matrix (CSV) ->
+a :class:`~optw.catalog.region.Region` (formats and rules in ``docs/custom-regions.md``). Every
+problem is a :class:`CustomRegionError` naming the file, the row or feature and the field.
 """
 
 from __future__ import annotations
@@ -51,8 +46,7 @@ _HHMM = re.compile(r"^(\d{1,2}):(\d{2})$")
 
 
 class CustomRegionError(UserError):
-    """A bad custom region input: ``path`` (None for the region id / options), ``row``
-    (1-based data row or feature; None for the whole file), ``field`` and ``problem``."""
+    """A bad custom region input: ``path``, ``row`` (1-based), ``field`` (each may be None)."""
 
     def __init__(self, path: Path | str | None, row: int | None, field: str | None,
                  problem: str, unit: str = "row", line: int | None = None):
@@ -84,6 +78,16 @@ def _number(v: Any, fail: Callable[[str], CustomRegionError]) -> float:
     return out
 
 
+def _in_range(fail: Callable[[str], CustomRegionError], what: str, v: float, high: float,
+              above: str) -> float:
+    """``v`` unless negative or above ``high`` (then ``fail(problem)`` is raised)."""
+    if v < 0:
+        raise fail(f"negative {what} {v:g}")
+    if v > high:
+        raise fail(f"{what} {v:g} {above}")
+    return v
+
+
 def clock(minutes: float) -> str:
     """``minutes`` since midnight as ``HH:MM``."""
     m = int(round(minutes))
@@ -92,8 +96,7 @@ def clock(minutes: float) -> str:
 
 @dataclass
 class _Record:
-    """One place as read: its file, position (``unit`` ``row``/``feature``, CSV ``line``), raw
-    values and GeoJSON ``geometry`` (lat, lon)."""
+    """One place as read: position, raw values and GeoJSON ``geometry`` (lat, lon)."""
 
     path: Path
     row: int
@@ -128,12 +131,8 @@ class _Record:
             return float(h * 60 + mi)
         if isinstance(v, str) and ":" in v:
             raise self.error(field, f"bad time {v!r} (expected \"HH:MM\" or minutes)")
-        t = self.number(field)
-        if t < 0:
-            raise self.error(field, f"negative time {t:g}")
-        if t > MAX_MINUTES:
-            raise self.error(field, f"time {t:g} is after 47:59 ({MAX_MINUTES} minutes)")
-        return t
+        return _in_range(partial(self.error, field), "time", self.number(field), MAX_MINUTES,
+                         f"is after 47:59 ({MAX_MINUTES} minutes)")
 
 
 def check_region_id(region_id: str, group: str, groups: Iterable[str] = ()) -> None:
@@ -158,16 +157,15 @@ def check_region_id(region_id: str, group: str, groups: Iterable[str] = ()) -> N
 
 
 def _read_text(path: Path) -> str:
+    fail = partial(CustomRegionError, path, None, None)
     if not path.is_file():
-        raise CustomRegionError(path, None, None, "file not found")
+        raise fail("file not found")
     try:
         return path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise CustomRegionError(path, None, None, f"not UTF-8 text ({exc.reason} at byte "
-                                f"{exc.start})") from None
+        raise fail(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except OSError as exc:  # no permission
-        raise CustomRegionError(path, None, None, f"cannot read it ({exc.strerror or exc})"
-                                ) from None
+        raise fail(f"cannot read it ({exc.strerror or exc})") from None
 
 
 def _csv_rows(path: Path) -> list[tuple[int, list[str]]]:
@@ -254,9 +252,8 @@ def _geojson_records(path: Path) -> list[_Record]:
 
 
 def _place_rows(path: Path) -> tuple[str, list[str], list[_Record], np.ndarray]:
-    """The places of a points file (index 0 = start place): their coordinates (``latlon`` or
-    ``xy``), names, records and ``[P, 6]`` values (lat or x, lon or y, visit minutes, opens,
-    closes, score)."""
+    """A points file's coordinates (``latlon``/``xy``), names, records and ``[P, 6]`` values
+    (lat or x, lon or y, visit minutes, opens, closes, score); index 0 = the start place."""
     kind = POINT_FILE_TYPES.get(path.suffix.lower())
     if kind is None:
         raise CustomRegionError(path, None, None, f"unknown file type {path.suffix!r}; points "
@@ -317,15 +314,10 @@ def _place_rows(path: Path) -> tuple[str, list[str], list[_Record], np.ndarray]:
             d, s = 0.0, 0.0
         else:
             d, s = rec.number("visit_minutes"), rec.number("score")
-            if d < 0:
-                raise rec.error("visit_minutes", f"negative visit duration {d:g}")
-            if d > MAX_MINUTES:
-                raise rec.error("visit_minutes", f"visit duration {d:g} is longer than "
-                                f"{MAX_MINUTES} minutes (47:59)")
-            if s < 0:
-                raise rec.error("score", f"negative score {s:g}")
-            if s > SCORE_LIMIT:
-                raise rec.error("score", f"score {s:g} is above {SCORE_LIMIT:g}")
+            _in_range(partial(rec.error, "visit_minutes"), "visit duration", d, MAX_MINUTES,
+                      f"is longer than {MAX_MINUTES} minutes (47:59)")
+            _in_range(partial(rec.error, "score"), "score", s, SCORE_LIMIT,
+                      f"is above {SCORE_LIMIT:g}")
             if c < o:
                 raise rec.error("closes", f"closing time {clock(c)} is before opening time "
                                 f"{clock(o)}")
@@ -340,10 +332,8 @@ def _place_rows(path: Path) -> tuple[str, list[str], list[_Record], np.ndarray]:
 
 
 def read_matrix(path: Path, names: list[str]) -> np.ndarray:
-    """A travel-time matrix CSV -> ``[P, P]`` minutes between the places (index 0 = start place,
-    1..N = points), NaN where not given. Header row: a corner cell, then column labels; each
-    row: its label, then minutes. Labels are place names (case-insensitive), else node indices.
-    Every point of interest must be listed; the start place may be."""
+    """A travel-time matrix CSV -> ``[P, P]`` minutes between the places, NaN where not given
+    (labels: place names or node indices; every point of interest listed, the start may be)."""
     if path.suffix.lower() != ".csv":
         raise CustomRegionError(path, None, None, f"unknown file type {path.suffix!r}; a "
                                 "travel-time matrix is a .csv file")
@@ -392,11 +382,8 @@ def read_matrix(path: Path, names: list[str]) -> np.ndarray:
             fail = partial(CustomRegionError, path, r, lab, line=no)
             if not v:
                 raise fail("missing travel time")
-            t = _number(v, fail)
-            if t < 0:
-                raise fail(f"negative travel time {t:g}")
-            if t > MAX_TRAVEL_MINUTES:
-                raise fail(f"travel time {t:g} is above {MAX_TRAVEL_MINUTES:g} minutes")
+            t = _in_range(fail, "travel time", _number(v, fail), MAX_TRAVEL_MINUTES,
+                          f"is above {MAX_TRAVEL_MINUTES:g} minutes")
             if i == j and t != 0:
                 raise fail(f"travel time from {names[i]!r} to itself is {t:g}, not 0")
             out[i, j] = t

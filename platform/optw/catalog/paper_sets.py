@@ -2,29 +2,9 @@
 draws them, so our results can be held against the paper's generated-instance table region by
 region.
 
-The authors' generator (``generate_instances.py``) differs from the paper's prose, which our
-validation tourists follow (:mod:`optw.catalog.generator`). Per region:
-
-- ``torch.manual_seed(2925)``, then 64 tourists in order, each drawing: start time, end time,
-  scores, x, y. Every region restarts the stream (c101…c109 share their tourists).
-- ``day = int(T_day)``, ``m = int(4/24·day)``; start ``randint(T0 − m, min(int(15/24·day),
-  T1 + m))``, end ``randint(max(int(12/24·day), start + m), T1 + m)`` (upper ends exclusive;
-  T0, T1 the benchmark's times; ``torch.randint`` takes integers only).
-- Uniform scores: ``randint(1, S, (n,))`` over all n nodes with ``S = round(1.1·S_max^b)``;
-  correlated (Gavalas): ``round(clip((S / int(d_max))·d + 10·randn(n), 1, S))`` with the randn
-  drawn on the generating device. Start and end get 0.
-- x then y: ``lo + width·rand(1)`` on the group's square; the end is the start. Travel times
-  from the start are computed in float32 (:attr:`~optw.catalog.Tourists.start_rows_f32`).
-
-The paper's sets were made on CUDA, whose normal stream differs from the CPU's: on a CPU the
-correlated noise comes from a CPU generator seeded alike (times and start points stay exact) and
-such sets are flagged ``exact = False``. Uniform sets are exact on any device. Exact sets made
-stand-alone on a GPU (torch, numpy and pyarrow only)::
-
-    PYTHONPATH=platform python -m optw.catalog.paper_sets --device cuda \\
-        --catalog region_catalog --groups gavalas --out OUT
-
-and committed as :data:`DATA_FILE` are taken by ``optw catalog build --paper-sets``.
+How the authors' generator (``generate_instances.py``) draws, why its correlated sets are exact
+only on CUDA (CPU draws are flagged ``exact = False``) and the stand-alone GPU run whose output
+is committed as :data:`DATA_FILE`: ``docs/paper.md``.
 """
 
 from __future__ import annotations
@@ -67,8 +47,7 @@ SCHEMA = pa.schema([*TOURISTS_SCHEMA, ("exact", pa.bool_()), ("device", pa.strin
 
 @dataclass(frozen=True)
 class PaperSet:
-    """One region's paper set, whether it equals the paper's, where the correlated noise was
-    drawn (``cpu`` for uniform sets) and with which torch."""
+    """One region's paper set, whether it is exact, where its noise was drawn, which torch."""
 
     tourists: Tourists
     exact: bool
@@ -174,9 +153,8 @@ def _from_data(region: Region, cpu_set: PaperSet, rows: dict[str, np.ndarray] | 
 
 def build_paper_sets(regions: list[Region], device: str | None = "auto",
                      data_file: Path | None = DATA_FILE) -> tuple[pa.Table, dict]:
-    """Every region's paper set for a catalog build and a summary for the manifest: uniform sets
-    on the CPU; correlated sets from ``data_file`` (exact sets made on a GPU) when it has the
-    region, else drawn on ``device`` (``auto``: CUDA when available; exact only on CUDA)."""
+    """Every region's paper set for a catalog build and a summary for the manifest; correlated
+    sets come from ``data_file`` when it has the region, else are drawn on ``device``."""
     device = _device(device)
     committed = {}
     if data_file is not None and Path(data_file).exists():
@@ -225,8 +203,7 @@ OUT_KIND = "paper-sets"
 
 def main(argv: list[str] | None = None) -> int:
     """Write the paper sets of the chosen regions to ``OUT/paper_tourists.parquet`` (``OUT``
-    new, empty or an earlier output of this command, replaced as a whole; a file or a folder
-    of other files is refused)."""
+    new, empty or an earlier output of this command, replaced as a whole)."""
     p = argparse.ArgumentParser(prog="python -m optw.catalog.paper_sets",
                                 description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group()

@@ -4,8 +4,6 @@
   node 0 is start and end and its closing time is T_end.
 - Gavalas (TTDP): ``k M SD N ...`` / start row ``0 x y d S O C`` / N rows
   ``i x y d S t open0 close0 ... open6 close6 b``; M must be 1 and SD picks the day.
-
-Every problem raises :class:`SourceError` naming the file, the line and what is wrong.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ DECIMALS = {"solomon": 1, "cordeau": 2, "gavalas": 2}
 
 
 class SourceError(UserError):
-    """A malformed or inconsistent benchmark file."""
+    """A malformed or inconsistent benchmark file (names the file, the line and the problem)."""
 
     def __init__(self, path: Path | str, line: int | None, problem: str):
         self.path, self.line, self.problem = str(path), line, problem

@@ -1,18 +1,17 @@
 """In-memory region and tourist objects shared by every later stage.
 
 Node 0 is the start, 1..n_points the points of interest in file order, the last node the end (a
-copy of the start). Travel time is the Euclidean distance rounded DOWN to ``decimals`` decimals
-(1 for Solomon, 2 for Cordeau and Gavalas), kept exact as integer time units
-(:data:`TIME_UNITS_PER_MINUTE`). ``opening``/``closing`` are the earliest and the LATEST START
+copy of the start). Travel time is the Euclidean distance rounded DOWN to ``decimals`` decimals,
+kept exact as integer time units. ``opening``/``closing`` are the earliest and the LATEST START
 of a visit. A tourist changes the start (= end) location, the start and end times and the
-scores. Custom regions (:mod:`optw.catalog.custom`) keep this shape with ``x``/``y`` in minutes
-of travel and times in minutes since midnight (lat/lon ones: see :class:`Region`).
+scores. Custom regions keep this shape (``x``/``y`` in minutes, times in minutes since midnight).
 """
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
@@ -30,8 +29,7 @@ PAPER_SUBSET = (
     "t101 t105 t114 t117 t201 t202 t203 t204"
 ).split()
 
-#: Default score distribution of generated tourists per group (the paper's choice; custom
-#: groups: around the region's default scores).
+#: Score distribution of generated tourists per group (custom groups: CUSTOM_SCORE_KIND).
 DEFAULT_SCORE_KIND = {"solomon": "uniform", "cordeau": "uniform", "gavalas": "correlated"}
 CUSTOM_SCORE_KIND = "around_default"
 
@@ -63,12 +61,12 @@ def haversine_km(lat1, lon1, lat2, lon2) -> np.ndarray:
 
 
 def to_time_units(values: npt.ArrayLike) -> npt.NDArray[np.int64]:
-    """Times in minutes -> exact int64 time units (:data:`TIME_UNITS_PER_MINUTE` per minute).
-    A non-finite time or one beyond :data:`MAX_TIME_MINUTES` (which int64 would wrap) is a
-    :class:`~optw.errors.UserError`."""
+    """Times in minutes -> exact int64 time units; :class:`~optw.errors.UserError` for a time
+    that is not finite or beyond :data:`MAX_TIME_MINUTES` (which int64 would wrap)."""
     arr = np.asarray(values, dtype=np.float64)
-    if arr.size and not (np.abs(arr) <= MAX_TIME_MINUTES).all():  # NaN fails too
-        bad = arr[~(np.abs(arr) <= MAX_TIME_MINUTES)].flat[0]
+    ok = np.abs(arr) <= MAX_TIME_MINUTES  # NaN fails too
+    if not ok.all():
+        bad = arr[~ok].flat[0]
         raise UserError(f"time {bad!r} minutes is not finite or beyond ±{MAX_TIME_MINUTES:g} "
                          "(a travel time, opening, closing or visit of the region or tourist)")
     return np.rint(arr * TIME_UNITS_PER_MINUTE).astype(np.int64)
@@ -84,13 +82,10 @@ def round_down(values: np.ndarray, decimals: int) -> np.ndarray:
 class Region:
     """A fixed set of points of interest, with the benchmark tourist's start and times.
 
-    Arrays are indexed by node (``n_nodes = n_points + 2``); the start and end nodes carry the
-    benchmark tourist's location, opening ``t_start``, closing ``t_end``, duration 0, score 0.
-    Custom regions also set ``names`` (``"start"``, the POI names, ``"end"``), ``start_name``,
-    ``coords`` (``"xy"``/``"latlon"``), ``metric`` (``"euclidean"``/``"haversine"``: great
-    circle) and, for lat/lon, ``lat``/``lon`` per node, ``speed_kmh`` and ``origin`` (centre of
-    the equirectangular projection to ``x``/``y``); ``travel``: ``[n, n]`` minutes from a
-    matrix (overriding the metric), NaN where not given.
+    Arrays are indexed by node; the start and end nodes carry the benchmark tourist's location,
+    opening ``t_start``, closing ``t_end``, duration 0, score 0. Custom regions also set the
+    fields after ``source_hash``: ``metric`` ``"haversine"`` is great-circle, ``origin`` the
+    centre of the projection to ``x``/``y``, ``travel`` ``[n, n]`` matrix minutes (NaN: none).
     """
 
     id: str
@@ -115,7 +110,6 @@ class Region:
     speed_kmh: float | None = None
     origin: tuple[float, float] | None = None
     travel: np.ndarray | None = field(default=None, repr=False)
-    _dist_cache: dict = field(default_factory=dict, repr=False, compare=False, init=False)
 
     def __post_init__(self) -> None:  # JSON round trips (a model's region.json) give lists
         if self.names is not None and not isinstance(self.names, tuple):
@@ -211,17 +205,15 @@ class Region:
             return xy
         start_xy = np.asarray(start_xy, dtype=np.float64).reshape(-1, 2)
         out = np.broadcast_to(xy, (start_xy.shape[0], *xy.shape)).copy()
-        out[:, 0] = start_xy
-        out[:, -1] = start_xy
+        out[:, 0] = out[:, -1] = start_xy
         return out
 
     def distances(self, start_xy: np.ndarray | None = None, f32: bool = False) -> np.ndarray:
         """Rounded travel times ``[n, n]`` (benchmark start) or ``[K, n, n]`` per start location.
 
-        Only the start and end rows and columns depend on the start; the rest is computed once
-        per region. ``f32``: start rows in float32 as the paper's generator computes them
-        (:func:`float32_start_rows`; Euclidean regions only). Past :data:`DISTANCES_WARN_BYTES`
-        (``8·K·n²`` bytes) a ``RuntimeWarning`` points to :meth:`iter_distances`.
+        Only the start and end rows and columns depend on the start. ``f32``: start rows as
+        :func:`float32_start_rows` (Euclidean regions only). Past :data:`DISTANCES_WARN_BYTES`
+        a ``RuntimeWarning`` points to :meth:`iter_distances`.
         """
         if start_xy is not None:
             k = int(np.asarray(start_xy).size // 2)
@@ -231,9 +223,7 @@ class Region:
                               f"{size / 2**20:.0f} MiB (8·K·n² bytes); Region.iter_distances "
                               "gives them in chunks", RuntimeWarning, stacklevel=2)
         custom = self.metric != "euclidean" or self.travel is not None
-        if "block" not in self._dist_cache:
-            self._dist_cache["block"] = self._block()
-        block = self._dist_cache["block"]
+        block = self._block
         if start_xy is None and not custom:
             return block.copy()
         start = np.asarray(self.start_xy if start_xy is None else start_xy,
@@ -242,8 +232,7 @@ class Region:
             d_from = d_to = float32_start_rows(start, self.coordinates(), self.decimals)
         else:
             d_from, d_to = self._start_rows(start)
-        d_from[:, [0, -1]] = 0.0
-        d_to[:, [0, -1]] = 0.0
+        d_from[:, [0, -1]] = d_to[:, [0, -1]] = 0.0
         out = np.broadcast_to(block, (start.shape[0], *block.shape)).copy()
         out[:, 0, :] = out[:, -1, :] = d_from  # start -> node
         out[:, :, 0] = out[:, :, -1] = d_to  # node -> start (= end)
@@ -267,8 +256,9 @@ class Region:
             return km * 60.0 / float(self.speed_kmh)
         return np.sqrt(((a - b) ** 2).sum(-1))
 
+    @cached_property
     def _block(self) -> np.ndarray:
-        """Node-to-node times: the metric, the matrix (custom regions) where it has a value."""
+        """Node-to-node times (computed once): the metric, the matrix where it has a value."""
         pts = np.stack([self.lat, self.lon], -1) if self.metric == "haversine" \
             else self.coordinates()
         block = round_down(self._raw_minutes(pts[:, None], pts[None, :]), self.decimals)
@@ -310,11 +300,8 @@ _TOURIST_ARRAYS = ("tourist_id", "start_xy", "t_start", "t_end", "scores")
 
 @dataclass(frozen=True, eq=False)
 class Tourists:
-    """A batch of K tourists of one region (numpy arrays with leading dimension K).
-
-    ``scores[K, n_nodes]`` includes the start and end nodes (score 0). ``kind`` is
-    ``benchmark``, ``validation``, ``paper`` (the paper's own sets) or ``generated``.
-    """
+    """A batch of K tourists of one region (numpy arrays with leading dimension K); ``scores``
+    include the start and end nodes (score 0)."""
 
     region_id: str
     tourist_id: np.ndarray  # [K] int
@@ -365,12 +352,9 @@ def _f32(a: np.ndarray) -> np.ndarray:
 
 def float32_start_rows(start_xy: np.ndarray, xy: np.ndarray, decimals: int) -> np.ndarray:
     """Travel times ``[K, n]`` from each start to every node as the paper's generator computes
-    them in float32: ``floor(k·sqrt(dx² + dy²)) / k`` with k = 10^decimals.
-
-    Each operation is done in float64 and rounded to float32 on its own, which equals the
-    correctly rounded float32 operation (53 ≥ 2·24 + 2 bits): the IEEE float32 rows on every
-    machine, whatever its float32 kernels (a sqrt 1 ulp off), FMA contraction or threads.
-    """
+    them in float32: ``floor(k·sqrt(dx² + dy²)) / k`` with k = 10^decimals. Each operation is
+    done in float64 and rounded to float32 on its own (exact, as 53 ≥ 2·24 + 2 bits): the IEEE
+    float32 rows on every machine, whatever its float32 kernels, FMA contraction or threads."""
     a = _f32(np.asarray(start_xy, dtype=np.float64).reshape(-1, 2))[:, None, :]
     b = _f32(np.asarray(xy, dtype=np.float64))[None, :, :]
     diff = _f32(a - b)

@@ -1,10 +1,7 @@
-"""Build and open the region catalog: Parquet tables (:data:`~optw.catalog.tables.SCHEMAS`,
-``paper_tourists`` with ``--paper-sets``), the custom regions' source files under
-``custom/<region>/`` and ``manifest.json`` (schema in ``region_catalog/README.md``).
-
-A build, :func:`add_region` and :func:`remove_region` write into a temporary folder beside the
-target and then move the files in, manifest last: a failed one leaves the catalog as it was.
-Adding or removing a custom region also drops its stored ILS results (``baselines/``).
+"""Build and open the region catalog: Parquet tables, the custom regions' source files under
+``custom/<region>/`` and ``manifest.json`` (schema in ``region_catalog/README.md``). Every write
+goes to a temporary folder beside the target, moved in manifest last: a failed one leaves the
+catalog as it was.
 """
 
 from __future__ import annotations
@@ -51,8 +48,7 @@ FILES = tuple(SCHEMAS)
 #: Folder of the custom regions' source files (one sub-folder per region) and spec file name.
 CUSTOM_DIR = "custom"
 CUSTOM_SPEC = "region.json"
-#: Schema-metadata key of the ILS stores (``baselines/*.parquet``): the hash of the catalog's
-#: tourist file.
+#: Schema-metadata key of the ILS stores (``baselines/*.parquet``): the tourist file's hash.
 ILS_TOURISTS_META = b"optw.catalog_tourists_sha256"
 TOURIST_KINDS = ("benchmark", "validation", PAPER_KIND)
 #: Named sets of generated tourists a model is evaluated on (ours: the default).
@@ -74,9 +70,8 @@ class UnknownRegionError(OptwError, KeyError):
 
 
 def check_catalog_dir(out: Path | str, option: str | None = None) -> Path:
-    """``out`` resolved, when a catalog may be built there: absent, empty, a built catalog or a
-    folder of only :data:`CATALOG_NAMES`; else :class:`~optw.outdir.OutDirError` naming it (and
-    ``option``)."""
+    """``out`` resolved if a catalog may be built there (absent, empty, a catalog or a folder of
+    only :data:`CATALOG_NAMES`), else :class:`~optw.outdir.OutDirError`."""
     given = Path(out)
     out = given.resolve()
 
@@ -113,9 +108,9 @@ def _write_tables(tables: dict[str, pa.Table], folder: Path) -> dict[str, str]:
 
 def _swap(path: Path, tmp: Path, tables: Iterable[str], manifest: dict,
           moves: Iterable[tuple[Path, Path]] = ()) -> None:
-    """Move the tables written into ``tmp``, then each (source, destination) of ``moves``,
-    into the catalog at ``path``, and write ``manifest`` last. The old manifest goes first: a
-    swap cut short leaves no manifest (readers say "rebuild"), never a wrong one."""
+    """Move ``tables`` from ``tmp`` and each (source, destination) of ``moves`` into ``path``,
+    ``manifest`` last; the old manifest goes first: a swap cut short leaves none, never a wrong
+    one."""
     (path / "manifest.json").unlink(missing_ok=True)
     for name in tables:
         os.replace(tmp / name, path / name)
@@ -130,10 +125,7 @@ def build_catalog(source: Path | str | None = None, out: Path | str | None = Non
                   device: str | None = "auto") -> dict:
     """Parse every instance under ``source`` and (re)write the catalog at ``out`` with its
     custom regions; returns the manifest. ``paper_sets`` also stores the paper's own tourists
-    (correlated sets drawn on ``device``); without it a previous paper file is removed.
-    :class:`~optw.catalog.parse.SourceError` (a bad file) and
-    :class:`~optw.outdir.OutDirError` (:func:`check_catalog_dir`) leave ``out`` untouched.
-    """
+    (drawn on ``device``); without it a previous paper file is removed."""
     source = Path(source) if source else default_source()
     out = Path(out) if out else default_catalog_dir()
     check_catalog_dir(out)
@@ -201,9 +193,8 @@ def _custom_regions(catalog_dir: Path) -> tuple[list[Region], dict[str, dict]]:
 
 def _restamp_baselines(path: Path, old_files: dict, new_files: dict, stale: str,
                        tmp: Path) -> list[tuple[Path, Path]]:
-    """Stored ILS results re-stamped for the new catalog files, without the ``stale``
-    region's rows: (temporary file, destination) pairs to move in. Stores stamped for no
-    current file are stale already and left as they are (rewritten on their next write)."""
+    """(temporary file, destination) pairs of the stored ILS results re-stamped for the new
+    files, without the ``stale`` region's rows; stores stamped for no current file stay stale."""
     by_sha = {sha: name for name, sha in old_files.items()}
     moves = []
     for f in sorted((path / "baselines").glob("*.parquet")):
@@ -222,9 +213,8 @@ def _restamp_baselines(path: Path, old_files: dict, new_files: dict, stale: str,
 
 def _commit(cat: Catalog, region_id: str, region: Region | None = None,
             spec: dict | None = None, sources: dict[str, Path] | None = None) -> None:
-    """Replace the custom region ``region_id`` of ``cat`` by ``region`` (its ``spec`` and source
-    files ``sources``; None: remove it) and rewrite the tables as a build does (:func:`_swap`):
-    benchmark regions in catalog order, then custom regions by id."""
+    """Replace the custom region ``region_id`` of ``cat`` by ``region`` (None: remove it) with its
+    ``spec`` and ``sources``, rewriting the tables as a build does (:func:`_swap`)."""
     path, old_manifest = cat.path, cat.manifest
     regions = [r for r in read_regions(path) if r.id != region_id]
     regions += [region] if region is not None else []
@@ -269,10 +259,8 @@ def _commit(cat: Catalog, region_id: str, region: Region | None = None,
 def add_region(region_id: str, points: Path | str, travel_times: Path | str | None = None,
                speed_kmh: float | None = None, group: str = CUSTOM_GROUP,
                catalog: Path | str | None = None, replace: bool = False) -> Region:
-    """Add a custom region to the catalog (``optw catalog add``) with its validation tourists
-    and a copy of its source files, atomically; a bad one is a
-    :class:`~optw.catalog.custom.CustomRegionError`. An existing custom region of that id needs
-    ``replace``; its stored ILS results are dropped."""
+    """Add a custom region with its validation tourists and source files (``optw catalog add``),
+    atomically; replacing one needs ``replace`` and drops its stored ILS results."""
     cat = Catalog(catalog)
     check_region_id(region_id, group, cat.groups)  # benchmark region ids are refused here
     if group in cat:
@@ -304,8 +292,8 @@ def add_region(region_id: str, points: Path | str, travel_times: Path | str | No
 
 
 def remove_region(region_id: str, catalog: Path | str | None = None) -> None:
-    """Remove a custom region (``optw catalog remove``), its source files and its stored ILS
-    results, atomically; benchmark regions are refused."""
+    """Remove a custom region, its source files and stored ILS results (``optw catalog
+    remove``), atomically."""
     cat = Catalog(catalog)
     if region_id not in cat:
         customs = [r for r in cat.list_regions() if cat.is_custom(r)]
@@ -377,8 +365,7 @@ class Catalog:
         return self._table(PAPER_FILE)
 
     def paper_exact(self, region_id: str) -> bool:
-        """Whether the region's paper set equals the paper's (False: CPU approximation of
-        correlated scores, see :mod:`optw.catalog.paper_sets`)."""
+        """Whether the region's paper set equals the paper's (False: a CPU approximation)."""
         self._check(region_id)
         return bool(self._paper_table()[region_id]["exact"].all())
 
@@ -419,8 +406,8 @@ class Catalog:
         return self._cache[region_id]
 
     def tourists(self, region_id: str, kind: str = "validation") -> Tourists:
-        """The stored ``benchmark`` (1 tourist), ``validation`` (64) or ``paper`` (64, the
-        paper's own set; only in a catalog built with ``--paper-sets``) tourists of a region."""
+        """The stored ``benchmark`` (1), ``validation`` (64) or ``paper`` (64) tourists of a
+        region."""
         self._check(region_id)
         if kind not in TOURIST_KINDS:
             raise UserError(f"unknown tourist kind {kind!r}; expected one of "

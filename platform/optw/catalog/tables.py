@@ -1,7 +1,5 @@
-"""The catalog's Parquet layer, without pandas: file names, schemas, the tables of regions,
-atomic writes, regions read back. Shared by :mod:`optw.catalog.store` and the stand-alone
-:mod:`optw.catalog.paper_sets`, which never import each other at module level.
-"""
+"""The catalog's Parquet layer, without pandas (shared with the stand-alone
+:mod:`optw.catalog.paper_sets`): file names, schemas, region tables, atomic writes, reading."""
 
 from __future__ import annotations
 
@@ -39,8 +37,7 @@ NODES_SCHEMA = pa.schema([
     *((k, pa.float64()) for k in NODE_ARRAYS),
     ("name", pa.string()), ("lat", pa.float64()), ("lon", pa.float64()),
 ])
-#: Tourist rows (list items named "item"; Parquet reads them back as "element", so merged
-#: tables are cast back to this).
+#: Tourist rows, one per tourist (``scores``: one per node).
 TOURISTS_SCHEMA = pa.schema([
     ("region", pa.string()), ("tourist", pa.int64()), ("kind", pa.string()),
     *((k, pa.float64()) for k in ("start_x", "start_y", "t_start", "t_end")),
@@ -64,8 +61,7 @@ def tourist_columns(t: Tourists) -> dict:
 
 def tourists_from_rows(region_id: str, rows: dict[str, np.ndarray], kind: str = PAPER_KIND
                        ) -> Tourists:
-    """Tourists back from the columns of their rows, sorted by tourist id (paper sets with
-    float32 start rows)."""
+    """Tourists back from the columns of their rows, sorted by tourist id."""
     order = np.argsort(rows["tourist"], kind="stable")
     return Tourists(
         region_id=region_id, tourist_id=np.asarray(rows["tourist"], np.int64)[order], kind=kind,
@@ -128,8 +124,7 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
 
 
 def read_regions(path: Path | str) -> list[Region]:
-    """Every region of a built catalog, in catalog order, read with pyarrow only (no pandas:
-    the stand-alone paper-set generator runs on a bare GPU machine)."""
+    """Every region of a built catalog, in catalog order (pyarrow only, no pandas)."""
     path = Path(path)
     for name in ("regions.parquet", "nodes.parquet"):
         if not (path / name).exists():

@@ -1,11 +1,8 @@
 """The one reader of tourists given as JSON-like dicts (``optw solve`` files, the MLflow pyfunc,
 the planner's requests): ``{"start": [x, y] or {"x": x, "y": y}, "t_start": minutes, "t_end":
-minutes, "scores": [...]}``, one score per point of interest or per node (as
-:meth:`~optw.catalog.Tourists.to_records` writes them), optional ``"tourist"`` (an integer or
-string id), ``"region"`` and ``"kind"``; ``null`` counts as absent. Numbers, the start, times
-and scores are bounded (:func:`start_box`, ``[-T_max, 2·T_max]``, :data:`SCORE_LIMIT`). Errors
-are :class:`TouristError` (a ``ValueError``) whose message starts with the offending ``field``
-(and with ``tourist <index>`` when reading many).
+minutes, "scores": [...]}`` (one score per point or per node), optional ``"tourist"`` (id),
+``"region"`` and ``"kind"``; ``null`` counts as absent. Errors are :class:`TouristError`, the
+message starting with the offending ``field`` (and ``tourist <index>`` when reading many).
 """
 
 from __future__ import annotations
@@ -36,8 +33,7 @@ TouristId = int | str
 
 
 class TouristError(UserError):
-    """A tourist that cannot be read: the offending ``field`` and a message naming it;
-    ``index``: the tourist's position when reading many."""
+    """A tourist that cannot be read: the offending ``field``, ``index`` when reading many."""
 
     def __init__(self, field: str, message: str, index: int | None = None):
         super().__init__(message)
@@ -50,8 +46,7 @@ class TouristError(UserError):
 
 @dataclass(frozen=True)
 class TouristInput:
-    """One validated tourist: its caller-facing id (``None`` when not given), start, times in
-    minutes and one score per point of interest."""
+    """One validated tourist: its id (``None`` when not given), start, times, point scores."""
 
     id: TouristId | None
     start_xy: tuple[float, float]
@@ -63,7 +58,7 @@ class TouristInput:
 @dataclass(frozen=True)
 class TouristBatch:
     """Validated tourists as a :class:`Tourists` batch (``tourist_id`` = position) and the ids
-    to show the caller (the given ids, else positions)."""
+    to show (the given ids, else positions)."""
 
     ids: list[TouristId]
     tourists: Tourists
@@ -82,15 +77,14 @@ _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 40, 40
 
 
 def describe(value: Any) -> str:
-    """Type and a short repr of a value for error messages (nesting and length cut: a value
-    nested thousands deep is described without recursing through it)."""
+    """Type and a short repr (nesting and length cut) of a value for error messages."""
     text = _SHORT.repr(value)
     return f"{type(value).__name__} {text[:40] + '...' if len(text) > 40 else text}"
 
 
 def load_json(text: str | bytes, where: str | None = None) -> Any:
-    """``json.loads(text)``; JSON Python cannot read (invalid, nested too deep, an integer too
-    long, not UTF-8) is a one-line :class:`~optw.errors.UserError` starting with ``where``."""
+    """``json.loads(text)``; JSON Python cannot read is a one-line
+    :class:`~optw.errors.UserError` starting with ``where``."""
     prefix = f"{where}: " if where else ""
     if isinstance(text, bytes):
         try:
@@ -196,9 +190,8 @@ def _scores(value: Any, region: Region) -> np.ndarray:
 
 
 def read_tourist(data: Any, region: Region, *, defaults: bool = False) -> TouristInput:
-    """Read and validate one tourist of ``region`` from a dict (:class:`TouristError`).
-    ``defaults``: absent ``start``, ``t_start``, ``t_end``, ``scores`` take the region's
-    benchmark values (else they are required)."""
+    """Read and validate one tourist of ``region`` from a dict (:class:`TouristError`);
+    ``defaults``: absent fields take the region's benchmark values (else they are required)."""
     if not isinstance(data, Mapping):
         raise TouristError("tourist", f"tourist: expected an object, got {describe(data)}")
     unknown = sorted(str(k) for k in set(data) - set(TOURIST_FIELDS))
@@ -242,8 +235,7 @@ def tourist_batch(region: Region, items: Sequence[TouristInput], kind: str) -> T
 
 def read_tourists(records: Any, region: Region, *, defaults: bool = False,
                   kind: str = "generated") -> TouristBatch:
-    """Read a list of tourist dicts with :func:`read_tourist`; errors start with
-    ``tourist <index>`` (and the id when given)."""
+    """Read a list of tourist dicts with :func:`read_tourist`; errors start with ``tourist i``."""
     if not isinstance(records, (list, tuple)):
         raise TouristError("tourists", f"tourists: expected a list of objects, got "
                            f"{describe(records)}")

@@ -7,7 +7,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from optw.distributed.profile import MODES
-from optw.errors import UserError
+from optw.errors import ConfigError, UserError
 
 if TYPE_CHECKING:
     from optw.catalog import Catalog
@@ -78,8 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def comma_list(text: str | None, option: str) -> list[str] | None:
-    """``"a, b"`` -> ``["a", "b"]`` (None stays None); an empty list (never "all"), an empty
-    entry or a name given twice is an error naming ``option``."""
+    """``"a, b"`` -> ``["a", "b"]`` (None stays None); bad lists are errors naming ``option``."""
     if text is None:
         return None
     items = [x.strip() for x in text.split(",")]
@@ -181,7 +180,6 @@ def _tune(args: argparse.Namespace) -> int:
     from optw.distributed.profile import load_profile
     from optw.distributed.rayenv import own_connection
     from optw.distributed.tune import new_profile_path, profile_name, run_sweep, write_profile
-    from optw.errors import ConfigError
     from optw.raylogs import quiet_ray_output
 
     regions = comma_list(args.regions, "--regions")
@@ -201,10 +199,9 @@ def _tune(args: argparse.Namespace) -> int:
     if args.write_profile:
         new_profile_path(args.write_profile)  # refused now, not after the sweep
     with quiet_ray_output(), own_connection():  # Ray's and Tune's lines stay in its logs
-        samples = {} if args.samples is None else {"num_samples": args.samples}
         res = run_sweep(sweep, regions, catalog_dir=location, tracking_uri=args.tracking_uri,
                         storage=args.storage, name=args.name, ray_address=args.address,
-                        **samples)
+                        **({} if args.samples is None else {"num_samples": args.samples}))
     print(res.trials.sort_values("val_gap_ils").to_string(index=False))
     print(f"\nbest gap to ILS {res.best_gap:.2f}% with {res.best_trial}")
     if args.write_profile:

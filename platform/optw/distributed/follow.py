@@ -1,6 +1,4 @@
-"""``python -m optw.distributed.follow ADDRESS JOB_ID``: follow a submitted job's output, as
-``ray job submit`` does without the job manager's own lines; the exit status says whether the
-job succeeded (``jobs/embedded.sh``)."""
+"""``python -m optw.distributed.follow ADDRESS JOB_ID``: follow a submitted Ray job's output."""
 
 from __future__ import annotations
 

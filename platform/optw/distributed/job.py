@@ -1,10 +1,8 @@
-"""The platform job (:func:`run_job`): ILS baseline, one Ray Train run per pack of models,
-evaluation, MLflow, registry. Whatever is wrong with the input fails before any training; a
-pack that fails on a setting fails once, in one line; Ray Train restarts a worker that died.
-"""
+"""The platform job (:func:`run_job`): ILS, one Ray Train run per pack, evaluation, MLflow."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -40,8 +38,7 @@ class JobContext:
     profile: JobProfile
     config_hash: str
     use_gpu: bool
-    #: extra training callbacks per unit key (picklable; e.g. a test's fault injection)
-    callbacks: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    callbacks: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # extra, per unit key
     worker_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources
     demos: Any = None  # a Ray object reference to :func:`_demonstrations`, or None
 
@@ -96,18 +93,16 @@ def run_pack(pack: PackSpec, ctx: JobContext, inits: dict[str, str | None],
             config, unit.key, unit.stage, catalog=ctx.catalog_dir, tracking_uri=ctx.tracking_uri,
             run_id=run_id, init=inits.get(unit.key), callbacks=ctx.callbacks.get(unit.key, ()),
             demos=demos))
-    keys = "+".join(u.key for u in units)
-    tag = units[0].key if len(units) == 1 else (
-        f"{units[0].key}-pack{len(units)}-{hashlib.sha1(keys.encode()).hexdigest()[:8]}")
+    digest = hashlib.sha1("+".join(pack.keys).encode()).hexdigest()[:8]
+    tag = units[0].key if len(units) == 1 else f"{units[0].key}-pack{len(units)}-{digest}"
     name = f"{profile.job.name}-{ctx.config_hash}-{units[0].stage}-{tag}"
     outs = {u.key: st.join(ctx.models_dir, f"{u.stage}-{u.key}.pt") for u in units}
     # each member's evaluation is a Ray task of its own (at most one CPU: it runs on one thread)
     evaluate = ray.remote(num_cpus=min(1.0, profile.resources.cpus_per_region),
                           max_retries=1)(evaluate_anywhere)
     try:
-        startup, training = fit_pack(
-            WorkerPack(tuple(specs), pack.batched), ctx.storage, name, profile.resources,
-            ctx.use_gpu, outs, worker_resources=ctx.worker_resources)
+        startup, training = fit_pack(WorkerPack(tuple(specs), pack.batched), ctx.storage, name,
+                                     profile.resources, ctx.use_gpu, outs, ctx.worker_resources)
         t_eval = time.perf_counter()
         refs = {u.key: evaluate.remote(outs[u.key], u.eval_regions, u.method, profile.evaluate,
                                        ctx.catalog_dir) for u in units if u.eval_regions}
@@ -135,8 +130,7 @@ def evaluate_anywhere(model: str, regions: list[str], method: str, settings: Any
 
 def _finish_unit(member: Member, run_id: str, checkpoint: str, ctx: JobContext,
                  evaluation: tuple[list, list], catalog: Catalog) -> dict[str, Any]:
-    """Log a trained model, its evaluation rows and beam sweep, register it (with its region's
-    data from ``catalog``) and end its MLflow run."""
+    """Log a trained model and its evaluation, register it and end its MLflow run."""
     import pandas as pd
 
     from optw import tracking
@@ -198,11 +192,8 @@ def run_job(profile: JobProfile, *, catalog_dir: str | Path | None = None,
             ray_address: str | None = None, callbacks: dict[str, Sequence[Any]] | None = None,
             worker_resources: dict[str, float] | None = None) -> JobSummary:
     """Run the job described by ``profile`` on the current (or a new local) Ray cluster.
-
-    ``catalog_dir``, ``storage`` (Ray Train's) and ``out_dir`` (models, results, report) are
-    folders or URIs (defaults: ``$OPTW_CATALOG`` or ``region_catalog/``; ``ray_train/`` and
-    ``<job>/`` under ``$OPTW_STORAGE`` or ``runs/``; with ``out_dir`` alone, storage is
-    ``<out_dir>/ray_train``). ``callbacks``: extra training callbacks per unit key."""
+    ``catalog_dir``, ``storage`` and ``out_dir`` are folders or URIs (defaults: ``$OPTW_CATALOG``
+    or ``region_catalog/``; ``ray_train/`` and ``<job>/`` under ``$OPTW_STORAGE`` or ``runs/``)."""
     import pandas as pd
     import ray
 
@@ -244,7 +235,6 @@ def run_job(profile: JobProfile, *, catalog_dir: str | Path | None = None,
          f"{sum(len(s) for s in stages)} models, {capacity} at a time "
          f"({where}{'GPU' if use_gpu else 'CPU'}); tracking {uri}; storage {st.shown(storage)}")
 
-    # ILS baseline for the tourists evaluated (stored results are reused)
     eval_regions = sorted({r for s in stages for m in s for r in m.unit.eval_regions})
     t_ils = time.perf_counter()
     if eval_regions:
@@ -264,10 +254,9 @@ def run_job(profile: JobProfile, *, catalog_dir: str | Path | None = None,
     if not any(stages):  # every region is current: the summary points at the earlier run
         from optw.report import find_parent_run
 
-        try:
+        parent = ""
+        with contextlib.suppress(LookupError):
             parent = find_parent_run(name, uri)
-        except LookupError:
-            parent = ""
         return JobSummary(name, parent, uri, [], skipped,
                           _shown(st.join(out, "results.parquet")), {}, time.perf_counter() - t0,
                           {}, _shown(st.join(out, "report", "index.html")))
@@ -313,18 +302,16 @@ def run_job(profile: JobProfile, *, catalog_dir: str | Path | None = None,
 
 def _demonstrations(stages: list[list[Member]], catalog: Any, catalog_loc: str,
                     progress: bool) -> dict[tuple[int, str | None], dict[str, Any]]:
-    """``{(seed, score kind): {region: Demonstrations}}`` the planned models learn from (the
-    missing ones computed in Ray tasks)."""
+    """``{(seed, score kind): {region: Demonstrations}}`` the planned models learn from."""
     from optw.baselines.demos import get_demos
 
     need: dict[tuple[int, str | None], tuple[set[str], int]] = {}  # regions, most demos
     for c in (m.config for s in stages for m in s if m.config.demos):
         regions, most = need.get((c.seed, c.score_kind), (set(), 0))
         need[(c.seed, c.score_kind)] = (regions | set(c.regions), max(most, c.demos))
-    workers = max(2, os.cpu_count() or 1)
-    return {(seed, kind): get_demos(catalog, sorted(regions), most, seed, kind, workers=workers,
-                                    progress=progress, task_catalog=catalog_loc,
-                                    localize=local_catalog)
+    return {(seed, kind): get_demos(catalog, sorted(regions), most, seed, kind,
+                                    workers=max(2, os.cpu_count() or 1), progress=progress,
+                                    task_catalog=catalog_loc, localize=local_catalog)
             for (seed, kind), (regions, most) in need.items()}
 
 
@@ -337,19 +324,16 @@ def _shown(location: str | None) -> Path | str | None:
 
 def _run_stages(remote, stages: list[list[Member]], ctx: JobContext, capacity: int,
                 progress: bool) -> dict[str, dict[str, Any]]:
-    """Run every stage's packs, at most ``capacity`` in flight, each once the models it starts
-    from are done; one progress bar per stage. A later stage's pack starts while an earlier
-    stage runs only on a core no running pack uses (never slowing a global model, whose time
-    cap is wall clock). A failed pack fails the job once the others are done."""
+    """Run every stage's packs, at most ``capacity`` in flight, each once its start models are
+    done; a later stage's pack starts during an earlier one only on a free core (a global
+    model's time cap is wall clock). A failed pack fails the job once the others are done."""
     import ray
     from tqdm import tqdm
 
     resources = ctx.profile.resources
     pending = [p for stage in stages if stage for p in packs(
         stage, resources.regions_per_worker, capacity, resources.pack_mode)]
-    left: dict[str, int] = {}  # models left per stage, for the bars
-    for p in pending:
-        left[p.units[0].stage] = left.get(p.units[0].stage, 0) + len(p)
+    left = {s[0].unit.stage: len(s) for s in stages if s}  # models left per stage
     bars = {name: tqdm(total=n, desc=f"stage {name}", unit="model", disable=not progress)
             for name, n in left.items()}
     in_flight: dict[Any, PackSpec] = {}
@@ -363,11 +347,9 @@ def _run_stages(remote, stages: list[list[Member]], ctx: JobContext, capacity: i
         return pack.members[0].config.threads or 1
 
     def ready(pack: PackSpec) -> bool:
-        if not all(u.init_from is None or u.init_from in results for u in pack.units):
-            return False
-        if not any(left[s] for s in left if order[s] < order[pack.units[0].stage]):
-            return True
-        return sum(threads(p) for p in in_flight.values()) + threads(pack) <= cores
+        return all(u.init_from is None or u.init_from in results for u in pack.units) and (
+            not any(left[s] for s in left if order[s] < order[pack.units[0].stage])
+            or sum(threads(p) for p in in_flight.values()) + threads(pack) <= cores)
 
     def fail(pack: PackSpec, why: str) -> None:
         failed.update(pack.keys)
@@ -388,19 +370,18 @@ def _run_stages(remote, stages: list[list[Member]], ctx: JobContext, capacity: i
                 raise RuntimeError(f"packs {[p.keys for p in pending]} start from models "
                                    "that are not planned")
             break
-        done, _ = ray.wait(list(in_flight), num_returns=1)
-        for ref in done:
-            pack = in_flight.pop(ref)
-            try:
-                results.update(ray.get(ref))
-            except Exception as exc:  # noqa: BLE001 - reported with the pack's names
-                fail(pack, failure(exc))
-            bar = bars[pack.units[0].stage]
-            bar.update(len(pack))
-            bar.set_postfix_str(pack.keys[-1])
-            left[pack.units[0].stage] -= len(pack)
-            if not left[pack.units[0].stage]:
-                bar.close()
+        (ref,), _ = ray.wait(list(in_flight), num_returns=1)
+        pack = in_flight.pop(ref)
+        try:
+            results.update(ray.get(ref))
+        except Exception as exc:  # noqa: BLE001 - reported with the pack's names
+            fail(pack, failure(exc))
+        bar = bars[pack.units[0].stage]
+        bar.update(len(pack))
+        bar.set_postfix_str(pack.keys[-1])
+        left[pack.units[0].stage] -= len(pack)
+        if not left[pack.units[0].stage]:
+            bar.close()
     for bar in bars.values():
         bar.close()
     if errors:
@@ -409,8 +390,7 @@ def _run_stages(remote, stages: list[list[Member]], ctx: JobContext, capacity: i
 
 
 def failure(exc: BaseException) -> str:
-    """One line of a pack's failure: an OptwError as it is, any other as its type and first
-    line (Ray's traceback stays in its log folder)."""
+    """One line of a pack's failure: an OptwError as it is, else its type and first line."""
     from ray.exceptions import RayTaskError
 
     while isinstance(exc, RayTaskError) and isinstance(exc.cause, BaseException):
@@ -428,10 +408,9 @@ def _tables(df, catalog) -> dict[str, Any]:
     from optw.evaluate import evaluate, load_best_known, validate_results
 
     clean = validate_results(df.drop(columns=["kind"]), catalog, check_routes=False)
-    try:
+    best = None
+    with contextlib.suppress(OSError, ValueError):
         best = load_best_known()
-    except (OSError, ValueError):
-        best = None
     if best is not None and not set(clean["region"]) <= set(best.index):
         best = None  # regions outside the benchmark set (custom catalogs) have no best-known
     return evaluate(clean, load_ils_results(catalog.path), best)

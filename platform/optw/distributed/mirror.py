@@ -1,10 +1,5 @@
-"""A catalog given by URI, mirrored on each node that reads it; publishing a built catalog.
-
-Every process that opens a catalog location calls :func:`local_catalog` on entry (the Ray
-Train worker, evaluation, ILS and Tune's tasks), so a node that joined late mirrors it too.
-``python -m optw.distributed.mirror upload-catalog SRC DST`` publishes a built catalog
-(``ray_cluster.yaml``'s head at setup).
-"""
+"""A catalog URI mirrored on each node that reads it (:func:`local_catalog`); ``python -m
+optw.distributed.mirror upload-catalog SRC DST`` publishes a built catalog."""
 
 from __future__ import annotations
 
@@ -29,9 +24,8 @@ def default_mirror(uri: str) -> Path:
 
 
 def mirror_dir(uri: str, dest: str | Path) -> Path:
-    """Make the local folder ``dest`` a copy of the folder at ``uri`` (probe files left out):
-    changed files (size or modification time) downloaded again, files gone removed. Safe for
-    several processes of one node at once (a lock file beside ``dest``)."""
+    """Make the local folder ``dest`` a copy of the folder at ``uri`` (probe files left out);
+    safe for several processes of one node at once (a lock file beside ``dest``)."""
     import pyarrow.fs
 
     dest = Path(dest)
@@ -66,17 +60,14 @@ def mirror_dir(uri: str, dest: str | Path) -> Path:
 
 
 def local_catalog(catalog: str | Path, mirror: str | Path | None = None) -> str:
-    """A catalog folder this process can open: a path, or a URI's mirror (default
-    :func:`default_mirror`)."""
+    """A catalog folder this process can open: a path, or a URI's mirror."""
     if not st.is_uri(catalog):
         return st.normalize(catalog)
     return str(mirror_dir(st.normalize(catalog), mirror or default_mirror(str(catalog))))
 
 
 def upload_catalog(src: str | Path, dst: str) -> bool:
-    """Publish a built catalog folder at ``dst`` (a URI or a shared folder) unless the same
-    build (``manifest.json``) is there; the manifest goes last, so a reader never pairs a new
-    manifest with old files. Returns True if it uploaded."""
+    """Publish a built catalog folder at ``dst`` unless the same build is there (True if so)."""
     src = Path(src)
     manifest = src / "manifest.json"
     if not manifest.is_file():
@@ -85,7 +76,7 @@ def upload_catalog(src: str | Path, dst: str) -> bool:
     target = st.join(dst, "manifest.json")
     if st.exists(target) and st.read_bytes(target) == manifest.read_bytes():
         return False
-    st.upload_dir(src, dst, skip=manifest)
+    st.upload_dir(src, dst, skip=manifest)  # the manifest last: never new with old files
     st.put_file(manifest, target)
     return True
 

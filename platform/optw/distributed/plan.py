@@ -1,15 +1,12 @@
-"""Which models a job trains, in which order, what each is evaluated and registered as, and
-how they are packed into workers. Modes follow the paper's experiments (evaluation method in
-brackets):
+"""Which models a job trains, in which order, and how they are packed into workers. Modes
+follow the paper's experiments (evaluation method in brackets):
 
 - ``scratch``: one model per region (``model``);
 - ``global-ft``: one global model per group, fine-tuned on each region (``global_ft``);
 - ``transfer``: per group, a global model trained without the paper's subset of 28, evaluated
   on the subset's regions (``tl``) and fine-tuned on each (``ft_tl``);
-- ``transfer-to``: one global model of the source groups (``[job] from_groups``; default all
-  benchmark groups) without the job's regions, evaluated on them (``tl``) and fine-tuned on
-  each (``ft_tl``): a benchmark group's knowledge carried over to a new region.
-"""
+- ``transfer-to``: as ``transfer``, with one global model of ``[job] from_groups`` (default all
+  benchmark groups) trained without the job's regions."""
 
 from __future__ import annotations
 
@@ -42,8 +39,7 @@ class UnknownGroupError(UserError):
 
 
 def select_regions(catalog: Catalog, groups: list[str], regions: list[str]) -> list[str]:
-    """The job's regions: the listed ones or all regions of the groups, checked against the
-    catalog (a group without regions is an :class:`UnknownGroupError` naming it)."""
+    """The job's regions: the listed ones or all regions of the groups, checked."""
     if regions:
         for rid in regions:
             catalog.region(rid)  # KeyError names an unknown region
@@ -75,16 +71,14 @@ def source_regions(catalog: Catalog, from_groups: list[str], targets: list[str])
 
 
 def source_key(from_groups: list[str]) -> str:
-    """The unit key of mode ``transfer-to``'s global model: ``source-solomon``,
-    ``source-solomon-cordeau`` (every benchmark group: ``source-all``)."""
+    """Mode ``transfer-to``'s global model key: ``source-solomon-cordeau``, ``source-all``."""
     groups = [g for g in GROUPS if g in (from_groups or GROUPS)]
     return "source-all" if groups == list(GROUPS) else "source-" + "-".join(groups)
 
 
 def plan(mode: str, catalog: Catalog, selected: list[str],
          from_groups: list[str] | None = None) -> list[list[Unit]]:
-    """Stages (lists of units that may run concurrently), in order. ``from_groups``: mode
-    ``transfer-to``'s (default: every benchmark group)."""
+    """Stages (lists of units that may run concurrently), in order."""
     group_of = catalog.regions_table["group"].to_dict()
     if mode == "scratch":
         return [[Unit("scratch", r, [r], [r], "model", register=True) for r in selected]]
@@ -92,30 +86,27 @@ def plan(mode: str, catalog: Catalog, selected: list[str],
     for r in selected:
         by_group.setdefault(group_of[r], []).append(r)
     if mode == "global-ft":
-        first = [Unit("global", f"global-{g}", rs, group=g) for g, rs in by_group.items()]
-        second = [Unit("finetune", r, [r], [r], "global_ft", register=True,
-                       init_from=f"global-{group_of[r]}") for r in selected]
-        return [first, second]
+        return [[Unit("global", f"global-{g}", rs, group=g) for g, rs in by_group.items()],
+                [Unit("finetune", r, [r], [r], "global_ft", register=True,
+                      init_from=f"global-{group_of[r]}") for r in selected]]
     if mode == "transfer":
         first, second = [], []
         for g, rs in by_group.items():
-            left_out = [r for r in rs if r in PAPER_SUBSET]
-            if not left_out:
-                continue
-            train_on = [r for r in catalog.list_regions(g) if r not in PAPER_SUBSET]
-            first.append(Unit("global", f"transfer-{g}", train_on, left_out, "tl"))
-            second += [Unit("finetune", r, [r], [r], "ft_tl", register=True,
-                            init_from=f"transfer-{g}") for r in left_out]
+            if left_out := [r for r in rs if r in PAPER_SUBSET]:
+                train_on = [r for r in catalog.list_regions(g) if r not in PAPER_SUBSET]
+                first.append(Unit("global", f"transfer-{g}", train_on, left_out, "tl"))
+                second += [Unit("finetune", r, [r], [r], "ft_tl", register=True,
+                                init_from=f"transfer-{g}") for r in left_out]
         if not first:
             raise UserError("transfer mode evaluates the paper's subset of 28, but none of the "
                             f"selected regions is in it: {selected[:5]}...")
         return [first, second]
     if mode == "transfer-to":
         key = source_key(from_groups or [])
-        source = Unit("global", key, source_regions(catalog, from_groups or [], selected),
-                      list(selected), "tl")
-        return [[source], [Unit("finetune", r, [r], [r], "ft_tl", register=True, init_from=key)
-                           for r in selected]]
+        return [[Unit("global", key, source_regions(catalog, from_groups or [], selected),
+                      list(selected), "tl")],
+                [Unit("finetune", r, [r], [r], "ft_tl", register=True, init_from=key)
+                 for r in selected]]
     raise ValueError(f"unknown mode {mode!r}; expected scratch, global-ft, transfer or "
                      "transfer-to")
 
@@ -148,8 +139,7 @@ class PackSpec:
 
 
 def batchable(configs: Sequence[TrainConfig]) -> bool:
-    """Can these models train side by side in one batched step: several per-region models of
-    one shape, device and threads, with the rollout packs use, and no demonstrations?"""
+    """Can these per-region models train side by side in one batched step?"""
     from optw.model import ModelConfig
 
     def shape(c: TrainConfig) -> tuple:
@@ -163,9 +153,7 @@ def batchable(configs: Sequence[TrainConfig]) -> bool:
 
 def packs(members: Sequence[Member], size: int, capacity: int = 1,
           pack_mode: str = "sequential") -> list[PackSpec]:
-    """A stage's models in packs of at most ``size`` (in order), smaller when that keeps all
-    ``capacity`` worker slots busy (3 models on 2 slots: packs of 2 and 1). With
-    ``pack_mode`` "batched" a pack that can (:func:`batchable`) trains side by side."""
+    """A stage's models in packs of at most ``size``, smaller to keep ``capacity`` slots busy."""
     size = max(1, min(size, -(-len(members) // max(capacity, 1))))
     chunks = [tuple(members[i:i + size]) for i in range(0, len(members), size)]
     return [PackSpec(c, pack_mode == "batched" and batchable([m.config for m in c]))

@@ -1,7 +1,5 @@
-"""A job's or sweep's early refusal on a Ray cluster, before anything trains: a region worker
-must fit on a node; on several nodes every location must be the same on every node and the
-tracking store a server; where an autoscaler may add nodes, a local path must be on a shared
-filesystem. Errors name the setting (docs/cluster.md)."""
+"""A job's or sweep's early checks of a Ray cluster, before anything trains: a region worker
+must fit on a node, every location must be the same on every node (docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -22,8 +20,7 @@ if TYPE_CHECKING:
 NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "ceph", "glusterfs", "gpfs", "beegfs",
               "fuse.s3fs", "fuse.gcsfuse", "fuse.mountpoint-s3", "fuse.juicefs", "fuse.sshfs",
               "fuse.cephfs", "fuse.glusterfs", "virtiofs", "9p")
-#: Where the cluster launcher (``ray up``) leaves the autoscaler's config on the head.
-RAY_BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"
+RAY_BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # the autoscaler's (``ray up``), on the head
 PROBE_TIMEOUT_S = 180.0  # seconds every node gets to answer the early check
 CATALOG_SETTING = "--catalog (or OPTW_CATALOG)"
 
@@ -75,8 +72,7 @@ def alive_nodes() -> list[dict[str, Any]]:
 
 
 def worker_slots(need: dict[str, float], nodes: list[dict[str, Any]] | None = None) -> int:
-    """How many region workers asking for ``need`` the ``nodes`` (default: the alive ones)
-    hold at once, node by node; at least 1 (a launcher may add nodes)."""
+    """How many region workers asking for ``need`` the ``nodes`` hold at once (at least 1)."""
     nodes = alive_nodes() if nodes is None else nodes
     return max(1, sum(_holds(n, need) for n in nodes))
 
@@ -99,8 +95,7 @@ def _holds(node: dict[str, Any], need: dict[str, float]) -> int:
 def check_worker_fits(cpus: float, gpu: float | None = None,
                       nodes: list[dict[str, Any]] | None = None, can_add: int | None = None,
                       where: str = "") -> None:
-    """Refuse a region worker (``cpus`` and, with GPUs, a ``gpu`` share) that no node can
-    hold, unless a launcher may add nodes (``can_add``): Ray would wait for ever."""
+    """Refuse a region worker no node can hold (Ray would wait for ever) unless ``can_add``."""
     nodes = alive_nodes() if nodes is None else nodes
     can_add = autoscaling_workers() if can_add is None else can_add
     need = {"CPU": cpus, **({"GPU": gpu} if gpu is not None else {})}
@@ -123,9 +118,7 @@ def _hint(setting: Setting) -> str:
 def join_cluster(folders: list[Setting], catalog: Setting, mirror: str | Path,
                  tracking_uri: str, profile: JobProfile, address: str | None,
                  ) -> tuple[int, bool]:
-    """Connect to Ray, refuse a region worker no node holds, create the ``folders`` and
-    :func:`check_cluster` them and the catalog (a URI is mirrored into ``mirror`` on each
-    node). Returns the number of nodes and whether there are GPUs."""
+    """Connect to Ray and check the cluster; returns the node count and whether it has GPUs."""
     import ray
 
     from optw.distributed.rayenv import connect
@@ -143,8 +136,7 @@ def join_cluster(folders: list[Setting], catalog: Setting, mirror: str | Path,
 
 def _probe_node(probes: list[str], token: str, stage: list[tuple[str, str]],
                 ) -> list[tuple[int, str]]:
-    """On one node: each probe file must hold ``token``; each (catalog URI, mirror folder) is
-    mirrored. Returns (index, problem) pairs, the stage's indices after the probes'."""
+    """On one node: (index, problem) pairs of bad probes, then of catalogs it cannot mirror."""
     problems: list[tuple[int, str]] = []
     for i, probe in enumerate(probes):
         try:
@@ -166,9 +158,7 @@ def check_cluster(settings: list[Setting], tracking_uri: str, *,
                   stage_catalogs: Mapping[str, str] | None = None,
                   nodes: list[dict[str, Any]] | None = None,
                   autoscaling: int | None = None) -> int:
-    """On several nodes (or with an autoscaler), refuse a tracking store that is no server
-    and a location some node cannot read back a probe file from; ``stage_catalogs`` (URI ->
-    mirror) are mirrored on every node. Returns how many nodes the cluster has or may have."""
+    """Refuse a tracking store or location some node cannot reach; returns the node count."""
     from optw.tracking.uri import check_cluster_tracking
 
     nodes = alive_nodes() if nodes is None else nodes
@@ -196,9 +186,8 @@ def check_cluster(settings: list[Setting], tracking_uri: str, *,
                 st.makedirs(setting.location)
                 st.write_bytes(probe, token.encode())
             except Exception as exc:  # noqa: BLE001 - one line naming the setting
-                raise ClusterStorageError(
-                    f"{setting.name} {st.shown(setting.location)}: cannot write there "
-                    f"({st.first_line(exc)})") from None
+                raise ClusterStorageError(f"{setting.name} {st.shown(setting.location)}: cannot "
+                                          f"write there ({st.first_line(exc)})") from None
             probes.append(probe)
         stage = list((stage_catalogs or {}).items())
         problems = _run_probes(nodes, probes, token, stage)
@@ -213,15 +202,14 @@ def check_cluster(settings: list[Setting], tracking_uri: str, *,
         uri = stage[index - len(settings)][0]
         raise ClusterStorageError(f"{CATALOG_SETTING} {st.shown(uri)}: {where} {problem}")
     setting = settings[index]
+    cannot = (f"{setting.name} {st.shown(setting.location)}: {where} of the {len(nodes)}-node "
+              "Ray cluster cannot")
     if st.is_uri(setting.location):
         raise ClusterStorageError(
-            f"{setting.name} {st.shown(setting.location)}: {where} of the {len(nodes)}-node Ray "
-            f"cluster cannot read it ({problem}); give every node access (e.g. the AWS_* "
-            f"variables in the environment of its `ray start`) or change {setting.name}")
-    raise ClusterStorageError(
-        f"{setting.name} {st.shown(setting.location)}: {where} of the {len(nodes)}-node Ray "
-        f"cluster cannot see what this node wrote there ({problem}): a path on one node's "
-        f"disk; {_hint(setting)}")
+            f"{cannot} read it ({problem}); give every node access (e.g. the AWS_* variables in "
+            f"the environment of its `ray start`) or change {setting.name}")
+    raise ClusterStorageError(f"{cannot} see what this node wrote there ({problem}): a path on "
+                              f"one node's disk; {_hint(setting)}")
 
 
 def _run_probes(nodes: list[dict[str, Any]], probes: list[str], token: str,
@@ -241,7 +229,4 @@ def _run_probes(nodes: list[dict[str, Any]], probes: list[str], token: str,
         raise ClusterStorageError(
             f"node(s) {late} of the Ray cluster did not answer the storage check within "
             f"{PROBE_TIMEOUT_S:.0f} s; check that they can start Ray workers (`ray status`)")
-    out = []
-    for ref in refs:
-        out += [(refs[ref], i, problem) for i, problem in ray.get(ref)]
-    return out
+    return [(node, i, problem) for ref, node in refs.items() for i, problem in ray.get(ref)]

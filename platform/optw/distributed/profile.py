@@ -1,11 +1,5 @@
-"""Job profiles: what the platform job trains, fine-tunes and evaluates, loaded from TOML/YAML.
-
-Tables: ``[job]``, ``[train]`` (a :class:`~optw.train.TrainConfig` for scratch and global
-models), ``[global.<group>]`` and ``[finetune]`` (changes of ``[train]`` for a group's global
-model and for fine-tuned models), ``[evaluate]``, ``[resources]``; ``quick``, ``smoke`` and
-``paper`` ship in ``profiles/``. An unknown table or key or a bad value is a ConfigError
-naming the file, table and key.
-"""
+"""Job profiles (TOML/YAML: ``[job]``, ``[train]``, ``[global.<group>]``, ``[finetune]``,
+``[evaluate]``, ``[resources]``); ``quick``, ``smoke`` and ``paper`` ship in ``profiles/``."""
 
 from __future__ import annotations
 
@@ -31,8 +25,7 @@ PROFILE_DIR = Path(__file__).with_name("profiles")
 MODES = ("scratch", "global-ft", "transfer", "transfer-to")
 PACK_MODES = ("sequential", "batched")
 TABLES = ("job", "train", "global", "finetune", "evaluate", "resources")
-#: Bounds: a job name's length (it names an MLflow experiment and folders), one region
-#: worker's CPUs, its restarts, the regions it trains.
+#: Bounds: a job name's length, one region worker's CPUs, its restarts, the regions it trains.
 MAX_NAME, MAX_CPUS, MAX_FAILURES, MAX_REGIONS_PER_WORKER = 100, 1024, 100, 10_000
 
 
@@ -44,8 +37,7 @@ class JobSection:
     mode: str = "scratch"
     groups: list[str] = field(default_factory=lambda: list(GROUPS))
     regions: list[str] = field(default_factory=list)  # empty: every region of groups
-    #: mode transfer-to: the source benchmark groups (empty: all of them)
-    from_groups: list[str] = field(default_factory=list)
+    from_groups: list[str] = field(default_factory=list)  # transfer-to's sources (empty: all)
 
     def __post_init__(self) -> None:
         for key in ("groups", "regions", "from_groups"):  # lists of distinct non-empty names
@@ -83,11 +75,8 @@ class ResourcesSection:
     cpus_per_region: float = 1.0  # per Ray Train worker (one pack of regions)
     gpu_fraction: float = 0.25
     max_failures: int = 2  # restarts of a worker that died, from its last checkpoint
-    #: models one worker trains (a pack): more for short budgets, where starting a worker
-    #: costs more than training a region
-    regions_per_worker: int = 1
-    #: "sequential" or "batched" (side by side where the models allow: ``plan.packs``)
-    pack_mode: str = "sequential"
+    regions_per_worker: int = 1  # models one worker trains (a pack): more for short budgets
+    pack_mode: str = "sequential"  # or "batched" (side by side where the models allow)
 
     def __post_init__(self) -> None:
         require(self.pack_mode in PACK_MODES, "resources.pack_mode", self.pack_mode,
@@ -117,16 +106,14 @@ class JobProfile:
     resources: ResourcesSection
     profile: str = "custom"  # the profile's name or file it came from
     finetune_table: Mapping[str, Any] = field(default_factory=dict)  # [finetune] as written
-    #: ``[global.<group>]`` tables as written, by group
-    global_tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    global_tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # by group
     finetune: TrainConfig = field(init=False)  # [train], finetune = true and [finetune]
     global_train: Mapping[str, TrainConfig] = field(init=False)  # by group
 
     def __post_init__(self) -> None:
         base = self.train.to_dict()
-        finetune = TrainConfig.from_dict({**base, "finetune": True, **self.finetune_table},
-                                         source=f"{self.profile} [finetune]")
-        object.__setattr__(self, "finetune", finetune)
+        object.__setattr__(self, "finetune", TrainConfig.from_dict(
+            {**base, "finetune": True, **self.finetune_table}, source=f"{self.profile} [finetune]"))
         object.__setattr__(self, "global_train", {
             g: TrainConfig.from_dict({**base, **t}, source=f"{self.profile} [global.{g}]")
             for g, t in self.global_tables.items()})
@@ -134,8 +121,7 @@ class JobProfile:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "profile",
                   catalog: Catalog | None = None) -> JobProfile:
-        """A profile from its tables (errors name ``source``, the table and key); ``catalog``:
-        the job's, whose custom groups it may name."""
+        """A profile from its tables (errors name ``source``, the table and key)."""
         if unknown := sorted(map(str, set(data) - set(TABLES))):
             raise ConfigError(f"{source}: unknown table(s) {unknown}; expected some of "
                               f"{list(TABLES)}")
@@ -150,8 +136,7 @@ class JobProfile:
         for group, table in tables["global"].items():
             if not isinstance(table, Mapping):
                 raise ConfigError(f"{source} [global]: {group} = {shown(table)}: expected "
-                                  "tables [global.<group>] of [train] settings",
-                                  f"global.{group}")
+                                  "tables [global.<group>] of [train] settings", f"global.{group}")
             if group not in known:
                 raise ConfigError(
                     f"{source} [global.{group}]: unknown group {group!r}; [global.<group>] "
@@ -168,8 +153,7 @@ class JobProfile:
             job=from_table(JobSection, tables["job"], f"{source} [job]"),
             train=TrainConfig.from_dict(tables["train"], source=f"{source} [train]"),
             evaluate=from_table(EvaluateSettings, tables["evaluate"], f"{source} [evaluate]"),
-            resources=from_table(ResourcesSection, tables["resources"],
-                                 f"{source} [resources]"),
+            resources=from_table(ResourcesSection, tables["resources"], f"{source} [resources]"),
             profile=source, finetune_table=tables["finetune"],
             global_tables={g: dict(t) for g, t in tables["global"].items()})
         try:
@@ -189,8 +173,7 @@ class JobProfile:
 
     def with_job(self, changes: Mapping[str, Any], catalog: Catalog | None = None,
                  names: Mapping[str, str] | None = None) -> JobProfile:
-        """This profile with ``changes`` of ``[job]``, checked; an error on a changed key starts
-        with ``names[key]``, its command-line option."""
+        """This profile with ``changes`` of ``[job]``; errors name the option ``names[key]``."""
         try:
             out = dataclasses.replace(self, job=dataclasses.replace(self.job, **changes))
             out.check_groups(catalog)

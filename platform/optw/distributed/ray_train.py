@@ -1,8 +1,4 @@
-"""One pack of models = one Ray Train run: a TorchTrainer whose one worker trains a frozen
-:class:`WorkerPack` with :class:`RayReport` (metrics, Ray gauges for ``dashboards/``,
-checkpoints a restarted worker resumes from) and the MLflow callback. Ray Train restarts only
-a worker that died; one that stops on an OptwError is raised as a :class:`WorkerError`.
-"""
+"""One pack of models = one Ray Train run: a TorchTrainer whose one worker trains it."""
 
 from __future__ import annotations
 
@@ -31,8 +27,7 @@ from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import TrainConfig
 
 PACK_FILE = "pack.json"
-#: epochs between metric reports to Ray Train / MLflow log points in a worker
-REPORT_EVERY, LOG_EVERY = 50, 10
+REPORT_EVERY, LOG_EVERY = 50, 10  # epochs between reports to Ray Train / MLflow log points
 
 
 class WorkerError(OptwError):
@@ -40,9 +35,8 @@ class WorkerError(OptwError):
 
 
 class RayReport(Callback):
-    """Reports metrics every ``every`` epochs, a checkpoint every ``checkpoint_every`` epochs
-    and at the end, and sets Ray gauges. With ``ils_means`` (each region's validation ILS
-    mean) every validation adds ``val_gap_ils`` and is reported at once (for Tune)."""
+    """Reports metrics and checkpoints to Ray Train and sets Ray gauges; with ``ils_means``
+    every validation adds ``val_gap_ils`` and is reported at once (for Tune)."""
 
     def __init__(self, every: int, checkpoint_every: int, tags: dict[str, str],
                  ils_means: Mapping[str, float] | None = None,
@@ -54,15 +48,13 @@ class RayReport(Callback):
         self._gauges: dict[str, Any] = {}
 
     def _gauge(self, name: str, value: float) -> None:
-        try:
+        with contextlib.suppress(Exception):  # metrics are best effort: never break training
             from ray.util.metrics import Gauge
 
             if name not in self._gauges:
                 self._gauges[name] = Gauge(f"optw_{name}", description=f"optw training {name}",
                                            tag_keys=tuple(self.tags))
             self._gauges[name].set(float(value), tags=self.tags)
-        except Exception:  # metrics are best effort: never break training for them
-            pass
 
     def _report(self, ctx: TrainContext, metrics: dict[str, float], checkpoint: bool,
                 final: bool = False) -> None:
@@ -110,9 +102,8 @@ class RayReport(Callback):
 
 
 class PackCheckpoint:
-    """A pack's Ray Train checkpoint: finished members' models (``<key>.pt``), running ones'
-    training snapshots (``last-<key>.pt``) and ``pack.json`` (which are done, which run): a
-    restarted worker skips the finished members and resumes the running ones exactly."""
+    """A pack's Ray Train checkpoint: finished members' models, running ones' training
+    snapshots and ``pack.json``, from which a restarted worker resumes exactly."""
 
     def __init__(self) -> None:
         self.staging = Path(tempfile.mkdtemp(prefix="optw-pack-"))  # finished members' files
@@ -141,15 +132,13 @@ class PackCheckpoint:
         for key in self.done:
             shutil.copyfile(self.staging / f"{key}.pt", folder / f"{key}.pt")
         for key, ctx in self.running.items():
-            assert ctx.snapshot is not None, "the training loop sets ctx.snapshot"
             write_checkpoint(ctx.snapshot(), folder / f"last-{key}.pt")
         (folder / PACK_FILE).write_text(json.dumps({"done": self.done,
                                                     "running": list(self.running)}))
 
 
 def restart_notice(name: str, max_failures: int):
-    """A Ray Train callback (in the run's controller) printing one warning line when a worker
-    of run ``name`` fails, and whether it restarts (Ray Train says so at INFO, off console)."""
+    """A Ray Train callback printing one warning line when a worker of run ``name`` fails."""
     from ray.train import UserCallback
 
     class RestartNotice(UserCallback):
@@ -209,9 +198,8 @@ class WorkerPack:
 
 
 def train_worker(pack: WorkerPack, error_file: str) -> None:
-    """The Ray Train worker: makes the catalog and start models local, then trains the pack.
-    An OptwError ends it normally with its message in ``error_file`` (a location), so that Ray
-    Train does not restart it."""
+    """The Ray Train worker: trains the pack on local files; an OptwError ends it normally
+    with its message in ``error_file`` (a location), so that Ray Train does not restart it."""
     try:
         with contextlib.ExitStack() as stack:
             local = functools.cache(local_catalog)  # each catalog mirrored once
@@ -271,8 +259,7 @@ def make_trainer(pack: WorkerPack | WorkerSpec, storage: str, name: str,
                  resources: ResourcesSection, use_gpu: bool, max_failures: int | None = None,
                  callbacks: list | None = None,
                  worker_resources: Mapping[str, float] | None = None):
-    """A TorchTrainer with one worker running :func:`train_worker` on a pack (or one spec),
-    its checkpoints in ``storage`` (a location); run it with :func:`fit_checked`."""
+    """A TorchTrainer whose one worker runs :func:`train_worker` on a pack (or one spec)."""
     from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -305,9 +292,8 @@ def fit_checked(trainer: Any, storage: str, name: str) -> Any:
 def fit_pack(pack: WorkerPack, storage: str, name: str, resources: ResourcesSection,
              use_gpu: bool, outs: Mapping[str, str],
              worker_resources: Mapping[str, float] | None = None) -> tuple[float, float]:
-    """Train a pack and copy each member's final model to ``outs[key]`` (a location); returns
-    the seconds from ``fit()`` to the (last) worker's start and from then on. The same ``name``
-    and ``storage`` resume from the run's last checkpoint, so a crashed job continues."""
+    """Train a pack, copy its final models to ``outs``; returns startup and training seconds.
+    The same ``name`` and ``storage`` resume from the run's last checkpoint."""
     t0 = time.time()
     result = fit_checked(make_trainer(pack, storage, name, resources, use_gpu,
                                       worker_resources=worker_resources), storage, name)

@@ -1,10 +1,5 @@
-"""Ray's settings for the project's clusters, and connecting to a cluster.
-
-``python -m optw.distributed.rayenv`` prints :data:`RAY_ENV`'s defaults as shell exports for
-``jobs/embedded.sh`` before ``ray start``. :func:`connect` refuses in seconds, naming
-``--address``, what would otherwise hang: an address where no Ray answers, or several local
-Ray instances to choose from.
-"""
+"""Connecting to a Ray cluster; ``python -m optw.distributed.rayenv`` prints Ray's settings
+as shell exports for ``jobs/embedded.sh``."""
 
 from __future__ import annotations
 
@@ -17,9 +12,7 @@ from collections.abc import Iterator
 from optw.errors import OptwError
 from optw.raylocal import RAY_ENV, configure_ray_env
 
-#: What the embedded head adds: token authentication, said explicitly so that ``ray job
-#: submit`` sends the token too.
-HEAD_ENV: dict[str, str] = {"RAY_AUTH_MODE": "token"}
+HEAD_ENV: dict[str, str] = {"RAY_AUTH_MODE": "token"}  # explicit: `ray job submit` sends it
 #: The job-level runtime environment: each worker process runs :func:`optw.raylocal.setup_worker`.
 RUNTIME_ENV: dict[str, str] = {"worker_process_setup_hook": "optw.raylocal.setup_worker"}
 CONNECT_TIMEOUT_S = 5.0  # seconds an address gets to answer before the job is refused
@@ -30,9 +23,7 @@ class RayAddressError(OptwError, ConnectionError):
 
 
 def check_address(address: str | None) -> str | None:
-    """The address ``ray.init`` should get, or :class:`RayAddressError` in seconds: at
-    ``host:port`` something must answer within :data:`CONNECT_TIMEOUT_S` (Ray retries for
-    minutes); no address: :func:`_local_choice`; ``local`` and ``auto`` as Ray does."""
+    """The address ``ray.init`` should get, or :class:`RayAddressError` where Ray would hang."""
     if address in (None, "") and not os.environ.get("RAY_ADDRESS"):
         return _local_choice()
     if address in (None, "", "local", "auto"):
@@ -56,18 +47,15 @@ def check_address(address: str | None) -> str | None:
 
 
 def _local_choice() -> str | None:
-    """No address: ``local`` when no Ray runs here (not the stale address a stopped ``ray
-    start`` left), the one ``ray start`` left when it is the only one; else an error (Ray
-    would start a second beside it and hang)."""
+    """No address: ``local``, or the one ``ray start`` left when it is the only Ray here."""
     from ray._private import services
 
     running = sorted(services.find_gcs_addresses())
     if not running:
         return "local"
-    try:
+    latest = None  # an unreadable record: no cluster chosen by Ray
+    with contextlib.suppress(Exception):
         latest = services.find_bootstrap_address(None)
-    except Exception:  # noqa: BLE001 - an unreadable record: no cluster chosen by Ray
-        latest = None
     if len(running) == 1 and latest in running:
         return latest
     hint = f"--address {running[0]}" if len(running) == 1 else "--address HOST:PORT"
@@ -78,8 +66,7 @@ def _local_choice() -> str | None:
 
 
 def connect(address: str | None = None) -> None:
-    """``ray.init`` on the checked address (a local cluster gets :data:`RAY_ENV` and a token
-    first), Ray's log lines at WARNING; SIGTERM then interrupts the driver as Ctrl-C does."""
+    """``ray.init`` on the checked address; SIGTERM then interrupts the driver as Ctrl-C does."""
     import ray
 
     from optw.raylocal import ensure_token, interrupt_on_signals
@@ -110,17 +97,13 @@ def own_connection() -> Iterator[None]:
 
 
 def warm_train_coordinator() -> None:
-    """Start Ray Train's autoscaling coordinator (a detached actor each run asks, waiting at
-    most 5 s) while the job does other work, so that a slow start does not cost the first run
-    a traceback and 5 s."""
-    try:
+    """Start Ray Train's autoscaling coordinator early (a slow start costs a run 5 s)."""
+    with contextlib.suppress(Exception):  # an optimisation only
         from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
             get_or_create_autoscaling_coordinator,
         )
 
         get_or_create_autoscaling_coordinator()  # asynchronous: the actor starts meanwhile
-    except Exception:  # noqa: BLE001 - an optimisation only
-        pass
 
 
 if __name__ == "__main__":  # ``export NAME="${NAME:-value}"`` lines, for a shell's eval

@@ -1,9 +1,5 @@
-"""File I/O on a *location*, where a job keeps what must outlive a node: a local folder, a
-folder every node mounts at the same path (NFS, EFS), or a URI that pyarrow's filesystems
-open, as Ray Train does: ``s3://bucket/prefix`` (an S3-compatible server with
-``?endpoint_override=host:port&scheme=http``; credentials from each node's ``AWS_*``
-variables), ``gs://``, ``hdfs://``... (``file://`` is a path). See docs/cluster.md.
-"""
+"""File I/O on a *location*: a local or shared folder, or a URI that pyarrow's filesystems
+open as Ray Train does (``s3://...``; a ``file://`` URI is a path). See docs/cluster.md."""
 
 from __future__ import annotations
 
@@ -55,8 +51,7 @@ def normalize(location: str | Path) -> str:
     return str(Path(text).expanduser().absolute())
 
 
-#: Query options of a URI that are never shown (credentials pyarrow accepts in the URI).
-_SECRET_OPTIONS = ("access_key", "secret_key", "session_token", "password", "token")
+_SECRET_OPTIONS = ("access_key", "secret_key", "session_token", "password", "token")  # hidden
 
 
 def shown(location: str | Path) -> str:
@@ -101,8 +96,7 @@ def filesystem(location: str | Path) -> tuple[pyarrow.fs.FileSystem, str]:
 
 
 def ray_storage(location: str | Path) -> tuple[str, pyarrow.fs.FileSystem | None]:
-    """``(storage_path, storage_filesystem)`` for Ray Train's ``RunConfig``: a local path as
-    is, a URI as the path on its filesystem (so its query options are kept)."""
+    """``(storage_path, storage_filesystem)`` for Ray Train's ``RunConfig``."""
     fs, path = filesystem(location)
     return path, fs if is_uri(location) else None
 
@@ -128,10 +122,7 @@ def makedirs(location: str | Path) -> None:
 
 
 def prepare_folders(folders: list[tuple[str, str | Path]], create: bool = True) -> list[str]:
-    """Check each ``(setting, location)`` folder, then create them all (unless not
-    ``create``): a file there or a location that cannot be reached (no bucket, no
-    credentials) or created raises one line naming its setting. Returns the locations,
-    normalized."""
+    """Check (then create) each ``(setting, location)`` folder; returns them normalized."""
     checked = [(setting, normalize(location)) for setting, location in folders]
     for setting, location in checked:
         if _try(setting, "reach", is_file, location):
@@ -163,8 +154,7 @@ def read_bytes(location: str | Path) -> bytes:
 
 def _write(location: str | Path, local: Callable[[Path], object],
            remote: Callable[[Any], object]) -> str:
-    """Write a file whole: a local one with ``local(tmp)`` and a rename (readers never see half
-    of it), an object with ``remote(stream)`` in one request. Returns the location."""
+    """Write a file whole: a local one through a rename, an object in one request."""
     location = normalize(location)
     if is_uri(location):
         fs, path = filesystem(location)

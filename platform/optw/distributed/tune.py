@@ -1,10 +1,5 @@
-"""Ray Tune sweeps of the training hyper-parameters, compared by gap to ILS.
-
-Each trial runs one TorchTrainer (Ray Train V2 does not nest a Trainer in a Tuner) whose
-reports reach Tune through ``TuneReportCallback``. Trials are compared by ``val_gap_ils``, the
-mean over the regions of the validation score's gap to ILS (raw scores differ by region);
-ASHA stops the poor ones early.
-"""
+"""Ray Tune (ASHA) sweeps of the training hyper-parameters, compared by the mean gap to ILS;
+each trial runs one TorchTrainer (Ray Train V2 does not nest a Trainer in a Tuner)."""
 
 from __future__ import annotations
 
@@ -23,25 +18,18 @@ from optw.distributed.preflight import CATALOG_SETTING, Setting, join_cluster
 from optw.distributed.profile import JobProfile, load_profile
 from optw.distributed.ray_train import WorkerError, WorkerSpec, fit_checked, make_trainer
 from optw.errors import ConfigError, OptwError, UserError
-from optw.paths import path_error
 from optw.train.config import TrainConfig, check_fits
 
 if TYPE_CHECKING:
     from optw.catalog import Catalog
 
 METRIC = "val_gap_ils"
-#: Trials of a sweep (``--samples``): the default and the most.
-DEFAULT_SAMPLES, MAX_SAMPLES = 8, 10_000
-#: The search space's kinds and how many values each takes.
-KINDS = {"loguniform": 2, "uniform": 2, "choice": 1}
+DEFAULT_SAMPLES, MAX_SAMPLES = 8, 10_000  # trials of a sweep (--samples)
+KINDS = {"loguniform": 2, "uniform": 2, "choice": 1}  # the space's kinds: how many values
 #: Default search space: keys of TrainConfig, or model.<key> for ModelConfig.
-DEFAULT_SPACE = {
-    "lr": ("loguniform", 1e-5, 1e-3),
-    "batch_size": ("choice", [16, 32, 64]),
-    "beta": ("loguniform", 1e-3, 1e-1),
-    "model.clip": ("choice", [5.0, 10.0, 20.0]),
-    "model.n_layers": ("choice", [1, 2, 3]),
-}
+DEFAULT_SPACE = {"lr": ("loguniform", 1e-5, 1e-3), "batch_size": ("choice", [16, 32, 64]),
+                 "beta": ("loguniform", 1e-3, 1e-1), "model.clip": ("choice", [5.0, 10.0, 20.0]),
+                 "model.n_layers": ("choice", [1, 2, 3])}
 
 
 class SweepError(OptwError, RuntimeError):
@@ -61,9 +49,7 @@ def apply_trial(config: TrainConfig, trial: dict[str, Any]) -> TrainConfig:
 
 
 def check_space(config: TrainConfig, spec: dict[str, tuple], n_nodes: int) -> None:
-    """Refuse a malformed spec, or a value it may draw (each choice, both ends) that makes an
-    invalid config or an epoch that does not fit in memory on ``n_nodes`` nodes."""
-
+    """Refuse a malformed spec, or a value it may draw that makes an invalid config."""
     for key, entry in spec.items():
         kind, *args = entry if isinstance(entry, (tuple, list)) and entry else (None,)
         if kind not in KINDS or len(args) != KINDS[kind]:
@@ -75,9 +61,8 @@ def check_space(config: TrainConfig, spec: dict[str, tuple], n_nodes: int) -> No
                               key)
         if kind != "choice" and not (all(number(v) for v in args) and args[0] < args[1]
                                      and (kind == "uniform" or args[0] > 0)):
-            raise ConfigError(f"search space {key} = {entry!r}: expected two finite ends "
-                              f"low < high{' and low > 0' if kind == 'loguniform' else ''}",
-                              key)
+            raise ConfigError(f"search space {key} = {entry!r}: expected two finite ends low < "
+                              f"high{' and low > 0' if kind == 'loguniform' else ''}", key)
         for value in args[0] if kind == "choice" else args:
             where = f"search space {key} = {value!r}"
             try:
@@ -100,11 +85,7 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = DEFAUL
               tracking_uri: str | None = None, storage: str | Path | None = None,
               progress: bool = True, name: str | None = None,
               ray_address: str | None = None) -> SweepResult:
-    """ASHA sweep over ``space`` on ``regions`` with the profile's [train] as the base.
-
-    ``name`` (default ``<job>-tune-<time>``) names the sweep's MLflow experiment and its
-    folder under ``storage`` (a location; default :func:`optw.paths.tune_storage`), never
-    overwritten. Everything the options can get wrong fails before Ray starts."""
+    """ASHA sweep over ``space`` on ``regions`` with the profile's [train] as the base."""
     import pandas as pd
     import ray
     from ray import tune
@@ -161,8 +142,7 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = DEFAUL
                             tracking_uri=uri, run_id=None)
 
     def trial(config: dict[str, Any]) -> None:
-        """One trial: a TorchTrainer of the drawn values, logged to its own MLflow child run;
-        an error of its settings is its result."""
+        """One trial: a TorchTrainer of the drawn values, logged to its own MLflow child run."""
         from ray.tune.integration.ray_train import TuneReportCallback
 
         drawn, status = config["trial"], "FAILED"
@@ -258,8 +238,7 @@ def profile_name(path: str | Path) -> str:
 
 
 def pick_best(trials: Any) -> tuple[Any, dict[str, Any]]:
-    """The trials' row with the smallest gap to ILS and the values it drew (Python numbers);
-    :class:`SweepError` naming the trials' errors when none reported one."""
+    """The trials' row with the smallest gap to ILS and the values it drew (Python numbers)."""
     ok = trials.dropna(subset=[METRIC])
     if ok.empty:
         errors = sorted({str(e) for e in trials.get("error", []) if e})
@@ -283,9 +262,7 @@ def new_profile_path(path: str | Path) -> Path:
 
 def write_profile(base: JobProfile, best_trial: dict[str, Any], path: str | Path,
                   catalog: Catalog | None = None) -> Path:
-    """Write ``base`` with the best trial's values in ``[train]`` (a sweep's budget only ranks
-    the trials) as a new TOML file whose job is named by :func:`profile_name` (its models are
-    not registered as the base job's); it must load back (groups checked against ``catalog``)."""
+    """Write ``base`` with the best trial's values in ``[train]`` as a new profile file."""
     path = new_profile_path(path)
     data = base.to_dict()
     data.pop("profile")
@@ -297,7 +274,7 @@ def write_profile(base: JobProfile, best_trial: dict[str, Any], path: str | Path
         with open(path, "x") as f:  # never overwrites
             f.write(text)
     except OSError as exc:  # one made meanwhile too
-        raise path_error(exc, path) from None
+        raise paths.path_error(exc, path) from None
     try:
         load_profile(path, catalog)
     except BaseException:

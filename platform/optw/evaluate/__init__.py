@@ -1,13 +1,10 @@
-"""Evaluation statistics of the paper: gaps, bootstrap CIs, Wilcoxon tests, result tables.
-
-Names are imported lazily, so the CLI (``optw.evaluate.cli``) loads without pandas/scipy.
-"""
+"""Evaluation statistics of the paper: gaps, bootstrap CIs, Wilcoxon tests, result tables
+(imported lazily, so the CLI loads without pandas/scipy)."""
 
 from __future__ import annotations
 
 import importlib
 
-#: name -> its module in this package
 _WHERE = {
     "ResultsError": "results", "validate_results": "results", "bootstrap_ci": "stats",
     "gap": "stats", "wilcoxon_greater": "stats", "evaluate": "tables",

@@ -74,12 +74,10 @@ def _evaluate(args) -> int:
     cat = open_catalog(args.catalog)
     results = load_results(args.results, cat, args.baseline, args.methods)
     reference = args.reference or tables.default_reference_path()
-    if args.reference is None and not reference.exists():
+    if no_reference := args.reference is None and not reference.exists():
         print(f"warning: no reference file at {reference}; gaps to best-known are left out",
               file=sys.stderr)
-        best_known = None
-    else:
-        best_known = tables.load_best_known(reference)
+    best_known = None if no_reference else tables.load_best_known(reference)
     found = tables.evaluate(results, load_ils_results(cat.path), best_known, args.baseline,
                             args.resamples, args.seed)
     paths = tables.write_tables(found, out, note=f"of {args.results}",
@@ -91,8 +89,7 @@ def _evaluate(args) -> int:
 
 
 def _against_paper(args, out: Path) -> int:
-    """``optw evaluate --against-paper``: ours (stored ILS, the results' methods) beside the
-    paper's columns, per group and per region."""
+    """``optw evaluate --against-paper``: ours beside the paper's columns."""
     from optw.baselines.store import load_ils_results
     from optw.catalog.store import open_catalog
     from optw.evaluate import paper
@@ -132,9 +129,7 @@ def _against_paper(args, out: Path) -> int:
 
 
 def _out_dir(args) -> Path:
-    """``--out``, else ``outputs/evaluate/<results stem>[-against-paper]``, checked before any
-    work: new, empty or an earlier evaluation's folder (:func:`optw.outdir.check_out_dir`);
-    the default one is refused with the hint to give ``--out DIR``."""
+    """``--out``, else ``outputs/evaluate/<results stem>[-against-paper]``, checked early."""
     from optw.evaluate.tables import OUT_KIND
     from optw.outdir import OutDirError, check_out_dir
 

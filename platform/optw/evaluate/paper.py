@@ -1,8 +1,5 @@
-"""Our results held against the paper's tables (``optw evaluate --against-paper``, the
-report's "Against the paper"): our mean per region, for ILS and each method, beside the
-paper's column of the same name (or an explicitly mapped one), on the paper's own tourists
-(``paper_generated_scores.csv``) and the benchmark tourist (``paper_benchmark_scores.csv``).
-``diff`` = (ours − paper) / paper × 100; group rows: means over the regions.
+"""Our mean per region, for ILS and each method, beside the paper's column of the same (or a
+mapped) name (``optw evaluate --against-paper``, the report); diff = (ours − paper) / paper.
 """
 
 from __future__ import annotations
@@ -22,6 +19,7 @@ from optw.evaluate.tables import (
     sort_rows,
     to_markdown,
 )
+from optw.paths import reference_dir as default_reference_dir
 
 #: Tourist kind -> the paper's table of it (in ``$OPTW_REFERENCE`` / ``../shared/reference``).
 PAPER_FILES = {"paper": "paper_generated_scores.csv", "benchmark": "paper_benchmark_scores.csv"}
@@ -33,9 +31,7 @@ OURS = ("kind", "group", "region", "name", "tourists", "score", "exact")
 
 def load_paper_scores(reference_dir: Path | str | None = None) -> dict[str, pd.DataFrame]:
     """The paper's two tables, indexed by region (``instance``): kind -> DataFrame."""
-    from optw.paths import reference_dir as default_dir
-
-    folder = Path(reference_dir) if reference_dir else default_dir()
+    folder = Path(reference_dir) if reference_dir else default_reference_dir()
     return {kind: read_reference(folder / name, ("ils",)) for kind, name in PAPER_FILES.items()}
 
 
@@ -53,23 +49,19 @@ def parse_column_map(items: list[str] | None) -> dict[str, str]:
 
 def check_column_names(columns: Mapping[str, str], methods: list[str],
                        source: str | None) -> None:
-    """Every NAME of ``--paper-column NAME=COLUMN`` must be a method of the results
-    (``methods``, from ``source``; None: no results given), else a :class:`UserError`."""
+    """A :class:`UserError` unless every mapped NAME is one of ``methods`` (of ``source``)."""
     for name, column in columns.items():
-        item = f"--paper-column {name}={column}: unknown method {name!r}"
         if name in methods:
             continue
-        if source is None:
-            raise UserError(f"{item}: no --results given, so there are no methods to map "
-                            "(give --results FILE with that method)")
-        raise UserError(f"{item}; the methods of {source}: {', '.join(methods) or 'none'}")
+        item = f"--paper-column {name}={column}: unknown method {name!r}"
+        raise UserError(f"{item}: no --results given, so there are no methods to map (give "
+                        "--results FILE with that method)" if source is None else
+                        f"{item}; the methods of {source}: {', '.join(methods) or 'none'}")
 
 
 def ours_from_results(results: pd.DataFrame | None, ils: pd.DataFrame,
                       exact: Mapping[str, bool], groups: Mapping[str, str]) -> pd.DataFrame:
-    """Our means per (kind, region, method) from validated results (and per (kind, region)
-    from stored ILS rows, name ``ils``). ``exact``: region -> whether its paper set is exact;
-    ``groups``: region -> group (for ILS rows)."""
+    """Our means per (kind, region, name) from validated results and stored ILS rows."""
     parts = []
     if results is not None and len(results):
         parts.append(results.rename(columns={"method": "name"}))
@@ -87,8 +79,7 @@ def ours_from_results(results: pd.DataFrame | None, ils: pd.DataFrame,
 
 
 def ours_from_regions(regions: pd.DataFrame) -> pd.DataFrame:
-    """Our means from a region table (:func:`optw.evaluate.tables.region_table`, e.g. a job's
-    ``regions.csv``): each method as is, ILS once per (kind, region)."""
+    """Our means from a region table: each method as is, ILS once per (kind, region)."""
     df = regions[regions["kind"].isin(KINDS)]
     df = df.assign(exact=df["exact"] if "exact" in df.columns else True)
     methods = df.rename(columns={"method": "name", "model": "score"})
@@ -102,9 +93,7 @@ def ours_from_regions(regions: pd.DataFrame) -> pd.DataFrame:
 
 def against_paper(ours: pd.DataFrame, paper: Mapping[str, pd.DataFrame],
                   columns: Mapping[str, str] | None = None) -> dict[str, pd.DataFrame]:
-    """Tables ``paper_regions`` (per kind, region and compared name) and ``paper_groups`` (per
-    kind, group and name: means over regions, their diff, mean / min / max of the region
-    diffs); names without a paper column and regions the paper lacks are left out."""
+    """Tables ``paper_regions`` and ``paper_groups`` of what both we and the paper have."""
     columns = dict(columns or {})
     rows = []
     for rec in ours.itertuples(index=False):
@@ -120,9 +109,8 @@ def against_paper(ours: pd.DataFrame, paper: Mapping[str, pd.DataFrame],
                      "name": rec.name, "paper_column": column, "tourists": int(rec.tourists),
                      "exact": bool(rec.exact), "ours": float(rec.score),
                      "paper": float(value)})
-    cols = ["kind", "group", "region", "name", "paper_column", "tourists", "exact", "ours",
-            "paper", "diff_pct"]
-    regions = pd.DataFrame(rows, columns=cols[:-1])
+    regions = pd.DataFrame(rows, columns=["kind", "group", "region", "name", "paper_column",
+                                          "tourists", "exact", "ours", "paper"])
     regions["diff_pct"] = (regions["ours"] - regions["paper"]) / regions["paper"] * 100.0
     regions = _sorted(regions)
     groups = []

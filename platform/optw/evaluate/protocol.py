@@ -1,13 +1,11 @@
-"""The evaluation protocol: how a trained model is scored, and how scores compare with ILS.
-
-A model is evaluated on each region's benchmark tourist and the first ``validation_tourists``
-of its generated set (ours, or the paper's own sets) by greedy decoding, beam search and
-optionally active search. Needs neither Ray nor MLflow.
-"""
+"""The evaluation protocol: a trained model is scored on each region's benchmark tourist and
+first ``validation_tourists`` generated ones (ours or the paper's) by greedy decoding, beam
+search and optionally active search, and compared with ILS. Needs neither Ray nor MLflow."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,11 +28,9 @@ class EvaluateSettings:
     keep_greedy: bool = True  # beam search and the sweep keep the greedy routes
     #: beam widths timed on each benchmark tourist (the paper's score/time figure)
     beam_sweep: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128])
-    #: solve validation tourists one at a time, so each row's ``seconds`` is that tourist's
-    #: own solve time; false: one batch per region, each row gets the batch time / tourists
+    #: solve tourists one at a time (each row's own ``seconds``), else a batch per region
     one_by_one: bool = False
-    #: the generated tourists evaluated: ``validation`` (ours) or ``paper`` (the paper's own
-    #: sets, ids 1000..1063; the catalog must be built with ``--paper-sets``)
+    #: the generated tourists evaluated: ``validation`` (ours) or ``paper`` (``--paper-sets``)
     tourists: str = "validation"
 
     def __post_init__(self) -> None:
@@ -60,8 +56,7 @@ class EvaluateSettings:
 
 
 def _progress_of(bar: Any, region: str, ids: Any) -> Callable[[int, float], None]:
-    """:func:`optw.decode.solve`'s ``progress(k, reward)`` for a batch of ``region`` (tourist
-    ids ``ids``): ``bar`` shows the tourist being tuned and its best sampled score so far."""
+    """``solve``'s ``progress(k, reward)``: ``bar`` shows the tourist and its best score."""
     best: dict[int, float] = {}
 
     def update(k: int, reward: float) -> None:
@@ -76,12 +71,8 @@ def evaluate_model(checkpoint: str, regions: list[str], method: str,
                    settings: EvaluateSettings, catalog_dir: str,
                    progress: bool | None = None,
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Rows per (region, tourist, method) of greedy, beam search and (if asked) active search
-    on each region's benchmark and generated tourists, with ``kind`` and solve seconds; rows
-    per (region, beams) of the beam-width sweep on the benchmark tourist. Active search shows
-    a tqdm bar on stderr (``progress`` None: only when stderr is a terminal)."""
-    import sys
-
+    """Rows per (region, tourist, method) of greedy, beam search and active search (if asked)
+    and per (region, beams) of the benchmark tourist's beam sweep."""
     import torch
     from tqdm import tqdm
 
@@ -138,28 +129,24 @@ def _evaluate_region(model: Any, catalog: Any, rid: str, method: str,
                 rows.append({"region": rid, "tourist": int(tid), "kind": tourists.kind,
                              "method": name, "score": float(sol.score),
                              "seconds": float(sol.seconds), "route": json.dumps(sol.route)})
-    bench = batches[0]
     for width in settings.beam_sweep:
         # the evaluation's own width on the benchmark tourist was solved just above
         sol = (beam[0][0] if width == settings.beams else
-               solve(model, region, bench, "beam", beams=width,
+               solve(model, region, batches[0], "beam", beams=width,
                      keep_greedy=reuse, greedy=greedy[0])[0])
         sweep.append({"region": rid, "method": method, "beams": width,
                       "score": float(sol.score), "seconds": float(sol.seconds)})
 
 
 def validation_score(rows: list[dict[str, Any]], region: str, method: str) -> float:
-    """Mean score of ``method`` on ``region``'s generated tourists (validation or paper; all
-    its rows when the evaluation had none): what the registry's champion rule compares."""
+    """Mean score of ``method`` on ``region``'s generated tourists (else on all its rows)."""
     mine = [r for r in rows if r["region"] == region and r["method"] == method]
     vals = [r["score"] for r in mine if r["kind"] != "benchmark"] or [r["score"] for r in mine]
     return float(np.mean(vals)) if vals else float("nan")
 
 
 def gap_to_ils(metrics: dict[str, float], ils_means: dict[str, float]) -> float | None:
-    """Mean over regions of the gap (:func:`optw.evaluate.stats.gap`) of the validation score
-    to the ILS score of the same tourists (negative: better than ILS). ``metrics`` holds
-    ``val_score/<region>`` per region, or one ``val_score``; None without ILS means."""
+    """Mean gap of ``val_score/<region>`` (or ``val_score``) to the regions' ILS means."""
     pairs = [(ils, metrics.get(f"val_score/{rid}", metrics.get("val_score")))
              for rid, ils in ils_means.items()]
     pairs = [(ils, score) for ils, score in pairs if score is not None and ils > 0]
@@ -171,8 +158,7 @@ def gap_to_ils(metrics: dict[str, float], ils_means: dict[str, float]) -> float 
 
 def ils_validation_means(catalog_dir: str, regions: list[str], n_tourists: int,
                          ) -> dict[str, float]:
-    """Mean stored ILS score over each region's first ``n_tourists`` validation tourists
-    (regions without stored results are left out)."""
+    """Mean stored ILS score over each region's first ``n_tourists`` validation tourists."""
     from optw.baselines import load_ils_results
 
     ils = load_ils_results(catalog_dir)

@@ -1,10 +1,5 @@
-"""Reading and checking a results table: one row per (region, tourist, method).
-
-Required columns: ``region, tourist, method, score, seconds``. A table is CSV, Parquet or JSON
-lines (as ``optw solve --json`` prints; ``-`` reads them from standard input). An optional
-``route`` column (node ids, or a string like ``"0 5 12 101"`` / ``"[0, 5, 12, 101]"``) is
-checked with :func:`optw.env.validate.check_route` and must reproduce ``score``. Every problem
-names its row (``row N`` counts data rows from 1; in a CSV file that is line N+1).
+"""Reading and checking a results table: one row per (region, tourist, method); an optional
+``route`` column (node ids, or a string like ``"0 5 12 101"``) must reproduce ``score``.
 """
 
 from __future__ import annotations
@@ -58,8 +53,7 @@ def _json_lines(text: str, source: str, name: str) -> pd.DataFrame:
 
 
 def read_table(path: Path | str) -> pd.DataFrame:
-    """A CSV, Parquet (``.pq``/``.parquet``) or JSON-lines (``.jsonl``/``.json``; ``-`` =
-    standard input) results table as a DataFrame."""
+    """A CSV, Parquet or JSON-lines (``-``: standard input) results table as a DataFrame."""
     if str(path) == "-":
         try:
             text = sys.stdin.read()
@@ -113,15 +107,12 @@ def _parse_route(value) -> list[int] | None:
 def validate_results(df: pd.DataFrame, catalog, baseline: str = "ils",
                      methods: Iterable[str] | None = None,
                      check_routes: bool = True) -> pd.DataFrame:
-    """A raw results table checked against the catalog, as a clean copy with the tourists'
-    ``kind``, ``group`` and ``exact`` (False for a paper set that is the CPU approximation);
-    else a :class:`ResultsError` naming the rows at fault (up to ten)."""
+    """A results table checked against the catalog, with ``kind``, ``group`` and ``exact``."""
     source = df.attrs.get("source", "results table")
     df = df.reset_index(drop=True)  # keeps attrs
     if len(df.columns) == 0 or len(df) == 0:
         raise ResultsError(f"{source} has no rows")
-    missing = [c for c in REQUIRED if c not in df.columns]
-    if missing:
+    if missing := [c for c in REQUIRED if c not in df.columns]:
         raise ResultsError(f"{source} lacks column(s) {missing}; expected {list(REQUIRED)} "
                            f"(found {list(map(str, df.columns))})")
     problems: list[str] = []
@@ -152,11 +143,9 @@ def validate_results(df: pd.DataFrame, catalog, baseline: str = "ils",
             bad(i, f"tourist {_show(df['tourist'].iat[i])} is not an integer id")
         else:
             if region not in known:
-                known[region] = {}
-                for k in kinds_held:
-                    batch = catalog.tourists(region, k)
-                    for tid, most in zip(batch.tourist_id, batch.scores.sum(axis=1), strict=True):
-                        known[region][int(tid)] = (k, float(most))
+                batches = [catalog.tourists(region, k) for k in kinds_held]
+                known[region] = {int(tid): (b.kind, float(most)) for b in batches for tid, most
+                                 in zip(b.tourist_id, b.scores.sum(axis=1), strict=True)}
             kind, total = known[region].get(int(t), (None, None))
             if kind is None:
                 bad(i, f"tourist {int(t)} of region {region} is not in the catalog "
@@ -198,8 +187,7 @@ def validate_results(df: pd.DataFrame, catalog, baseline: str = "ils",
     if methods is not None:
         methods = list(methods)
         present = sorted(out["method"].unique())
-        unknown = [m for m in methods if m not in present]
-        if unknown:
+        if unknown := [m for m in methods if m not in present]:
             raise ResultsError(f"method(s) {unknown} not in {source}; it has {present}")
         out = out[out["method"].isin(methods)]
     if check_routes and "route" in df.columns:
@@ -211,8 +199,7 @@ def _id_ranges(held: dict[int, tuple[str, float]]) -> str:
     """``0..64`` or ``0..64, paper 1000..1063``: the ids a region's stored tourists have."""
     ours = [t for t, (k, _) in held.items() if k != "paper"]
     paper = [t for t, (k, _) in held.items() if k == "paper"]
-    text = f"{min(ours)}..{max(ours)}"
-    return text + (f", paper {min(paper)}..{max(paper)}" if paper else "")
+    return f"{min(ours)}..{max(ours)}" + (f", paper {min(paper)}..{max(paper)}" if paper else "")
 
 
 def _check_routes(df: pd.DataFrame, out: pd.DataFrame, catalog, source: str) -> None:

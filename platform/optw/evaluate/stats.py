@@ -1,10 +1,6 @@
-"""The paper's statistics: score gap, bootstrap confidence intervals, Wilcoxon signed-rank test.
-
-- gap to a baseline: ``(baseline - model) / baseline * 100`` (negative = the model is better);
-- 95% confidence intervals: percentile bootstrap of the mean over regions (10,000 resamples
-  with replacement, seeded);
-- p-values: one-sided Wilcoxon signed-rank test on paired per-region scores.
-"""
+"""The paper's statistics: score gap to a baseline (negative = the model is better), 95%
+percentile bootstrap CIs of the mean over regions (10,000 seeded resamples) and one-sided
+Wilcoxon signed-rank p-values on paired per-region scores."""
 
 from __future__ import annotations
 
@@ -19,16 +15,14 @@ SEED = 0
 
 def gap(baseline, model) -> np.ndarray:
     """Score gap in percent, ``(baseline - model) / baseline * 100``; NaN where baseline is 0."""
-    b = np.asarray(baseline, dtype=np.float64)
-    m = np.asarray(model, dtype=np.float64)
+    b, m = (np.asarray(v, dtype=np.float64) for v in (baseline, model))
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(b != 0, (b - m) / b * 100.0, np.nan)
 
 
 def bootstrap_ci(values, n_resamples: int = N_RESAMPLES, level: float = CI_LEVEL,
                  seed: int | np.random.Generator | None = SEED) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean of ``values`` (resampled with replacement); one
-    value gives a zero-width interval at it, no values (nan, nan)."""
+    """Percentile bootstrap CI of the mean of ``values``; (nan, nan) for no values."""
     x = np.asarray(values, dtype=np.float64).ravel()
     if x.size == 0:
         return float("nan"), float("nan")
@@ -41,17 +35,15 @@ def bootstrap_ci(values, n_resamples: int = N_RESAMPLES, level: float = CI_LEVEL
         hi = min(n_resamples, lo + chunk)
         means[lo:hi] = x[rng.integers(0, x.size, size=(hi - lo, x.size))].mean(axis=1)
     alpha = (1.0 - level) / 2.0
-    q = np.quantile(means, [alpha, 1.0 - alpha])
-    return float(q[0]), float(q[1])
+    lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
+    return float(lo), float(hi)
 
 
 def wilcoxon_greater(x, y) -> float:
-    """One-sided Wilcoxon signed-rank p-value for H1: ``x`` > ``y`` (paired samples); zero
-    differences are dropped (Wilcoxon's convention), with none left the p-value is 1."""
+    """One-sided Wilcoxon signed-rank p-value for H1: ``x`` > ``y`` (paired); 1 if all equal."""
     from scipy.stats import wilcoxon
 
-    a = np.asarray(x, dtype=np.float64).ravel()
-    b = np.asarray(y, dtype=np.float64).ravel()
+    a, b = (np.asarray(v, dtype=np.float64).ravel() for v in (x, y))
     if a.shape != b.shape:
         raise ValueError(f"paired samples differ in length: {a.size} vs {b.size}")
     if a.size == 0:

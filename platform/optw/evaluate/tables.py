@@ -1,8 +1,5 @@
-"""The paper's result tables ("Metrics and Statistical analysis") from per-tourist results
-and the stored ILS baseline: per region the mean scores of the method and of ILS on the same
-tourists and their gaps; per group and tourist kind the means over regions, 95% bootstrap
-CIs over regions and a one-sided Wilcoxon p-value (method > ILS); pairwise p-values between
-all methods (ILS included) over the regions they share.
+"""The paper's result tables from per-tourist results and the stored ILS baseline: per region,
+per group and tourist kind (means, CIs, Wilcoxon p-values over regions) and pairwise p-values.
 """
 
 from __future__ import annotations
@@ -17,11 +14,11 @@ import pandas as pd
 from optw.errors import OptwError, UserError
 from optw.evaluate.stats import N_RESAMPLES, SEED, bootstrap_ci, gap, wilcoxon_greater
 from optw.outdir import replace_dir
+from optw.paths import reference_dir
 
 GROUP_ORDER = ("solomon", "cordeau", "gavalas")
 GROUP_LABEL = {"solomon": "Solomon", "cordeau": "Cordeau", "gavalas": "Gavalas"}
-#: Catalog tourist kind -> the paper's label (the paper's "generated" tourists are our
-#: fixed validation tourists; ``paper``: the paper's own generated sets).
+#: Catalog tourist kind -> the paper's label (its "generated" are our validation tourists).
 KIND_LABEL = {"validation": "generated", "paper": "paper", "benchmark": "benchmark"}
 KIND_ORDER = ("validation", "paper", "benchmark")
 REFERENCE_FILE = "paper_benchmark_scores.csv"
@@ -35,8 +32,6 @@ class MissingReferenceError(OptwError, FileNotFoundError):
 
 def default_reference_path() -> Path:
     """``paper_benchmark_scores.csv`` in :func:`optw.paths.reference_dir`."""
-    from optw.paths import reference_dir
-
     return reference_dir() / REFERENCE_FILE
 
 
@@ -50,8 +45,7 @@ def read_reference(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     except (OSError, ValueError) as exc:  # a folder, no permission, not a CSV
         raise UserError(f"cannot read reference file {path}: "
                         f"{' '.join(str(exc).split())[:200]}") from None
-    missing = [c for c in ("instance", *columns) if c not in df.columns]
-    if missing:
+    if missing := [c for c in ("instance", *columns) if c not in df.columns]:
         raise UserError(f"reference file {path} lacks column(s) {missing}")
     return df.set_index("instance")
 
@@ -68,8 +62,7 @@ def pair_with_baseline(results: pd.DataFrame, baseline: pd.DataFrame,
     base = baseline[["region", "tourist", "score", "seconds"]].rename(
         columns={"score": "base_score", "seconds": "base_seconds"})
     merged = results.merge(base, on=["region", "tourist"], how="left", validate="m:1")
-    missing = merged[merged["base_score"].isna()]
-    if len(missing):
+    if len(missing := merged[merged["base_score"].isna()]):
         pairs = missing[["region", "tourist"]].drop_duplicates()
         example = ", ".join(f"({r}, {t})" for r, t in pairs.head(5).itertuples(index=False))
         regions = " ".join(sorted(pairs["region"].unique()))
@@ -80,8 +73,7 @@ def pair_with_baseline(results: pd.DataFrame, baseline: pd.DataFrame,
 
 
 def region_table(paired: pd.DataFrame, best_known: pd.Series | None = None) -> pd.DataFrame:
-    """One row per (method, kind, group, region): tourists, mean ILS and model scores, gaps,
-    mean time and ``exact`` (False where the region's paper set is the CPU approximation)."""
+    """One row per (method, kind, group, region): tourists, mean scores, gaps, time, exact."""
     if "exact" not in paired.columns:
         paired = paired.assign(exact=True)
     agg = paired.groupby(["method", "kind", "group", "region"], sort=False).agg(
@@ -93,8 +85,7 @@ def region_table(paired: pd.DataFrame, best_known: pd.Series | None = None) -> p
     agg["best_known"] = np.nan
     if best_known is not None:  # benchmark groups only: custom regions have no best-known
         bench = (agg["kind"] == "benchmark") & agg["group"].isin(GROUP_ORDER)
-        missing = sorted(set(agg.loc[bench, "region"]) - set(best_known.index))
-        if missing:
+        if missing := sorted(set(agg.loc[bench, "region"]) - set(best_known.index)):
             raise UserError(f"no best-known score for region(s) {missing} in the reference")
         agg.loc[bench, "best_known"] = agg.loc[bench, "region"].map(best_known).astype(float)
     agg["gap_bk"] = gap(agg["best_known"], agg["model"])
@@ -105,8 +96,7 @@ def region_table(paired: pd.DataFrame, best_known: pd.Series | None = None) -> p
 
 
 def sort_rows(df: pd.DataFrame, orders: dict[str, Sequence] | None = None) -> pd.DataFrame:
-    """Rows sorted by each column of ``orders`` in its order of values (others last), then by
-    region; default: method (first seen first), kind and group in the paper's orders."""
+    """Rows sorted by the columns of ``orders`` in their orders of values, then by region."""
     orders = orders or {"method": list(dict.fromkeys(df["method"])), "kind": KIND_ORDER,
                         "group": GROUP_ORDER}
 
@@ -120,9 +110,7 @@ def sort_rows(df: pd.DataFrame, orders: dict[str, Sequence] | None = None) -> pd
 
 def summary_table(regions: pd.DataFrame, n_resamples: int = N_RESAMPLES,
                   seed: int = SEED) -> pd.DataFrame:
-    """One row per (method, kind, group): means over regions, 95% bootstrap CIs over regions,
-    the median gap to ILS over regions and the one-sided Wilcoxon p-value of "method scores
-    higher than ILS"."""
+    """One row per (method, kind, group): means, CIs and Wilcoxon p-values over regions."""
     rows = []
     for (method, kind, group), g in regions.groupby(["method", "kind", "group"], sort=False):
         row = {"method": method, "kind": kind, "group": group, "regions": len(g),
@@ -146,8 +134,7 @@ def summary_table(regions: pd.DataFrame, n_resamples: int = N_RESAMPLES,
 
 
 def pvalue_table(regions: pd.DataFrame, baseline: str = "ils") -> pd.DataFrame:
-    """Pairwise one-sided Wilcoxon tests over shared regions, per tourist kind: for every
-    ordered pair (a, b) of methods (the baseline included), p for "b scores higher than a"."""
+    """Per kind and ordered pair (a, b) of methods and baseline: p of "b scores higher"."""
     rows = []
     for kind in KIND_ORDER:
         sub = regions[regions["kind"] == kind]
@@ -175,8 +162,7 @@ def evaluate(results: pd.DataFrame, baseline: pd.DataFrame, best_known: pd.Serie
              baseline_name: str = "ils", n_resamples: int = N_RESAMPLES,
              seed: int = SEED) -> dict[str, pd.DataFrame]:
     """All tables for validated ``results`` (see :mod:`optw.evaluate.results`)."""
-    paired = pair_with_baseline(results, baseline, baseline_name)
-    regions = region_table(paired, best_known)
+    regions = region_table(pair_with_baseline(results, baseline, baseline_name), best_known)
     return {
         "summary": summary_table(regions, n_resamples, seed),
         "regions": regions,
@@ -197,8 +183,7 @@ def _cell(v) -> str:
 
 
 def to_markdown(df: pd.DataFrame, formats: dict | None = None) -> str:
-    """A GitHub-flavoured Markdown table (no dependency on ``tabulate``); ``formats``: column ->
-    format of its present values."""
+    """A GitHub-flavoured Markdown table; ``formats``: column -> format of present values."""
     formats = formats or {}
     cols = [str(c) for c in df.columns]
     lines = ["| " + " | ".join(c.replace("|", "\\|") for c in cols) + " |",
@@ -257,8 +242,7 @@ def paper_regions(regions: pd.DataFrame, kind: str) -> pd.DataFrame:
 
 
 def render_markdown(tables: dict[str, pd.DataFrame]) -> dict[str, str]:
-    """Markdown documents: ``summary.md`` (one paper table per method), per-region tables
-    and the p-values."""
+    """Markdown documents: the summary, per-region tables and the p-values."""
     summary, regions = tables["summary"], tables["regions"]
     parts = ["# Evaluation summary\n",
              "Gaps: (baseline - model) / baseline x 100, negative = better than the baseline; "
@@ -283,15 +267,11 @@ def render_markdown(tables: dict[str, pd.DataFrame]) -> dict[str, str]:
 def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path | str,
                  docs: dict[str, str] | None = None, note: str = "",
                  option: str | None = None) -> list[Path]:
-    """Write every table as CSV and the Markdown documents (default: :func:`render_markdown`)
-    as the folder ``out_dir``, replaced as a whole (:func:`optw.outdir.replace_dir`; errors
-    name ``option``, e.g. ``--out``, when given); returns the files written."""
-    names = []
+    """Write the tables (CSV) and ``docs`` (Markdown) as the folder ``out_dir``; returns them."""
     with replace_dir(out_dir, OUT_KIND, note, option=option) as tmp:
+        docs = render_markdown(tables) if docs is None else docs
         for name, df in tables.items():
             df.to_csv(tmp / f"{name}.csv", index=False)
-            names.append(f"{name}.csv")
-        for name, text in (render_markdown(tables) if docs is None else docs).items():
+        for name, text in docs.items():
             (tmp / name).write_text(text)
-            names.append(name)
-    return [Path(out_dir) / n for n in names]
+    return [Path(out_dir) / n for n in [*(f"{name}.csv" for name in tables), *docs]]

@@ -1,7 +1,5 @@
-"""Static HTML reports of platform jobs, read from MLflow (``optw report``): a folder of
-``index.html`` (inline CSS, no scripts, nothing from the network) and ``plots/*.png``. See
-``docs/report.md``.
-"""
+"""Static HTML reports of platform jobs, read from MLflow (``optw report``): ``index.html``
+and ``plots/*.png`` (docs/report.md)."""
 
 from optw.report.build import write_and_log_report, write_report
 from optw.report.data import JobData, find_parent_run, load_job

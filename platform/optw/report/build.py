@@ -22,10 +22,8 @@ LEGACY = frozenset({INDEX, PLOTS})
 
 def _figures(data: JobData, folder: Path, groups: list[str],
              ) -> tuple[dict[str, str | None], pd.DataFrame, pd.DataFrame | None]:
-    """The figures (id -> file beside the page, or None), the time/score points and the
-    fine-tuning points (None: no fine-tuned model)."""
+    """The figures (id -> file or None), the time/score and fine-tuning points (or None)."""
     figures: dict[str, str | None] = {}
-    ft = None
 
     def rel(path: Path | None) -> str | None:
         return f"{PLOTS}/{path.name}" if path is not None else None
@@ -41,8 +39,8 @@ def _figures(data: JobData, folder: Path, groups: list[str],
     regions = data.tables.get("regions", pd.DataFrame(
         columns=["region", "group", "kind", "method", "ils_seconds"]))
     finetuned = [c for c in data.children if c.stage == "finetune"]
-    if finetuned:
-        ft = plots.finetune_points(finetuned, regions)
+    ft = plots.finetune_points(finetuned, regions) if finetuned else None
+    if ft is not None:
         figures["finetune"] = rel(plots.finetune_chart(ft, groups, folder / "finetune.png"))
     colors = plots.method_colors(list(regions["method"]) + list(data.evaluation["method"]))
     for kind in KIND_ORDER:
@@ -59,23 +57,19 @@ def _figures(data: JobData, folder: Path, groups: list[str],
 
 def write_report(parent_run_id: str, out_dir: str | Path, uri: str | None = None,
                  option: str | None = None) -> Path:
-    """Write the report of the job whose parent run is ``parent_run_id`` into ``out_dir``,
-    replaced as a whole (:func:`optw.outdir.replace_dir`: a failure leaves the old report);
-    errors name ``option`` (e.g. ``--out``) when given. Returns the path of ``index.html``."""
+    """Write the report of ``parent_run_id``'s job as the folder ``out_dir``; returns its index."""
     out = check_out_dir(out_dir, OUT_KIND, LEGACY, option)  # before reading the store
     data = load_job(parent_run_id, uri)
     with replace_dir(out_dir, OUT_KIND, f"of run {parent_run_id}", LEGACY, option) as tmp:
         (tmp / PLOTS).mkdir()
         groups = data.groups()
         figures, points, ft = _figures(data, tmp / PLOTS, groups)
-        page = render(data, figures, groups, points, ft)
-        (tmp / INDEX).write_text(page, encoding="utf-8")
+        (tmp / INDEX).write_text(render(data, figures, groups, points, ft), encoding="utf-8")
     return out / INDEX
 
 
 def write_and_log_report(parent_run_id: str, out_dir: str | Path, uri: str | None) -> Path:
-    """:func:`write_report`, then log the folder as artifact ``report/`` of the parent run
-    (what the job calls at its end). Returns the path of ``index.html``."""
+    """:func:`write_report`, then log the folder as the parent run's artifact ``report/``."""
     from optw.tracking.uri import get_client
 
     index = write_report(parent_run_id, out_dir, uri)

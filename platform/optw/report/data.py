@@ -1,6 +1,5 @@
-"""What a job report shows, read from MLflow through ``MlflowClient``: the parent run, its
-children, their metric histories, the job's tables and the children's evaluation rows. A job that
-failed half-way gives a report of what exists.
+"""What a job report shows, read from MLflow: the parent run, its children, their metric
+histories, the job's tables and the children's evaluation rows (of a failed job: what exists).
 """
 
 from __future__ import annotations
@@ -17,8 +16,7 @@ from optw.evaluate.tables import GROUP_ORDER
 from optw.tracking.runs import PARENT_TAG, run_url
 from optw.tracking.uri import get_client, tracking_uri
 
-#: Metric histories read from each child run (step = epoch); a fine-tuning run validates at
-#: epoch 0 too, before its first epoch.
+#: Metric histories read from each child run (step = epoch; fine-tuning validates at 0 too).
 CURVE_METRICS = ("mean_reward", "val_score", "benchmark_score", "val_gap_ils")
 #: Tables of the parent run read from ``tables/<name>.csv``.
 JOB_TABLES = ("summary", "regions", "pvalues", "beam_sweep")
@@ -89,27 +87,20 @@ def region_groups(regions: pd.DataFrame | None) -> dict[str, str]:
 
 
 def group_of(key: str, known: dict[str, str]) -> str:
-    """A region's (or ``global-<group>`` / ``transfer-<group>`` / ``source-<group>`` model's)
-    group; custom groups (``global-custom``) are known from the regions' groups."""
+    """The group of a region or a ``<stage>-<group>`` model (custom groups from ``known``)."""
     if key in known:
         return known[key]
-    if "-" in key:
-        tail = key.rsplit("-", 1)[1]
-        if tail in GROUP_ORDER or tail in set(known.values()):
-            return tail
-    for pattern, group in _GROUP_BY_ID:
-        if pattern.match(key):
-            return group
-    return "other"
+    tail = key.rsplit("-", 1)[-1]
+    if "-" in key and (tail in GROUP_ORDER or tail in set(known.values())):
+        return tail
+    return next((group for pattern, group in _GROUP_BY_ID if pattern.match(key)), "other")
 
 
 def find_parent_run(job: str | None = None, uri: str | None = None) -> str:
-    """Run id of the newest parent run of job ``job`` (its experiment), or of any job when
-    ``job`` is ``None``."""
+    """Run id of the newest parent run of job ``job`` (its experiment), else of any job."""
     client = get_client(uri)
     if job is None:
-        exp_ids = [e.experiment_id for e in client.search_experiments()]
-        filt = "tags.job != ''"
+        exp_ids, filt = [e.experiment_id for e in client.search_experiments()], "tags.job != ''"
     else:
         exp = client.get_experiment_by_name(job)
         if exp is None:
@@ -135,8 +126,8 @@ def _read_csv(client, run_id: str, path: str, tmp: Path) -> pd.DataFrame | None:
 
 
 def _history(client, run_id: str, metric: str) -> pd.DataFrame:
-    points = client.get_metric_history(run_id, metric)
-    df = pd.DataFrame([(p.step, p.value, p.timestamp) for p in points],
+    df = pd.DataFrame([(p.step, p.value, p.timestamp)
+                       for p in client.get_metric_history(run_id, metric)],
                       columns=["step", "value", "timestamp"])
     # a retried worker may log a step twice: keep the latest point per step
     return (df.sort_values(["step", "timestamp"]).drop_duplicates("step", keep="last")
@@ -163,9 +154,8 @@ def load_job(parent_run_id: str, uri: str | None = None) -> JobData:
     evaluation = []
     children: list[ChildRun] = []
     with tempfile.TemporaryDirectory(prefix="optw-report-") as tmp:
-        read = {name: _read_csv(client, parent_run_id, f"tables/{name}.csv", Path(tmp))
-                for name in JOB_TABLES}
-        tables = {name: df for name, df in read.items() if df is not None}
+        tables = {name: df for name in JOB_TABLES if (df := _read_csv(
+            client, parent_run_id, f"tables/{name}.csv", Path(tmp))) is not None}
         known = region_groups(tables.get("regions"))
         for run in found:
             tags = dict(run.data.tags)

@@ -71,8 +71,7 @@ def _with_ci(row: pd.Series, col: str, digits: int = 2) -> str:
 
 
 def table(df: pd.DataFrame, left: tuple[str, ...] = (), raw: tuple[str, ...] = ()) -> str:
-    """A DataFrame as an HTML table: cells escaped (except ``raw`` columns, which hold HTML),
-    floats rounded, ``left`` columns left-aligned."""
+    """A DataFrame as an HTML table (``raw`` columns hold HTML; ``left`` ones left-aligned)."""
     head = "".join(f'<th class="{"l" if c in left else ""}">{escape(str(c))}</th>'
                    for c in df.columns)
     rows = []
@@ -97,8 +96,7 @@ def _section(anchor: str, title: str, note: str, *body: str) -> str:
 
 
 def summary_tables(summary: pd.DataFrame, groups: list[str]) -> str:
-    """One table per group from ``tables/summary.csv``: means over regions with 95%
-    bootstrap CIs and the Wilcoxon p-value against ILS."""
+    """One table per group of the job's summary table (means, CIs, p-value against ILS)."""
     out = []
     for g in groups:
         rows = [{
@@ -118,8 +116,7 @@ def summary_tables(summary: pd.DataFrame, groups: list[str]) -> str:
 
 
 def against_paper_section(regions: pd.DataFrame | None) -> str:
-    """Ours beside the paper's columns (:mod:`optw.evaluate.paper`): group table, then the
-    per-region tables folded; a note when there is nothing to compare or no paper table."""
+    """Ours beside the paper's columns: the group table, then the per-region ones folded."""
     from optw.evaluate import paper
 
     if regions is None or not regions["kind"].isin(paper.KINDS).any():
@@ -179,9 +176,8 @@ def runs_table(data: JobData) -> str:
 
 
 def _figure(src: str | None, alt: str) -> str:
-    if not src:
-        return f'<p class="note">{escape(alt)}: no data.</p>'
-    return f'<figure><img src="{escape(src)}" alt="{escape(alt)}"></figure>'
+    return (f'<figure><img src="{escape(src)}" alt="{escape(alt)}"></figure>' if src
+            else f'<p class="note">{escape(alt)}: no data.</p>')
 
 
 def _when(ms: int | None) -> str:
@@ -204,8 +200,7 @@ def _curves_section(figures: dict[str, str | None], groups: list[str]) -> str:
 
 
 def _finetune_section(figures: dict[str, str | None], points: pd.DataFrame | None) -> str:
-    """Fine-tuning: every region before (the model it starts from) and after; "" when the
-    job fine-tuned nothing (``points`` None)."""
+    """Fine-tuning: every region before and after; "" when the job fine-tuned nothing."""
     if points is None:
         return ""
     if not figures.get("finetune"):
@@ -234,9 +229,7 @@ def _finetune_section(figures: dict[str, str | None], points: pd.DataFrame | Non
 def render(data: JobData, figures: dict[str, str | None], groups: list[str],
            time_points: pd.DataFrame | None = None,
            finetune: pd.DataFrame | None = None) -> str:
-    """The whole page. ``figures``: figure id -> file name beside the page (or ``None``);
-    ``time_points``: the points of the time/score figure, shown as a table; ``finetune``: the
-    fine-tuned regions' before/after points (None: the job fine-tuned nothing)."""
+    """The whole page of the figures (id -> file or ``None``) and the points' tables."""
     t = data.tags
     title = f"optw job report: {data.job_name}"
     meta = " · ".join(escape(x) for x in [
@@ -260,8 +253,8 @@ def render(data: JobData, figures: dict[str, str | None], groups: list[str],
                     "ran): gaps to best-known are left out.</p>")
     timing = [_figure(figures.get("time_score"), "time vs score")]
     if time_points is not None and len(time_points):
-        points = time_points.drop(columns=["order"], errors="ignore")
-        timing.append(_details("Points", table(points, left=("group", "method", "setting"))))
+        timing.append(_details("Points", table(time_points.drop(columns=["order"], errors="ignore"),
+                                               left=("group", "method", "setting"))))
     summary, pvalues = data.tables.get("summary"), data.tables.get("pvalues")
     tables = [summary_tables(summary, groups) if summary is not None and len(summary) else
               '<p class="note">No summary table (the job logged no evaluation).</p>']

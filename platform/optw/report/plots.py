@@ -1,6 +1,5 @@
-"""The report's figures as PNG files (matplotlib's Agg renderer, no pyplot state). Each figure
-function writes one file and returns its path, or ``None`` when there is nothing to plot.
-"""
+"""The report's figures as PNG files (matplotlib's Agg renderer, no pyplot state): each writes
+one file and returns its path, or ``None`` when there is nothing to plot."""
 
 from __future__ import annotations
 
@@ -52,8 +51,7 @@ def _save(fig: Figure, path: Path, title: str, size: int = 10) -> Path:
 
 
 def has_curve(run: ChildRun, metrics: tuple[str, ...] = ("mean_reward", "val_score")) -> bool:
-    """Whether ``run`` has a history of at least two epochs of one of ``metrics`` (a single
-    point is no curve)."""
+    """Whether ``run`` has a history of at least two epochs of one of ``metrics``."""
     return any(len(run.curves.get(m, ())) >= 2 for m in metrics)
 
 
@@ -68,9 +66,7 @@ _CURVE_STYLES = {
 
 
 def learning_curves(runs: list[ChildRun], path: Path, title: str) -> Path | None:
-    """A panel per model of ``runs`` that has a curve: its training reward and validation
-    scores (greedy: validation tourists, benchmark tourist) over epochs and below, where two
-    or more validations logged one, the gap to ILS on the validation tourists."""
+    """A panel per model: training reward, validation scores and gap to ILS over epochs."""
     runs = sorted((r for r in runs if has_curve(r)),
                   key=lambda r: (STAGE_ORDER.get(r.stage, 9), r.key))
     if not runs:
@@ -119,10 +115,7 @@ def _panel(ax, ylabel: str) -> None:
 
 def finetune_points(children: list[ChildRun], regions: pd.DataFrame | None = None,
                     ) -> pd.DataFrame:
-    """Per fine-tuned region with a validation at epoch 0 (the model it starts from) and later:
-    the first and last as the gap to ILS (``val_gap_ils``, else the mean greedy score) and the
-    job's evaluated gap of the fine-tuned model (:func:`_evaluated_gap`). Columns ``region,
-    group, start, metric, before, after, after_epoch, evaluated, val_tourists``."""
+    """Per fine-tuned region: its validation at epoch 0 and last, and the evaluated gap."""
     rows = []
     for run in (c for c in children if c.stage == "finetune"):
         for metric in ("val_gap_ils", "val_score"):
@@ -137,17 +130,15 @@ def finetune_points(children: list[ChildRun], regions: pd.DataFrame | None = Non
                          "evaluated": _evaluated_gap(run, regions),
                          "val_tourists": run.params.get("train.val_tourists", "")})
             break
-    cols = ["region", "group", "start", "metric", "before", "after", "after_epoch",
-            "evaluated", "val_tourists"]
-    out = pd.DataFrame(rows, columns=cols)
+    out = pd.DataFrame(rows, columns=["region", "group", "start", "metric", "before", "after",
+                                      "after_epoch", "evaluated", "val_tourists"])
     if (out["metric"] == "val_gap_ils").any():  # one measure for the whole chart
         out = out[out["metric"] == "val_gap_ils"]
     return out.reset_index(drop=True)
 
 
 def _evaluated_gap(run: ChildRun, regions: pd.DataFrame | None) -> float:
-    """The job's evaluation of ``run``'s model on its region's validation tourists: the gap to
-    ILS of its main method (beam search; not ``*_greedy`` / ``*_as``), or NaN."""
+    """The evaluated validation gap to ILS of ``run``'s main (beam search) method, or NaN."""
     if regions is None or not len(regions) or not run.methods:
         return math.nan
     main = [m for m in run.methods if not m.endswith(("_greedy", "_as"))]
@@ -157,8 +148,7 @@ def _evaluated_gap(run: ChildRun, regions: pd.DataFrame | None) -> float:
 
 
 def finetune_chart(points: pd.DataFrame, groups: list[str], path: Path) -> Path | None:
-    """Every fine-tuned region's validation before fine-tuning and after: a panel per group, a
-    row per region, an arrow from before to after, the evaluated gap as a cross."""
+    """Every fine-tuned region's validation before and after: an arrow per region and group."""
     if points.empty:
         return None
     gap = points["metric"].iloc[0] == "val_gap_ils"
@@ -206,8 +196,7 @@ def finetune_chart(points: pd.DataFrame, groups: list[str], path: Path) -> Path 
 
 def region_gaps(regions: pd.DataFrame, kind: str, groups: list[str], colors: dict[str, str],
                 path: Path) -> Path | None:
-    """Dot plot per region (rows, grouped by group) of the gap to ILS and, where the reference
-    has them, the gap to the best-known score, one marker per method."""
+    """Dot plot per region of each method's gap to ILS and, where known, to best-known."""
     sub = regions[regions["kind"] == kind]
     order = [(g, r) for g in groups
              for r in sorted(sub.loc[sub["group"] == g, "region"].astype(str).unique())]
@@ -249,9 +238,7 @@ def region_gaps(regions: pd.DataFrame, kind: str, groups: list[str], colors: dic
 
 
 def time_score_points(data: JobData) -> pd.DataFrame:
-    """Per (group, method, setting) on the benchmark tourists: mean inference seconds, mean
-    score and mean gap to ILS (where the regions table has ILS scores). Beam widths come from
-    the job's ``beam_sweep`` table, active search (methods ``*_as``) from the evaluation rows."""
+    """Per (group, method, setting) on the benchmark tourists: mean seconds, score, gap."""
     parts = []
     sweep = data.tables.get("beam_sweep")
     if sweep is not None and len(sweep):
@@ -260,8 +247,7 @@ def time_score_points(data: JobData) -> pd.DataFrame:
                          order=sweep["beams"].astype(float))
         parts.append(s[["region", "method", "setting", "order", "score", "seconds"]])
     bench = data.evaluation[data.evaluation["kind"] == "benchmark"]
-    act = bench[bench["method"].astype(str).str.endswith("_as")]
-    if len(act):
+    if len(act := bench[bench["method"].astype(str).str.endswith("_as")]):
         a = act.assign(method=act["method"].str[:-3] + " + active search",
                        setting="active search", order=np.inf)
         parts.append(a[["region", "method", "setting", "order", "score", "seconds"]])
@@ -286,8 +272,7 @@ def time_score_points(data: JobData) -> pd.DataFrame:
 
 def time_score(points: pd.DataFrame, groups: list[str], colors: dict[str, str],
                ils_seconds: dict[str, float], path: Path) -> Path | None:
-    """The paper's time/score figure: per group, mean gap to ILS (or mean score without ILS)
-    against mean inference time (log scale) for beam widths 1…128 and active search."""
+    """The paper's time/score figure: per group, mean gap to ILS (or score) against time."""
     if points.empty:
         return None
     use_gap = points["gap_ils"].notna().all()
@@ -302,15 +287,13 @@ def time_score(points: pd.DataFrame, groups: list[str], colors: dict[str, str],
             sm = sub[sub["method"] == m]
             base = m.replace(" + active search", "")
             color = colors.get(base, colors.get(m, "#333333"))
-            beams = sm[np.isfinite(sm["order"])]
-            if len(beams):
+            if len(beams := sm[np.isfinite(sm["order"])]):
                 ax.plot(beams["seconds"], beams[ycol], marker="o", ms=4, color=color, label=m)
                 for _, row in beams.iterrows():
                     ax.annotate(row["setting"].split("=")[-1], (row["seconds"], row[ycol]),
                                 textcoords="offset points", xytext=(3, 4), fontsize=7,
                                 color=color)
-            act = sm[~np.isfinite(sm["order"])]
-            if len(act):
+            if len(act := sm[~np.isfinite(sm["order"])]):
                 ax.scatter(act["seconds"], act[ycol], marker="*", s=90, color=color, label=m,
                            zorder=4)
         if use_gap and g in ils_seconds and ils_seconds[g] > 0:

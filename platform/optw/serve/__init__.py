@@ -1,8 +1,6 @@
-"""The trip planner (``docs/planner.md``): a Ray Serve application that plans itineraries with
-each region's champion model, and the same planner in-process for ``optw plan``. Ray and
-FastAPI are imported only by :mod:`optw.serve.app`, which ``start_planner`` and
-``stop_planner`` load on first use.
-"""
+"""The trip planner (``docs/planner.md``): a Ray Serve application planning itineraries with
+each region's champion model, and ``optw plan`` in-process. Ray and FastAPI are imported only
+by :mod:`optw.serve.app`, loaded on first use."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The trip planner as a Ray Serve application (FastAPI ingress): ``POST /plan``,
-``GET /regions``, ``GET /regions/{id}``, ``GET /healthz`` and the planner page ``GET /`` with
-its files at ``GET /static/{name}`` (``docs/planner.md``). No ``from __future__ import
-annotations``: FastAPI must see the ``Request`` type itself.
-"""
+"""The trip planner as a Ray Serve application (FastAPI ingress; endpoints:
+``docs/planner.md``). No ``from __future__ import annotations``: FastAPI must see ``Request``."""
 
 import asyncio
 import concurrent.futures
@@ -10,7 +7,6 @@ import logging
 import os
 import signal
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -68,8 +64,7 @@ async def _plan_error(_: Request, exc: PlanError) -> JSONResponse:
 
 @app.exception_handler(HTTPException)
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    """Starlette's own errors (unknown path 404, wrong method 405, ...) in the planner's
-    ``{error, field, status}`` form instead of FastAPI's ``{"detail": ...}``."""
+    """Starlette's own errors (404, 405, ...) as ``{error, field, status}``, not ``{"detail"}``."""
     path = request.url.path[:200]
     if exc.status_code == 404:
         err = PlanError(404, "path", f"path: no endpoint {path!r}; the planner serves "
@@ -94,9 +89,8 @@ async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
                   ray_actor_options={"num_cpus": 0.5}, health_check_period_s=10)
 @serve.ingress(app)
 class PlannerDeployment:
-    """One replica: the catalog, a per-region model cache and a pool of ``solve_threads``
-    threads (torch using 1 each). Requests beyond the solve slots wait for one here,
-    asynchronously, so ``/healthz`` and ``/regions`` never wait for a solve."""
+    """One replica: the catalog, a model cache and ``solve_threads`` solve threads. Requests
+    wait for a solve slot here, asynchronously, so ``/healthz`` never waits for a solve."""
 
     def __init__(self, settings: ServeSettings):
         import torch
@@ -132,8 +126,7 @@ class PlannerDeployment:
         req = self.planner.parse(bytes(body))  # cheap: bad requests never wait for a solve
         self.in_flight += 1
         try:
-            # the model first, without a solve slot: a cached model at once; a region without
-            # one waits for the registry at most registry_timeout seconds (then 503)
+            # the model first, without a solve slot (uncached: up to registry_timeout, then 503)
             model = await asyncio.to_thread(self.models.get, req.region.id)
             async with self.solve_slots:
                 answer = await asyncio.get_running_loop().run_in_executor(
@@ -170,8 +163,7 @@ class PlannerDeployment:
 
     @app.get("/healthz")
     async def healthz(self) -> dict[str, Any]:
-        """Liveness: regions known, models cached (region -> version), plans in flight (being
-        solved or waiting for a solve slot), uptime. Never waits for a solve."""
+        """Liveness: regions, cached model versions, plans in flight, uptime; never waits."""
         return {"status": "ok", "regions": len(self.planner.catalog),
                 "models": self.models.loaded(), "plans_in_flight": self.in_flight,
                 "tracking_uri": self.models.uri,
@@ -186,8 +178,7 @@ class PlannerDeployment:
 
 def build_app(catalog: str | Path | None = None, tracking_uri: str | None = None, *,
               settings: ServeSettings | None = None, **options: Any) -> serve.Application:
-    """The bound Serve application of checked ``settings``, else of the other arguments
-    (:func:`serve_settings`'s, checked and resolved here, in the caller's process)."""
+    """The bound Serve application of checked ``settings``, else of :func:`serve_settings`'s."""
     if settings is None:
         settings = serve_settings(catalog=catalog, tracking_uri=tracking_uri, ray_running=True,
                                   **options)
@@ -203,11 +194,9 @@ PROXY_START_TIMEOUT_S = 300.0
 
 def start_planner(host: str = "127.0.0.1", port: int = 8000, blocking: bool = False,
                   **options: Any) -> str:
-    """Deploy the planner on Ray Serve at ``http://host:port`` (``port=0``: a free one) and
-    return that URL; ``blocking`` serves until Ctrl-C, then shuts down. ``options``:
-    :func:`~optw.serve.settings.serve_settings`'s (``catalog``, ``tracking_uri``,
-    ``ray_address``, ...), all checked before Ray starts. A local Ray is started unless Ray is
-    initialised in this process or ``ray_address`` names a running one."""
+    """Deploy the planner at ``http://host:port`` (``port=0``: a free one) and return that URL;
+    ``blocking`` serves until Ctrl-C. ``options``: :func:`serve_settings`'s, checked before Ray
+    starts (a local Ray unless Ray is initialised here or ``ray_address`` names one)."""
     import ray
 
     settings = serve_settings(host=host, port=port, ray_running=ray.is_initialized(), **options)
@@ -215,8 +204,7 @@ def start_planner(host: str = "127.0.0.1", port: int = 8000, blocking: bool = Fa
 
 
 def _allow_slow_proxy_start(seconds: float) -> None:
-    """Give Ray Serve's HTTP proxy ``seconds`` to start (on a busy machine it can take longer
-    than Serve's fixed 60 s); best effort: Serve's private constant, read at each start."""
+    """Give Serve's HTTP proxy ``seconds`` to start, not its fixed 60 s (a private constant)."""
     try:
         from ray.serve._private import api as serve_api
     except ImportError:
@@ -256,9 +244,8 @@ def deploy(settings: ServeSettings, blocking: bool = False,
         if started_here:  # leave a Ray (and its Serve) that someone else started alone
             stop_planner()
         raise
-    url = settings.url
     if blocking:
-        print(f"trip planner listening on {url} (Ctrl-C stops it)", flush=True)
+        print(f"trip planner listening on {settings.url} (Ctrl-C stops it)", flush=True)
         # SIGINT too: a planner started in the background would otherwise ignore it
         interrupt_on_signals((signal.SIGINT, signal.SIGTERM))
         try:
@@ -268,7 +255,7 @@ def deploy(settings: ServeSettings, blocking: bool = False,
             print("stopping the trip planner", flush=True)
         finally:
             stop_planner()
-    return url
+    return settings.url
 
 
 def _wait_ready(url: str, timeout: float) -> None:
@@ -279,7 +266,7 @@ def _wait_ready(url: str, timeout: float) -> None:
             with urllib.request.urlopen(f"{url}/healthz", timeout=5) as resp:
                 if resp.status == 200:
                     return
-        except (urllib.error.URLError, OSError) as exc:
+        except OSError as exc:  # URLError too
             last = exc
         time.sleep(0.2)
     raise OptwError(f"the planner did not answer {url}/healthz within {timeout:g} s ({last})")

@@ -27,8 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from optw.serve.preferences import PREFERENCES
     from optw.serve.request import METHODS
 
-    # Values are read as text and checked by the handlers (optw.serve.settings), so that every
-    # bad value is one line naming the option and the valid values, before Ray starts.
+    # values are read as text and checked by the handlers: one line per bad value, before Ray
     s = sub.add_parser(
         "serve", help="run the trip planner service (Ray Serve, POST /plan)",
         description="Deploy the trip planner on a local Ray (or --ray-address) and serve until "
@@ -120,32 +119,22 @@ def _serve(args) -> int:
     return 0
 
 
-def _number(text: str) -> float | None:
-    """``text`` as a finite number, else None (ASCII only: float() also reads other digits)."""
-    try:
-        value = float(text) if text.isascii() else math.nan
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
 def _request(args) -> dict[str, Any]:
-    """The ``/plan`` request of the options, each option's own format checked (the values
-    are checked with the request, as the service checks them: :func:`parse_request`)."""
+    """The ``/plan`` request of the options, their formats checked (values: parse_request)."""
     from optw.serve.preferences import PREFERENCES
     from optw.serve.request import METHODS
-    from optw.serve.settings import text
+    from optw.serve.settings import number, text
 
     req: dict[str, Any] = {"region": text(args.region, "--region", "a region id such as t101")}
     if args.start is not None:
-        xy = [_number(v) for v in args.start.split(",")]
+        xy = [number(v) for v in args.start.split(",")]
         if len(xy) != 2 or None in xy:
             raise UserError(f"--start: expected X,Y (two finite numbers), got {args.start!r}")
         req["start"] = {"x": xy[0], "y": xy[1]}
-    for key, value, option in (("t_start", args.t_start, "--from"),
-                               ("t_end", args.t_end, "--to")):
+    for key, option in (("t_start", "--from"), ("t_end", "--to")):
+        value = getattr(args, key)
         if value is not None:
-            req[key] = value if ":" in value else _number(value)
+            req[key] = value if ":" in value else number(value)
             if req[key] is None:
                 raise UserError(f"{option}: expected minutes (a finite number) or HH:MM, got "
                                 f"{value!r}")
@@ -177,9 +166,8 @@ def _request(args) -> dict[str, Any]:
 
 
 def _option_error(exc: Any) -> Exception:
-    """A :class:`PlanError` of ``optw plan`` as one line naming the option: a 4xx is a
-    :class:`~optw.errors.UserError`, a 503 (the registry) an :class:`~optw.errors.OptwError`
-    naming ``--tracking-uri``, a 500 (a route the validator refused) a bug."""
+    """A :class:`PlanError` as one line naming the option: 4xx a UserError, 503 (the registry)
+    an OptwError naming ``--tracking-uri``, 500 (a route the validator refused) a bug."""
     field = exc.field or ""
     option = "--tracking-uri" if exc.status >= 500 else \
         PLAN_OPTIONS.get(field.split("[")[0].split(".")[0])
@@ -195,8 +183,7 @@ def _option_error(exc: Any) -> Exception:
 
 
 def _models(args) -> Any:
-    """The model source of ``optw plan``: the checkpoint, or the registry (checked to answer
-    and to exist before anything is loaded)."""
+    """The checkpoint, or the registry (checked to answer and exist before anything loads)."""
     from optw.serve.models import CheckpointModels, RegistryModels
     from optw.serve.settings import tracking_store
     from optw.tracking.uri import ENV_URI, sqlite_path
@@ -258,9 +245,8 @@ def _warning(message: str) -> None:
 
 def render_itinerary(answer: dict[str, Any], n_points: int | None = None,
                      note: str | None = None) -> str:
-    """A plan as a table a person can read (clock times when the request used HH:MM): one
-    label over each column (``begin``: when the visit begins, after any wait), ``note`` (what
-    a clock time means in the region) under the summary."""
+    """A plan as a readable table (clock times when the request used HH:MM; ``begin``: after
+    any wait), ``note`` (what a clock time means in the region) under the summary."""
     from optw.serve.request import format_time
 
     latlon = answer.get("coords") == "latlon"

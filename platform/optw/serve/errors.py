@@ -8,16 +8,13 @@ from optw.errors import OptwError
 
 
 def clip(value: Any, limit: int = 80) -> str:
-    """``value`` as text of at most about ``limit`` characters, for echoing a caller's input
-    in an error message."""
+    """``value`` as text of at most about ``limit`` characters, to echo in an error message."""
     text = value if isinstance(value, str) else repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 class PlanError(OptwError):
-    """A request the planner cannot serve: HTTP ``status``, the offending ``field`` and a
-    message, both cut short (a safety net behind the echo limit). The service answers it as
-    JSON; ``optw plan`` names the option."""
+    """A request the planner cannot serve: HTTP ``status``, ``field`` and message (cut short)."""
 
     def __init__(self, status: int, field: str | None, message: str):
         self.status = status

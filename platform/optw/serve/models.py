@@ -1,7 +1,5 @@
-"""The planner's model cache: one checkpoint for every region (``optw plan --checkpoint``) or
-each region's registry champion, reloaded when the ``champion`` alias moves. MLflow and torch
-are imported when a model is first loaded.
-"""
+"""The planner's models: one checkpoint for every region, or each region's registry champion,
+reloaded when the ``champion`` alias moves. MLflow and torch are imported on first load."""
 
 from __future__ import annotations
 
@@ -56,13 +54,10 @@ class _Entry:
 
 
 class RegistryModels:
-    """Each region's ``models:/optw-<region>@champion``, cached per region. Registry calls run
-    in a small thread pool, at most one per region at a time. The alias is looked up again at
-    most every ``check_interval`` seconds, in the background; a new version is loaded there too
-    and then replaces the cached one. A cached model serves at once, whatever the registry does;
-    a region without one waits for the registry at most ``timeout`` seconds, then gets a 503
-    :class:`PlanError` (the lookup goes on, and its result serves the next request).
-    ``clock``: the time source of the check interval."""
+    """Each region's ``models:/optw-<region>@champion``, cached. Registry calls run in a thread
+    pool, one per region at a time; the alias is rechecked at most every ``check_interval``
+    seconds (``clock``), in the background. A cached model serves at once; a region without one
+    waits at most ``timeout`` seconds, then gets a 503 (the lookup goes on for the next)."""
 
     def __init__(self, uri: str | None = None, check_interval: float = DEFAULT_CHECK_INTERVAL,
                  *, timeout: float = DEFAULT_REGISTRY_TIMEOUT,

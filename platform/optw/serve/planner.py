@@ -1,7 +1,5 @@
-"""The trip planner's core, shared by the Ray Serve service and ``optw plan``: it validates a
-request, solves it with the region's model and shapes the answer (an itinerary checked by the
-route validator). Nothing here imports Ray; torch and :mod:`optw.decode` only when used.
-"""
+"""The trip planner's core, shared by the service and ``optw plan``: validate a request, solve
+it with the region's model, shape the validated itinerary. Torch and decode load when used."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ log = logging.getLogger(__name__)
 
 
 def node_name(region: Region, node: int, default_start: bool = True) -> str:
-    """A node's name: the region's own (the start and end nodes: its ``start_name`` when the
-    tourist starts there), else ``"start"``, ``"end"`` or ``"POI <node>"``."""
+    """A node's name: the region's own (start/end: when starting there), else a generic one."""
     if node in (0, region.n_nodes - 1):
         kind = "start" if node == 0 else "end"
         return region.start_name if region.start_name and default_start else kind
@@ -55,11 +52,9 @@ METHOD_OPTIONS: dict[str, dict[str, Any]] = {"active-search": {"epochs": 8, "bat
 
 
 class Planner:
-    """Plans itineraries: validates requests against the catalog and solves them with the
-    region's model from ``models``. ``solve_options`` (request method -> extra
-    :func:`optw.decode.solve` arguments, checked by :func:`~optw.serve.settings.serve_settings`)
-    override :data:`METHOD_OPTIONS`. A model trained on other regions is told to ``warn``
-    (default: a logged warning) once per model and region."""
+    """Validates requests against the catalog and solves them with ``models``. ``solve_options``
+    (method -> extra :func:`optw.decode.solve` arguments) override :data:`METHOD_OPTIONS`. A
+    model trained on other regions is told to ``warn`` (default: log) once per region."""
 
     def __init__(self, catalog: Catalog, models: ModelProvider, *,
                  solve_options: Mapping[str, Mapping[str, Any]] | None = None,
@@ -126,8 +121,7 @@ class Planner:
         return self.solve(self.parse(body))
 
     def solve(self, req: PlanRequest, loaded: LoadedModel | None = None) -> dict[str, Any]:
-        """Solve a validated request -> the itinerary as a JSON-ready dict (with ``loaded``,
-        the region's model already fetched from :attr:`models`)."""
+        """A validated request's itinerary as a JSON dict (``loaded``: the model, if fetched)."""
         from optw.env import InvalidRoute, check_route
 
         if loaded is None:
@@ -184,8 +178,7 @@ class Planner:
     def _route(self, model: Any, req: PlanRequest) -> list[int]:
         from optw.decode import solve
 
-        # The network reads scores relative to the region's benchmark scale; rescaling keeps
-        # any caller's units in that range (the best route is the same for scaled scores).
+        # the network reads scores on the region's benchmark scale (same best route)
         top = float(req.scores.max())
         scale = req.region.s_max_benchmark / top if top > 0 else 1.0
         tourists = req.tourists(req.scores * scale)
@@ -203,8 +196,7 @@ def _start_latlon(req: PlanRequest) -> dict[str, float]:
 
 
 def _legs(stops: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The travel between consecutive stops: leave one, arrive at the next (the validator's
-    schedule, so ``travel`` is the region's travel time for this start)."""
+    """The travel between consecutive stops (the validator's schedule)."""
     return [{"leg": a["stop"], "from": a["stop"], "to": b["stop"],
              "from_node": a["node"], "to_node": b["node"],
              "from_name": a["name"], "to_name": b["name"],

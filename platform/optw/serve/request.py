@@ -1,9 +1,6 @@
-"""The planner's request (a JSON object, see ``docs/planner.md``): body decoding and validation.
-The planner's own fields are the region, ``"HH:MM"`` times, the preference profile, the method
-and the beam width; the tourist (start, times, scores) is read by
-:func:`optw.catalog.read_tourist`, like ``optw solve`` files, a lat/lon region's start
-``{"lat": .., "lon": ..}`` converted to its x/y first. Errors are :class:`PlanError`s.
-"""
+"""The planner's request (``docs/planner.md``): body decoding and validation into
+:class:`PlanError`s. The tourist fields are read by :func:`optw.catalog.read_tourist` (a lat/lon
+region's start converted to x/y first)."""
 
 from __future__ import annotations
 
@@ -61,8 +58,7 @@ def _degrees(value: Any, name: str, bounds: tuple[float, float]) -> float:
 
 
 def latlon_start(value: Any, region: Region) -> tuple[float, float] | None:
-    """The ``(lat, lon)`` of a request's ``start`` for a lat/lon region (``None`` when absent);
-    :class:`PlanError` 422 naming ``start``, ``start.lat`` or ``start.lon`` otherwise."""
+    """``(lat, lon)`` of a lat/lon region's ``start`` (``None`` when absent), else a 422."""
     if value is None:
         return None
     if not isinstance(value, Mapping) or set(value) != {"lat", "lon"}:
@@ -94,14 +90,12 @@ OPENING_CLOCK_GROUPS = ("solomon", "cordeau")
 
 
 def clock_origin(region: Region) -> str:
-    """What 0 minutes (``"00:00"``) is in ``region``: ``"midnight"`` (the Gavalas and custom
-    regions) or ``"opening"`` (Solomon and Cordeau regions: the depot's opening)."""
+    """What 0 minutes is in ``region``: ``"midnight"`` or ``"opening"`` (the depot's)."""
     return "opening" if region.group in OPENING_CLOCK_GROUPS else "midnight"
 
 
 def clock_note(region: Region) -> str | None:
-    """What ``HH:MM`` means in a region whose clock starts at the depot's opening (None where
-    it is the time of day)."""
+    """What ``HH:MM`` means where the clock starts at the depot's opening (else None)."""
     if clock_origin(region) == "midnight":
         return None
     return (f"{region.id} counts time from the depot's opening, not midnight (09:00 = 540 "
@@ -138,8 +132,8 @@ class PlanRequest:
 
 
 class HugeInt(int):
-    """A JSON integer of more than :data:`MAX_INT_DIGITS` digits (valid JSON, out of range):
-    an int beyond any bound, shown short (Python refuses to print ints of over 4300 digits)."""
+    """A JSON integer of over :data:`MAX_INT_DIGITS` digits: beyond any bound, shown short
+    (Python refuses to print ints of over 4300 digits)."""
 
     digits: str
 
@@ -229,8 +223,7 @@ def parse_request(data: Mapping[str, Any], catalog: Catalog) -> PlanRequest:
     for key in ("t_start", "t_end"):
         if isinstance(fields.get(key), str):
             fields[key], clock = parse_time(fields[key], key)[0], True
-    # a given time outside the day is named before t_end <= t_start is (that would blame the
-    # other, default, time); other bad values are named by the reader
+    # a time outside the day is named before t_end <= t_start would blame the other (default)
     for name in ("t_start", "t_end"):
         v = fields.get(name)
         if (isinstance(v, float) and math.isfinite(v)) or (

@@ -1,12 +1,9 @@
-"""The checks of the planner's settings (valid values: ``docs/planner.md``) for ``optw serve``,
-``optw plan`` and :func:`optw.serve.start_planner`, run before Ray or any work starts: every
-bad value is one :class:`~optw.errors.UserError` (an unreachable store a
-:class:`~optw.tracking.TrackingUnavailableError`) whose message starts with the option's or
-parameter's name. Nothing is started or written here."""
+"""Checks of the planner's settings (``docs/planner.md``), run before Ray or any work starts:
+every bad value is one UserError (an unreachable store a TrackingUnavailableError) starting
+with the option's or parameter's name. Nothing is started or written here."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import math
@@ -73,8 +70,7 @@ class ServeSettings:
 
 
 def bounded_int(value: Any, name: str, lo: int, hi: int, what: str) -> int:
-    """``value`` (an int, or its ASCII decimal text) within ``lo..hi``; else a UserError
-    naming ``name``."""
+    """``value`` (an int, or its ASCII decimal text) within ``lo..hi``, else a UserError."""
     ok = (isinstance(value, int) and not isinstance(value, bool)) or (
         isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,30}\s*", value, re.ASCII))
     if not ok or not lo <= int(value) <= hi:
@@ -82,14 +78,21 @@ def bounded_int(value: Any, name: str, lo: int, hi: int, what: str) -> int:
     return int(value)
 
 
+def number(text: str) -> float | None:
+    """``text`` as a finite number, else None (ASCII only: float() also reads other digits)."""
+    try:
+        value = float(text) if text.isascii() else math.nan
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
 def seconds(value: Any, name: str, lo: float, hi: float, what: str) -> float:
     """``value`` (a number, or its text) as a finite float within ``[lo, hi]``."""
-    out: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         out = float(value)
-    elif isinstance(value, str) and value.isascii():  # float() also reads Arabic-Indic digits
-        with contextlib.suppress(ValueError):
-            out = float(value)
+    else:
+        out = number(value) if isinstance(value, str) else None
     if out is None or not math.isfinite(out) or not lo <= out <= hi:
         raise UserError(f"{name}: expected {what}, a finite number in {lo:g}..{hi:g}, "
                         f"got {clip(value)!r}")
@@ -105,8 +108,8 @@ def text(value: Any, name: str, what: str) -> str:
 
 
 def open_catalog_checked(path: str | Path | None, name: str):
-    """The built catalog at ``path`` (default ``$OPTW_CATALOG`` or ``region_catalog/``), its
-    node table read; else a UserError naming the option and the folder."""
+    """The catalog at ``path`` (default ``$OPTW_CATALOG`` or ``region_catalog/``), node table
+    read; else a UserError naming the option and the folder."""
     from optw.catalog import default_catalog_dir, open_catalog
 
     if path is not None and not str(path).strip():
@@ -159,10 +162,9 @@ def check_fit(num_replicas: int, num_cpus: float, total: float, names: Mapping[s
                         f"has {total:g}")
     need = num_replicas * num_cpus
     if need > total + 1e-9:
-        most = int((total + 1e-9) // num_cpus)
         raise UserError(
             f"{names['num_replicas']}: {num_replicas} replicas of {num_cpus:g} CPU each need "
-            f"{need:g} CPUs, {where} has {total:g}; use at most {most}")
+            f"{need:g} CPUs, {where} has {total:g}; use at most {int((total + 1e-9) // num_cpus)}")
 
 
 def _bind(host: str, port: int, names: Mapping[str, str]) -> int:
@@ -190,8 +192,7 @@ def _bind(host: str, port: int, names: Mapping[str, str]) -> int:
         return int(sock.getsockname()[1])
 
 
-def _ray_address(value: Any, name: str) -> str:
-    address = text(value, name, "'local', 'auto' or the HOST:PORT of a running Ray")
+def _ray_address(address: str, name: str) -> str:
     if address in ("local", "auto"):
         return address
     m = re.fullmatch(r"(?:ray://)?\[?([^\[\]]+?)\]?:(\d{1,5})", address)
@@ -199,8 +200,7 @@ def _ray_address(value: Any, name: str) -> str:
         raise UserError(f"{name}: expected 'local', 'auto', HOST:PORT or ray://HOST:PORT, got "
                         f"{address!r}")
     try:
-        with socket.create_connection((m.group(1), int(m.group(2))), timeout=CHECK_TIMEOUT):
-            pass
+        socket.create_connection((m.group(1), int(m.group(2))), timeout=CHECK_TIMEOUT).close()
     except OSError as exc:
         raise UserError(f"{name}: no Ray answers at {address} ({exc.strerror or exc}); start "
                         f"one (`ray start --head`) or use 'local'") from None
@@ -231,10 +231,9 @@ def serve_settings(*, host: Any = "127.0.0.1", port: Any = 8000,
                    registry_timeout: Any = DEFAULT_REGISTRY_TIMEOUT,
                    names: Mapping[str, str] | None = None,
                    ray_running: bool = False) -> ServeSettings:
-    """Check every setting of a planner deployment (cheap ones first, then the catalog, the
-    tracking store, the Ray address and the port) and return them resolved. ``names``: the
-    name errors use for a parameter (``optw serve``: :data:`SERVE_FLAGS`). ``ray_running``:
-    Ray is initialised in this process (the CPUs are checked once connected, the port not)."""
+    """Check every setting (cheap ones first, then the catalog, tracking store, Ray address and
+    port) and return them resolved. ``names``: parameter -> name in errors (:data:`SERVE_FLAGS`).
+    ``ray_running``: Ray is initialised here (CPUs are checked once connected, the port not)."""
     n = {f.name: (names or {}).get(f.name, f.name) for f in dataclasses.fields(ServeSettings)}
     host = text(host, n["host"], "an address to listen on, such as 127.0.0.1 or 0.0.0.0")
     port = bounded_int(port, n["port"], 0, 65535, "a TCP port (0: any free port)")
@@ -253,14 +252,15 @@ def serve_settings(*, host: Any = "127.0.0.1", port: Any = 8000,
     ray_cpus_n = None if ray_cpus is None else bounded_int(ray_cpus, n["ray_cpus"], 1, 4096,
                                                        "a number of CPUs")
     options = _solve_options(solve_options, n["solve_options"])
-    local = text(ray_address, n["ray_address"], "'local', 'auto' or HOST:PORT") == "local"
-    if local and not ray_running:
-        total = ray_cpus_n if ray_cpus_n is not None else local_cpus()
-        check_fit(replicas, cpus, total, n, "the local Ray")
+    address = text(ray_address, n["ray_address"], "'local', 'auto' or HOST:PORT")
+    local = address == "local" and not ray_running  # a local Ray is started here
+    if local:
+        check_fit(replicas, cpus, ray_cpus_n or local_cpus(), n, "the local Ray")
     cat = open_catalog_checked(catalog, n["catalog"])
     uri = tracking_store(tracking_uri, n["tracking_uri"])
-    address = _ray_address(ray_address, n["ray_address"]) if not ray_running else ray_address
-    if local and not ray_running:
+    if not ray_running:
+        address = _ray_address(address, n["ray_address"])
+    if local:
         port = _bind(host, port, n)
     elif port == 0:
         raise UserError(f"{n['port']}: 0 (any free port) needs a local Ray started here; "

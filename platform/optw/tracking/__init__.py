@@ -1,8 +1,5 @@
-"""Experiment tracking and model registry (MLflow); data flows into it, never back. The driver
-makes the runs (:func:`start_job_run`, ``JobRun.child``), workers log to them by ``run_id``
-(:class:`MlflowCallback`) and register their models (:func:`register_version`). See
-``docs/tracking.md``.
-"""
+"""Experiment tracking and model registry (MLflow; ``docs/tracking.md``): the driver makes the
+runs, workers log to them by ``run_id`` and register their models."""
 
 from optw.tracking.callback import MlflowCallback, log_file
 from optw.tracking.evaluation import log_evaluation, log_tables

@@ -1,6 +1,5 @@
 """``MlflowCallback``: training metrics, validation results and final files into an MLflow run.
-It never sets ``ctx.stop``: by default a tracking failure is a warning, retried at the next
-flush, instead of the end of a long training run."""
+A tracking failure is a warning, retried at the next flush, not the end of a training run."""
 
 from __future__ import annotations
 
@@ -23,13 +22,10 @@ MAX_BUFFER = 20_000
 
 
 class MlflowCallback(Callback):
-    """Log a training run into the existing MLflow run ``run_id`` (made by the driver): every
-    ``log_every`` epochs (and the first and last) the numeric epoch metrics at step
-    ``ctx.epoch``, buffered and sent in one ``log_batch`` once ``flush_every`` points wait or
-    ``flush_seconds`` passed; validation metrics at once; at the end ``best_val_score``,
-    ``config.json`` and the final checkpoint (``checkpoints/``). Picklable (a client per
-    process), so it ships to a Ray worker. ``strict`` raises tracking errors instead of warning.
-    """
+    """Log training into the run ``run_id``: epoch metrics every ``log_every`` epochs (and the
+    first and last), sent once ``flush_every`` points wait or ``flush_seconds`` passed;
+    validation metrics at once; at the end ``best_val_score``, ``config.json`` and the final
+    checkpoint. Picklable, for Ray workers. ``strict`` raises tracking errors, not warns."""
 
     def __init__(self, run_id: str, *, uri: str | None = None, log_every: int = 10,
                  flush_every: int = 200, flush_seconds: float = 60.0,
@@ -65,8 +61,7 @@ class MlflowCallback(Callback):
         del self._buffer[:-MAX_BUFFER]
 
     def flush(self, force: bool = False) -> bool:
-        """Send buffered points now; True if nothing is left. After a failure, tries wait
-        ``max(flush_seconds, 30)`` s (unless ``force``): one timeout, not one per epoch."""
+        """Send buffered points; True if none is left (a failure delays retries unless force)."""
         now = time.monotonic()
         self._last_flush = now
         if not self._buffer:

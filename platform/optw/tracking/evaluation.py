@@ -47,9 +47,8 @@ def log_tables(run_id: str, tables: Mapping[str, Any], *, uri: str | None = None
 
 
 def log_evaluation(run_id: str, table, name: str, *, uri: str | None = None) -> dict[str, float]:
-    """Log ``<name>/<method>/mean_score`` (``mean_gap``, ``mean_seconds``) of a table of one
-    row per tourist (method ``all`` without a ``method`` column; NaNs ignored) and the table as
-    ``evaluation/<name>.csv`` + ``.md``; returns the metrics."""
+    """Log ``<name>/<method>/mean_score`` (``_gap``, ``_seconds``; method ``all`` without a
+    ``method`` column; NaNs ignored) and the table as ``evaluation/<name>.csv``/``.md``."""
     from mlflow.entities import Metric
 
     if "score" not in table.columns:

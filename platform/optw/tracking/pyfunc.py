@@ -1,9 +1,6 @@
-"""The registered artifact: an MLflow pyfunc model ("models from code", nothing pickled) that
-carries one region's checkpoint: ``MLmodel`` (config ``region``, ``catalog_version``, ...),
-``_model_code.py`` (``set_model(OptwSolverModel())``) and, as artifacts, the checkpoint and
-``region.json`` (the region's data, so serving needs no catalog). Loading needs ``optw``
-installed; the model and decoder are imported on first use.
-"""
+"""The registered artifact: an MLflow pyfunc model ("models from code", nothing pickled) with
+one region's checkpoint and ``region.json`` (so serving needs no catalog) as artifacts. Loading
+needs ``optw`` installed; the model and decoder are imported on first use."""
 
 from __future__ import annotations
 
@@ -38,15 +35,9 @@ class MissingCheckpointError(OptwError, FileNotFoundError):
 
 def region_to_json(region) -> str:
     """A catalog ``Region`` as JSON (arrays with their dtype), for the model's artifacts."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(region):
-        if not f.init or f.name.startswith("_"):
-            continue
-        value = getattr(region, f.name)
-        if isinstance(value, np.ndarray):
-            value = {"__array__": value.tolist(), "dtype": str(value.dtype)}
-        out[f.name] = value
-    return json.dumps(out)
+    fields = {f.name: getattr(region, f.name) for f in dataclasses.fields(region)
+              if f.init and not f.name.startswith("_")}
+    return json.dumps(fields, default=lambda a: {"__array__": a.tolist(), "dtype": str(a.dtype)})
 
 
 def region_from_json(text: str):
@@ -82,8 +73,7 @@ def _alias(rec: Any) -> Any:
 
 
 def tourists_from_records(region: Region, data: Any) -> TouristBatch:
-    """The :class:`~optw.catalog.TouristBatch` of ``region`` (tourists and their ids) of a
-    ``Tourists`` batch or records; a :class:`~optw.catalog.TouristError` names a bad one."""
+    """The :class:`~optw.catalog.TouristBatch` of a ``Tourists`` batch or records."""
     from optw.catalog import TouristBatch, Tourists, read_tourists
 
     if isinstance(data, Tourists):
@@ -131,8 +121,7 @@ class OptwSolverModel(mlflow.pyfunc.PythonModel):
         return self._region
 
     def check_region(self) -> str | None:
-        """The warning (:func:`optw.decode.region_mismatch`) when the model was trained on other
-        regions than its region, logged on the first call only; None when it was not."""
+        """:func:`optw.decode.region_mismatch`'s warning (logged on the first call) or None."""
         from optw.decode import region_mismatch
 
         warning = region_mismatch(self.model, self.region)
@@ -143,9 +132,8 @@ class OptwSolverModel(mlflow.pyfunc.PythonModel):
         return warning
 
     def solve(self, tourists: Any, method: str = DEFAULT_METHOD, beams: int | None = None):
-        """``optw.decode.solve`` for these tourists -> ``list[Solution]`` (``tourist``: the
-        given id); ``beams`` (default SERVE_BEAMS) is checked here, at the model's edge. Torch
-        uses the cores other work leaves free during the call."""
+        """``optw.decode.solve`` for these tourists -> ``list[Solution]`` (``tourist``: the given
+        id); ``beams`` (default SERVE_BEAMS) is checked here, at the model's edge."""
         import torch
 
         from optw.decode import METHODS, solve
@@ -173,10 +161,8 @@ class OptwSolverModel(mlflow.pyfunc.PythonModel):
 
     def predict(self, context, model_input: pd.DataFrame,
                 params: dict[str, Any] | None = None) -> pd.DataFrame:
-        """:meth:`solve` each tourist (DataFrame rows or a list of dicts ``{start: [x, y],
-        t_start, t_end, scores, tourist}``, missing keys taking the region's benchmark values)
-        -> DataFrame ``tourist, route, score, seconds`` echoing the given ids (the positions
-        when none is given); only an absent (None) param takes its default."""
+        """:meth:`solve` each tourist (DataFrame rows or dicts, missing keys taking the benchmark's
+        values) -> DataFrame ``tourist, route, score, seconds``; a None param takes its default."""
         params = params or {}
         method = params.get("method")
         sols = self.solve(model_input, method=DEFAULT_METHOD if method is None else method,
@@ -195,9 +181,8 @@ def _requirements() -> list[str]:
 
 def save_pyfunc(path: str | Path, region_id: str, checkpoint: str | Path, *,
                 region=None, config: Mapping[str, Any] | None = None) -> Path:
-    """Write the pyfunc model folder for ``region_id`` at ``path`` (which must not exist), with
-    ``region`` bundled as ``region.json`` when given and ``config``'s scalars added to the
-    model config (e.g. ``catalog_version``, ``config_hash``)."""
+    """Write the pyfunc model folder at ``path`` (must not exist), bundling ``region`` when given
+    and adding ``config``'s scalars (e.g. ``config_hash``) to the model config."""
     from mlflow.models.signature import ModelSignature
     from mlflow.types.schema import ParamSchema, ParamSpec
 

@@ -1,10 +1,6 @@
-"""Model registry: one registered model ``optw-<region>`` per region, a version per trained model.
-
-:func:`register_version` logs the checkpoint as a pyfunc model under the run (``model/<region>``)
-and makes a version with the given tags, once per run (a retried Ray task gets the existing
-version). The alias ``champion`` moves to a new version only when its ``val_score`` is strictly
-higher than the champion's (a champion without a readable ``val_score`` is the worst possible).
-"""
+"""Model registry: one registered model ``optw-<region>`` per region, a version per trained model
+(one per run). The alias ``champion`` moves to a new version only when its ``val_score`` is
+strictly higher (a champion without a readable ``val_score`` is the worst possible)."""
 
 from __future__ import annotations
 
@@ -102,8 +98,7 @@ def champion(region: str, *, uri: str | None = None) -> VersionInfo | None:
 
 def find_champion_with(region: str, config_hash: str, catalog_version: int | str, *,
                        uri: str | None = None) -> VersionInfo | None:
-    """The champion if it was trained with this config hash on this catalog version, else
-    ``None`` (a re-run skips a region whose champion is what it would train)."""
+    """The champion if trained with this config hash on this catalog version, else ``None``."""
     champ = champion(region, uri=uri)
     if champ is not None and champ.tags.get("config_hash") == str(config_hash) \
             and champ.tags.get("catalog_version") == str(catalog_version):
@@ -119,10 +114,9 @@ def set_champion(region: str, version: int, *, uri: str | None = None) -> None:
 def register_version(region: str, checkpoint_path: str | Path, run_id: str,
                      tags: Mapping[str, Any] | None = None, *, uri: str | None = None,
                      bundle_region: bool = True, region_data=None) -> int:
-    """Register the checkpoint trained in ``run_id`` as a version of ``optw-<region>``; returns
-    its number. ``tags`` should hold ``mode, profile, epochs, val_score, config_hash,
-    catalog_version``. With ``bundle_region`` the region's data (``region_data``, else the
-    catalog's if it opens) is stored in the pyfunc model, so serving needs no catalog."""
+    """Register the checkpoint of ``run_id`` as a version of ``optw-<region>`` (once per run);
+    returns its number. ``bundle_region`` stores the region (``region_data``, else the
+    catalog's if it opens) in the model, so serving needs no catalog."""
     from optw.tracking.pyfunc import save_pyfunc
 
     uri = tracking_uri(uri)
@@ -171,11 +165,8 @@ def register_version(region: str, checkpoint_path: str | Path, run_id: str,
 
 @dataclasses.dataclass(repr=False, eq=False)
 class RegionSolver:
-    """A registered model, ready to solve tourists of its region (a ``Tourists`` batch, a
-    tourist dict, a list of them or a DataFrame): ``solve`` -> ``list[Solution]``, ``predict``
-    -> the pyfunc's DataFrame. ``version``: the registry version (``None`` for a path);
-    ``local_path``: the model's folder (``None`` when loaded into memory, the download deleted).
-    """
+    """A registered model, ready to solve tourists of its region. ``version``: the registry's
+    (``None`` for a path); ``local_path``: the model's folder (``None`` when loaded in memory)."""
 
     impl: Any
     version: int | None
@@ -209,10 +200,8 @@ class RegionSolver:
 def load_solver(model_uri: str, *, uri: str | None = None, dst_path: str | Path | None = None,
                 load: bool = True) -> RegionSolver:
     """Open a registered model (``models:/optw-c101@champion``, ``models:/optw-c101/3``), a
-    ``runs:/`` or artifact URI or a local model folder, resolved against ``uri``. With
-    ``dst_path`` the download stays there; without it the model and region are loaded into
-    memory and the temporary download deleted at once, or, with ``load=False`` (open lazily),
-    when the solver is garbage-collected."""
+    ``runs:/`` or artifact URI or a local folder. With ``dst_path`` the download stays there;
+    else it is deleted once loaded, or (``load=False``) when the solver is garbage-collected."""
     import mlflow.artifacts
     import mlflow.pyfunc
 
@@ -246,10 +235,8 @@ def load_solver(model_uri: str, *, uri: str | None = None, dst_path: str | Path 
         impl = mlflow.pyfunc.load_model(local).unwrap_python_model()
         if load:  # now, instead of on the first solve
             _ = impl.model, impl.region
-        solver = RegionSolver(impl, version, model_uri, tags, local)
-        if tmp and load:
-            solver.local_path = None  # everything is in memory: the files go now
-        elif tmp:  # opened lazily: the files stay as long as the solver lives
+        solver = RegionSolver(impl, version, model_uri, tags, None if tmp and load else local)
+        if tmp and not load:  # opened lazily: the files stay as long as the solver lives
             weakref.finalize(solver, shutil.rmtree, tmp, True)
             tmp = None
         return solver

@@ -1,6 +1,5 @@
-"""Experiments and runs: one experiment per job, a parent run per job, a child per (stage, region).
-Runs are addressed by ``run_id`` through ``MlflowClient``, never the fluent ``mlflow.start_run``
-state, so a run made in the driver is logged to from a Ray worker (pass the :class:`JobRun`)."""
+"""Experiments and runs: one experiment per job, a parent run per job, a child per (stage, region),
+addressed by ``run_id`` (never fluent ``mlflow`` state), so Ray workers log to them."""
 
 from __future__ import annotations
 
@@ -110,8 +109,7 @@ def metric_key(key: Any) -> str:
 
 
 def log_params(run_id: str, params: Mapping[str, Any], uri: str | None = None) -> None:
-    """Log params in batches; a key already logged keeps its value (a retried task logs again:
-    a changed value is a warning, never an error)."""
+    """Log params in batches; a key already logged keeps its value (a change is a warning)."""
     from mlflow.entities import Param
 
     client = get_client(uri)
@@ -140,8 +138,7 @@ def _log_batches(run_id: str, kind: str, items: list, uri: str | None) -> None:
 
 
 def experiment_id(name: str, uri: str | None = None) -> str:
-    """Id of experiment ``name``, created (or restored from deleted) if needed; against a
-    sqlite store its artifacts go to ``mlartifacts/<name>`` beside the database."""
+    """Id of experiment ``name``, created or restored if needed (sqlite: ``mlartifacts/<name>``)."""
     from mlflow.exceptions import MlflowException
 
     client = get_client(uri)
@@ -201,8 +198,8 @@ class JobRun:
 
 def start_job_run(job_name: str, config: Any, tags: Mapping[str, Any] | None = None, *,
                   uri: str | None = None) -> JobRun:
-    """Parent run of a job in experiment ``job_name``, with the job's config as params; checks
-    the store first. A context manager ends it FINISHED/FAILED, else ``finish()``."""
+    """Parent run of a job in experiment ``job_name`` with the config as params (the store is
+    checked first); ``with`` ends it FINISHED/FAILED, else ``finish()``."""
     uri = check_tracking_uri(uri)
     commit = git_commit()
     params = run_params(config, commit)
@@ -233,9 +230,8 @@ def find_child_run(parent_run_id: str, stage: str, region: str,
 
 def start_child_run(parent: JobRun, stage: str, region: str, config: Any = None,
                     tags: Mapping[str, Any] | None = None, *, uri: str | None = None) -> str:
-    """Child run ``<stage>/<region>`` of ``parent`` with :func:`run_params` of ``config``;
-    returns its run_id. An existing child for the same (parent, stage, region) is returned
-    (set RUNNING again), so a retried task keeps logging to the same run."""
+    """Child run ``<stage>/<region>`` of ``parent`` with :func:`run_params` of ``config``; an
+    existing one is set RUNNING again and returned, so a retried task logs to the same run."""
     uri = uri or parent.tracking_uri
     client = get_client(uri)
     run_id = find_child_run(parent.run_id, stage, region, uri)
@@ -259,8 +255,7 @@ def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None) -> No
 
 def log_demonstrations(run_id: str, demos: Mapping[str, Any], source: str,
                        uri: str | None = None) -> None:
-    """Log ``{region: Demonstrations}`` as the run's training input: a dataset of (region,
-    tourist, score, route) rows whose source is the store they came from."""
+    """Log ``{region: Demonstrations}`` as the run's training input dataset (from ``source``)."""
     import mlflow.data
     import pandas as pd
     from mlflow.entities import DatasetInput, InputTag

@@ -1,6 +1,5 @@
 """A local MLflow tracking server over the project's store (one worker, proxied artifacts):
-``python -m optw.tracking.server [--host H] [--port P]`` (``make mlflow-server``).
-"""
+``python -m optw.tracking.server [--host H] [--port P]`` (``make mlflow-server``)."""
 
 from __future__ import annotations
 
@@ -27,10 +26,7 @@ from optw.tracking.uri import (
 def server_command(host: str = "127.0.0.1", port: int = 5000, *,
                    backend_store_uri: str | None = None,
                    artifacts_destination: str | Path | None = None) -> list[str]:
-    """The ``mlflow server`` command line (MLflow 3.x flags, one worker) over
-    ``backend_store_uri`` (default the project's sqlite store), proxying artifacts (clients,
-    e.g. Ray workers on other nodes, need no file access) into ``artifacts_destination``
-    (default ``mlartifacts/`` beside the database)."""
+    """The ``mlflow server`` command (one worker, proxied artifacts) over the project's store."""
     backend = backend_store_uri or default_tracking_uri()
     dest = Path(artifacts_destination) if artifacts_destination else \
         (artifact_root(backend) or Path.cwd() / ARTIFACTS_DIR)
@@ -50,8 +46,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def wait_for_server(uri: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
-    """Poll ``uri`` until it answers; raise TrackingUnavailableError after ``timeout`` s (at
-    once if ``proc`` exited)."""
+    """Poll ``uri`` until it answers, else TrackingUnavailableError (``timeout``, ``proc`` exit)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -69,8 +64,7 @@ def wait_for_server(uri: str, timeout: float = 60.0, proc: subprocess.Popen | No
 
 
 def stop_server(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    """SIGTERM the server's own process group (uvicorn and its worker), SIGKILL after
-    ``timeout`` s."""
+    """SIGTERM the server's process group, SIGKILL after ``timeout`` s."""
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):

@@ -1,9 +1,6 @@
-"""Where tracking data goes: the tracking URI, a fail-fast reachability check, cached clients.
-Default store: ``sqlite:///<project>/mlflow.db``, artifacts in ``<project>/mlartifacts``;
-``$MLFLOW_TRACKING_URI`` overrides it (e.g. a server). Every function takes an optional ``uri``
-(``None``: :func:`tracking_uri`); MLflow's process-global URI is never set, so a Ray worker logs
-to the store the driver named.
-"""
+"""Where tracking data goes: the tracking URI (``uri=None``: :func:`tracking_uri`), a fail-fast
+reachability check, cached clients. MLflow's process-global URI is never set, so a Ray worker
+logs to the store the driver named."""
 
 from __future__ import annotations
 
@@ -50,8 +47,7 @@ def sqlite_path(uri: str) -> Path | None:
 
 
 def artifact_root(uri: str | None = None) -> Path | None:
-    """Artifact folder of experiments created against a sqlite store: ``mlartifacts`` beside
-    the database. ``None`` for servers, which choose their own."""
+    """``mlartifacts`` beside a sqlite store's database; ``None`` for servers."""
     db = sqlite_path(tracking_uri(uri))
     return db.resolve().parent / ARTIFACTS_DIR if db is not None else None
 
@@ -67,10 +63,8 @@ def quiet() -> None:
 
 def check_tracking_uri(uri: str | None = None, timeout: float = 3.0,
                        existing: bool = False) -> str:
-    """Return the URI, or raise :class:`TrackingUnavailableError` (one clear message) when the
-    store cannot be used: a server must answer within ``timeout``; a sqlite database's folder
-    (and file) and a file store's folder must be writable; other schemes pass unchecked.
-    ``existing`` refuses a missing sqlite file (a command that only reads)."""
+    """The URI, else :class:`TrackingUnavailableError`: a server must answer within ``timeout``,
+    a sqlite or file store must be writable (``existing``: the sqlite file must exist)."""
     uri = tracking_uri(uri)
     scheme = urllib.parse.urlparse(uri).scheme
     if scheme in ("http", "https"):
@@ -91,8 +85,7 @@ def check_tracking_uri(uri: str | None = None, timeout: float = 3.0,
 
 
 def check_cluster_tracking(uri: str, nodes: int) -> str:
-    """On a Ray cluster of ``nodes`` nodes the store must be reachable from all of them: a
-    sqlite file or a file store (one node's disk) is refused, naming the setting."""
+    """A store every node of a Ray cluster reaches: a sqlite file or file store is refused."""
     scheme = urllib.parse.urlparse(uri).scheme
     kind = {"sqlite": "a sqlite file", "file": "a file store", "": "a file store"}.get(scheme)
     if kind is not None:
@@ -105,9 +98,8 @@ def check_cluster_tracking(uri: str, nodes: int) -> str:
 
 
 def check_artifact_location(uri: str, experiment: str, nodes: int) -> None:
-    """On a cluster the artifacts of ``experiment`` must not go to a folder on one machine's
-    disk (a server without ``--serve-artifacts``, or an experiment made against a sqlite file);
-    proxied (``mlflow-artifacts:``) and object-store locations pass."""
+    """On a cluster the artifacts of ``experiment`` must not go to one machine's disk; proxied
+    (``mlflow-artifacts:``) and object-store locations pass."""
     exp = get_client(uri).get_experiment_by_name(experiment)
     if exp is None:
         return
@@ -121,8 +113,7 @@ def check_artifact_location(uri: str, experiment: str, nodes: int) -> None:
 
 
 def _check_http(uri: str, timeout: float) -> None:
-    """GET ``/health``, else (none behind a proxy or prefix) the REST API, where a 4xx still
-    means the server is there (credentials are MLflow's business)."""
+    """GET ``/health``, else (none behind a proxy) the REST API, where a 4xx means it is up."""
     hint = (f"start it (`make mlflow-server`, see docs/tracking.md) or unset {ENV_URI} to use "
             "the local sqlite store")
     for path in ("/health", "/api/2.0/mlflow/experiments/search?max_results=1"):
@@ -157,8 +148,7 @@ HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "30", "MLFLOW_HTTP_REQUEST_MAX_RET
 
 
 def get_client(uri: str | None = None) -> MlflowClient:
-    """One cached ``MlflowClient`` per URI and process (tracking and registry on the same
-    store); the first call opens the store (sqlite: creates or migrates the database)."""
+    """One cached ``MlflowClient`` per URI and process (tracking and registry on one store)."""
     return _client(tracking_uri(uri))
 
 
