@@ -1,11 +1,4 @@
-"""Inference and the training rollout.
-
-    from optw.decode import solve, rollout
-    solutions = solve(model, region, tourists, method="beam", beams=PAPER_BEAMS)
-    out = rollout(model, instances, ids)      # training: reward, log_prob, entropy per route
-
-Beam-width bounds and defaults live in :mod:`optw.decode.limits`.
-"""
+"""Inference and the training rollout (docs/model.md)."""
 
 from optw.decode.active_search import active_search
 from optw.decode.beam import beam_search

@@ -1,9 +1,6 @@
-"""Active search (paper, Algorithm 2): fine-tune a copy of the model on one tourist, then beam.
-
-Each epoch samples ``batch_size`` routes of the tourist and takes one Adam step on the REINFORCE
-loss with the batch-mean baseline (:func:`~optw.decode.reinforce.reinforce_loss`), with the
-published training's entropy bonus (0.01) and gradient norm clipping (1). The caller's model is
-left untouched.
+"""Active search (paper, Algorithm 2): fine-tune a copy of the model on one tourist (REINFORCE
+with the batch-mean baseline, the published entropy bonus 0.01 and gradient clip 1, one Adam step
+per epoch), then beam search. The caller's model is left untouched.
 """
 
 from __future__ import annotations

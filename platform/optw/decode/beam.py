@@ -1,11 +1,9 @@
 """Beam search, batched over tourists (``shared/spec/published-checkpoints.md``, item 6).
 
-Partial routes are ranked by their summed float32 log-probability. Each step keeps a tourist's
-best ``min(width, pairs)`` (beam, admissible node) pairs (one ``topk`` over a padded ``[K,
-beams·m]`` table in the authors' (beam, node) order); a kept pair choosing the end is a finished
-route, the others are the next beams. The answer is the highest-score finished route (the
-earliest-finished, best-ranked among equal scores). Beams whose only admissible node is the end
-skip the network (their one pair has log-probability exactly 0).
+Ranking as docs/model.md's table says (one ``topk`` per step over a padded ``[K, beams·m]``
+table in the authors' (beam, node) order); among equal scores the answer is the
+earliest-finished, best-ranked route. Beams whose only admissible node is the end skip the
+network (their one pair has log-probability exactly 0).
 """
 
 from __future__ import annotations
@@ -39,7 +37,6 @@ def beam_search(model: PointerNet, inst: Instances, width: int = PAPER_BEAMS) ->
     dev = inst.device
     k_tourists = inst.n_tourists
     dec = Decoder(model, inst)
-    end = dec.end
     fr: Frontier = dec.start(torch.arange(k_tourists, device=dev))
     group = torch.arange(k_tourists, device=dev)  # tourist of each beam; beams grouped in order
     route = torch.zeros(k_tourists, 1, dtype=torch.long, device=dev)  # each beam's nodes
@@ -82,7 +79,7 @@ def beam_search(model: PointerNet, inst: Instances, width: int = PAPER_BEAMS) ->
         node = fr.node.index_select(0, fr.offsets().index_select(0, parent) + slot)
         paths = torch.cat([route.index_select(0, parent), node.unsqueeze(1)], dim=1)
 
-        done = node == end
+        done = node == dec.end
         if bool(done.any()):
             fins.append((sel_t[done], paths[done], new_lp[done]))
         go = (~done).nonzero().squeeze(1)

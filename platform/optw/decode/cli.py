@@ -8,10 +8,8 @@ Examples::
     optw solve --region pr01 --checkpoint pr01_uni_samp_500000.pt --tourist paper --published
 
 ``--tourist paper``: the paper's own 64 tourists of the region (a catalog built with
-``--paper-sets``; a CPU approximation is flagged on standard error). A tourist file holds one
-tourist object, a list of them or ``{"tourists": [...]}``, each ``{"start": [x, y], "t_start":
-..., "t_end": ..., "scores": [...]}`` (per point of interest, or per node) with an optional id
-``"tourist"`` echoed in the output (checked by :func:`optw.catalog.read_tourists`).
+``--paper-sets``; a CPU approximation is flagged on standard error). A tourist file: README.md
+("A tourist as JSON"), checked by :func:`optw.catalog.read_tourists`.
 """
 
 from __future__ import annotations
@@ -104,9 +102,8 @@ def read_tourists(path: Path, region: Region) -> TouristBatch:
     data = load_json(raw, where)  # one line for bad JSON, deep nesting, huge numbers
     if isinstance(data, dict) and set(data) == {"tourists"}:
         data = data["tourists"]
-    records = [data] if isinstance(data, dict) else data
     try:
-        return read_records(records, region, kind="file")
+        return read_records([data] if isinstance(data, dict) else data, region, kind="file")
     except TouristError as exc:
         raise exc.within(where) from None
 
@@ -137,8 +134,7 @@ def _solve(args) -> int:
     else:
         batch = read_tourists(Path(args.tourist), region)
     model = load_model(args.checkpoint)
-    warning = region_mismatch(model, region)
-    if warning:
+    if warning := region_mismatch(model, region):
         print(f"warning: {args.checkpoint}: {warning}", file=sys.stderr)
     if args.greedy:
         method, label = "greedy", "greedy"

@@ -1,19 +1,8 @@
 """Step-by-step decoding with the pointer network, and the training rollout.
 
-Speed-ups, all exact (same outputs as evaluating every node at every step):
-
-- **Active-node compaction.** Only admissible nodes matter downstream (attention columns need j
-  admissible, the pointer masks the others, the LSTM input is the chosen node's encoding, and
-  admissible sets only shrink), so each route carries just its admissible nodes as packed rows
-  ``[N, d]``: a pass costs O(admissible nodes), not O(n).
-- **Shared prefixes.** Sampled routes of a tourist with the same prefix are in the same state;
-  :func:`rollout` evaluates each distinct prefix once.
-- **Forced routes leave the batch.** A route whose only admissible node is the end takes it with
-  probability exactly 1 (log-prob 0): no network pass.
-- **No copies.** Routes point at their tourist by ``ids``; a step's recursion input is the
-  previous pass's output indexed in place (beam siblings share their parent's rows).
-- **Attention buckets.** Routes grouped by row count into padded tables of lengths that are
-  multiples of 16 (much faster in PyTorch's CPU kernel), so little padding is computed.
+Its speed-ups (docs/model.md, "Speed-up techniques": active-node compaction, shared prefixes,
+forced routes leaving the batch, no copies, attention buckets) are all exact: the same outputs
+as evaluating every node at every step.
 """
 
 from __future__ import annotations
@@ -263,9 +252,8 @@ class Decoder:
         s1 = self.child_state(s0, first, torch.zeros_like(first))
         keep = self._admissible(s1, node, route).nonzero().squeeze(1)
         route = route.index_select(0, keep)
-        h, c = self._initial_state(s0)
-        return Frontier(s1, node.index_select(0, keep), route,
-                        torch.bincount(route, minlength=r), e0, keep, h, c, lstm_in)
+        return Frontier(s1, node.index_select(0, keep), route, torch.bincount(route, minlength=r),
+                        e0, keep, *self._initial_state(s0), lstm_in)
 
     def _initial_state(self, s0: State) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model.initial_state(s0.n_routes)
@@ -392,13 +380,10 @@ def rollout(model: PointerNet, instances: Instances, ids: torch.Tensor | None = 
             generator: torch.Generator | list[torch.Generator] | None = None,
             member: torch.Tensor | None = None, actions: torch.Tensor | None = None) -> Rollout:
     """One route per entry of ``ids`` (each route's tourist; default one per tourist), sampled
-    from the policy (or greedily), with the autograd graph when grad is enabled. Each distinct
-    prefix of a tourist's routes is evaluated once (exact: they are in the same state).
-
+    from the policy (or greedily), with the autograd graph when grad is enabled.
     ``actions`` [R, L] (teacher forcing): route r follows ``actions[r]`` (0, its nodes, the end,
     padded with -1; a row of -1 is drawn as usual), its ``log_prob`` the policy's
     log-likelihood of it; an inadmissible action raises :class:`ForcedActionError`.
-
     A pack (``model`` a :class:`~optw.model.StackedPointerNet`): ``member[K]`` is each tourist's
     member (in ascending order) and ``generator`` a list of one generator per member: each
     member samples exactly what its own model would alone.
@@ -430,9 +415,7 @@ def rollout(model: PointerNet, instances: Instances, ids: torch.Tensor | None = 
     r = ids.shape[0]
     routes = torch.full((r, n + 1), -1, dtype=torch.long, device=dev)
     routes[:, 0] = 0
-    steps_idx: list[torch.Tensor] = []
-    steps_lp: list[torch.Tensor] = []
-    steps_ent: list[torch.Tensor] = []
+    steps_idx, steps_lp, steps_ent = [], [], []  # per step: live routes, log-probs, entropies
     first, owner = torch.unique(ids, return_inverse=True)  # one state per tourist
     fr = dec.start(first)  # the distinct states; live route i is in state owner[i]
     live = torch.arange(r, device=dev)

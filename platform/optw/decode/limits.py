@@ -23,8 +23,7 @@ MAX_SAMPLES = 100_000
 
 def check_beams(value: Any, name: str = "beams") -> int:
     """``value`` as a beam width: an int (not a bool) in :data:`MIN_BEAMS`..:data:`MAX_BEAMS`;
-    ``UserError`` starting with ``name`` otherwise. The one check of a beam width: the
-    planner, ``optw solve``, the pyfunc and :func:`optw.decode.solve` call it."""
+    ``UserError`` starting with ``name`` otherwise (the one check of a beam width)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise UserError(f"{name}: expected a beam width, an integer in {MIN_BEAMS}.."
                          f"{MAX_BEAMS}, got {type(value).__name__} {shown(value, 40)}")

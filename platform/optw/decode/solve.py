@@ -63,13 +63,10 @@ def solve(model: PointerNet, region: Region, tourists: Tourists, method: str = "
     """Solve every tourist of ``tourists`` (one region) with ``method``: ``greedy``;
     ``sampling`` (the best of ``samples`` routes); ``beam`` (width ``beams``, checked at the edge
     by :func:`~optw.decode.limits.check_beams`); ``active_search`` (``epochs`` of REINFORCE on a
-    copy of the model, ``batch_size`` routes, Adam ``lr``, then beam search).
-
-    ``keep_greedy`` also considers the greedy route (and, in active search, the untuned model's
-    beam route and the best sample); ``False`` reproduces the published outputs. ``seed``: of
-    sampling and active search (None: unseeded). ``progress(k, reward)``: after every
-    active-search epoch of tourist ``k``, its best sampled reward. ``greedy``: the caller's
-    greedy solutions of these tourists, taken (with their seconds) instead of decoding again.
+    copy of the model, ``batch_size`` routes, Adam ``lr``, then beam search). ``keep_greedy`` and
+    ``greedy`` (the caller's greedy solutions, reused): docs/model.md. ``seed``: of sampling and
+    active search (None: unseeded). ``progress(k, reward)``: after every active-search epoch of
+    tourist ``k``, its best sampled reward.
     """
     if method not in METHODS:
         raise UserError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")

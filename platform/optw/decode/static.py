@@ -1,14 +1,12 @@
-"""The static-shape training rollout (for GPUs): every route keeps all n node rows at every step.
+"""The static-shape training rollout for GPUs (docs/model.md, speed-up 12): every route keeps
+all n node rows at every step, and finished or forced routes stay in the batch, taking the end
+node with log-probability and entropy 0. Same policy as :mod:`optw.decode.core` up to float
+rounding.
 
-Unlike the compacted decoder (:mod:`optw.decode.core`) every step has fixed shapes (dense masked
-attention over one ``[R, H, n, n]`` table) and finished or forced routes stay in the batch,
-taking the end node with log-probability and entropy 0. Same policy (up to float rounding):
-inadmissible rows are computed but never attended to, and the pointer masks them.
-
-Sampling: ``"compat"`` (default) draws as the compacted decoder does, so both sample the same
-routes from one generator (one host synchronisation per step); ``"free"`` is Gumbel-max over
-``[R, n]`` (same distribution, another random stream) and, with a fixed number of ``steps``,
-never synchronises (what :mod:`optw.train.graphed` captures as a CUDA graph).
+Sampling: ``"compat"`` (default) draws as the compacted decoder does (the same routes from one
+generator; one host synchronisation per step); ``"free"`` is Gumbel-max over ``[R, n]`` (another
+random stream) and, with a fixed number of ``steps``, never synchronises
+(:mod:`optw.train.graphed`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Batched OPTW environment (pure tensor functions) and the independent route validator.
-
-Typical use::
-
-    from optw.env import make_instances, reset, step, lookahead, dynamic_features, reward
-    inst = make_instances(region, tourists)          # K tourists as tensors
-    state = reset(inst, ids)                         # R routes, ids[R] -> tourist
-    state = step(inst, state, action)                # action[R] node indices
-"""
+"""Batched OPTW environment (pure tensor functions) and the independent route validator
+(the API: docs/model.md)."""
 
 from optw.env.instances import NEVER, Instances, make_instances, stack_instances
 from optw.env.state import State, dynamic_features, lookahead, reset, reward, step

@@ -2,11 +2,8 @@
 
 Times are int32 *time units* (hundredths of a minute): every rounded travel time is a whole
 number of them, so the admissibility sums and comparisons are exact (arriving exactly at closing
-time never flips with float rounding).
-
-Static features follow ``shared/spec/published-checkpoints.md`` (the published weights), not the
-paper's prose: coordinates are divided by 100 (not min-max scaled), times by the region's
-``T_max = max(T_day, T_end^b + floor(T_day*4/24))`` and scores by ``S_max = round(1.1*S_max^b)``.
+time never flips with float rounding). Static features follow the published weights, not the
+paper's prose (docs/model.md's table; ``shared/spec/published-checkpoints.md``).
 """
 
 from __future__ import annotations
@@ -28,10 +25,8 @@ NEVER = -(2**30)
 @dataclass(frozen=True, eq=False)
 class Instances:
     """K tourists of one region as tensors (node 0 = start, ``n - 1`` = end copy of the start,
-    both open from ``t_start`` to ``t_end``, duration and score 0). ``latest[k, j] = min(c_j,
-    T_end - d_j - dist(j, end))`` is the latest start of a visit of j (:data:`NEVER` when even
-    the opening is too late): j is admissible iff ``arrival <= latest`` (the paper's two
-    conditions)."""
+    both open from ``t_start`` to ``t_end``, duration and score 0); ``latest`` as docs/model.md
+    says (:data:`NEVER` when even the opening is too late)."""
 
     region_id: str
     tourist_id: torch.Tensor  # [K] int64
@@ -143,7 +138,6 @@ def stack_instances(parts: list[Instances]) -> Instances:
             tourist_id=p.tourist_id, dist_u=_pad_nodes(p.dist_u, n, (1, 2)), node_u=node_u,
             t_start_u=p.t_start_u, t_end_u=p.t_end_u, scores=_pad_nodes(p.scores, n, (1,)),
             static=_pad_nodes(p.static, n, (1,))))
-    ids = list(dict.fromkeys(p.region_id for p in parts))
-    return Instances(region_id="+".join(ids),
+    return Instances(region_id="+".join(dict.fromkeys(p.region_id for p in parts)),
                      **{k: torch.cat([d[k] for d in padded]) for k in padded[0]},
                      t_max=parts[0].t_max, s_max=parts[0].s_max)

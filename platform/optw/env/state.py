@@ -1,16 +1,11 @@
 """Batched OPTW environment: pure functions on a :class:`State` of R routes, each pointing at
 its tourist by ``ids`` (an index into the shared :class:`~optw.env.instances.Instances` tensors,
-never copied).
+never copied); the rules every decoder calls are written here once (docs/model.md).
 
-Admissibility (the paper's): j is admissible at time t iff unvisited, ``a_j + wait_j <= c_j`` and
-``a_j + wait_j + d_j + dist(j, end) <= T_end`` (``a_j = t + dist(current, j)``, ``wait_j =
-max(0, o_j - a_j)``). As in the authors' code the mask is carried (new mask = old mask AND the
-conditions now), so admissible sets only shrink: "inadmissible once, inadmissible for good", which
-the decoder's compaction relies on (equal to the plain definition while the rounded travel times
-keep the triangle inequality up to the visit durations). The end stays admissible until chosen.
-
-Decoding sequence (``shared/spec/published-checkpoints.md``): :func:`reset` (start still
-admissible, for the first encoder pass), ``step(state, 0)`` (start visited, same time), then each
+The admissible mask is carried as in the authors' code (new mask = old AND the conditions now):
+"inadmissible once, inadmissible for good", which the decoder's compaction relies on; the end
+stays admissible until chosen. Decoding sequence (``shared/spec/published-checkpoints.md``):
+:func:`reset` (start still admissible), ``step(state, 0)`` (start visited, same time), then each
 ``step`` moves to the chosen node: ``t <- max(t + dist(cur, j), o_j) + d_j``.
 """
 
@@ -91,10 +86,8 @@ def _coefficients(dev: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, 
 
 
 class Features:
-    """The 8 dynamic features of the spec, ``(o_j - t, c_j - t, T_end - t, t - T_start, a_j -
-    T_start, o_j - a_j, c_j - a_j, T_end - a_j) / (T_end - T_start)`` with ``a_j = t +
-    travel_j``: ``const[tourist, j] + t·coef_t + travel·coef_d`` in exact integer time units,
-    then one float32 division."""
+    """The 8 dynamic features of the spec (docs/model.md): ``const[tourist, j] + t·coef_t +
+    travel·coef_d`` in exact integer time units, then one float32 division."""
 
     def __init__(self, inst: Instances):
         k, n = inst.n_tourists, inst.n_nodes
@@ -180,9 +173,8 @@ def step(inst: Instances, state: State, action: torch.Tensor, check: bool = True
 
 
 def lookahead(inst: Instances, state: State) -> torch.Tensor:
-    """The graph Ad of the spec, bool [R, n, n]: ``Ad[i, j]`` iff j is admissible now and,
-    leaving i at ``max(t + dist(cur, i), o_i) + d_i``, j can still be started by its latest
-    start (:func:`adjacency`); ``Ad[i, i]`` always (rows for every i, admissible or not)."""
+    """The graph Ad of the spec (docs/model.md, :func:`adjacency`), bool [R, n, n], with rows
+    for every i, admissible or not."""
     table = inst.node_u.index_select(0, state.ids)
     arrival = state.time_u.unsqueeze(1) + _dist_rows(inst, state.ids, state.current)
     return adjacency(state.mask, visit_end(arrival, table[..., 0], table[..., 2]),

@@ -1,7 +1,5 @@
 """Route validator, independent of the environment's masks: it re-simulates a route in exact
-integer time units and checks start 0, end n-1, valid indices, no repeated point, every visit
-started by its closing time and the end reached by T_end, and recomputes the score. Every route
-the system outputs is checked with it.
+integer time units and recomputes its score. Every route the system outputs is checked with it.
 """
 
 from __future__ import annotations

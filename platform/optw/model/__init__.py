@@ -1,9 +1,4 @@
-"""The paper's pointer network, its configuration and model files.
-
-    from optw.model import ModelConfig, PointerNet, load_model, save_model
-    model = load_model("pr01_uni_samp_500000.pt")   # authors' weights or our own files
-    save_model(model, "run/model.pt", optimizer=opt.state_dict())
-"""
+"""The paper's pointer network, its configuration and model files (docs/model.md)."""
 
 from optw.model.checkpoint import (
     CHECK_ENV,

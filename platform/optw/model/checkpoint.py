@@ -1,10 +1,6 @@
-"""Model files: our own format and an importer for the paper authors' published weights.
-
-Ours is a ``torch.save`` of ``{"format": "optw-model", "version": 1, "config": ...,
-"state_dict": ..., **extra}`` (optimizer state, epoch, metrics), written by
-:func:`write_checkpoint` only. The authors' files (``*_500000.pt``) are bare state dicts of their
-``RecPointerNetwork`` (``shared/spec/published-checkpoints.md``), mapped onto our layout on load.
-Everything is read with ``torch.load(..., weights_only=True)``.
+"""Model files (docs/model.md): our own format, written by :func:`write_checkpoint` only, and
+an importer for the authors' published weights (bare state dicts of their ``RecPointerNetwork``,
+``shared/spec/published-checkpoints.md``); everything is read with ``weights_only=True``.
 """
 
 from __future__ import annotations
@@ -209,7 +205,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> Po
         raise CheckpointError(f"{path} is not an OPTW model checkpoint (a {kind}{keys}); expected "
                               "our 'optw-model' format or the authors' published state dict")
     model = model_from_state_dict(cfg, state_dict, path)
-    train = obj.get("train") if isinstance(obj, Mapping) else None  # None: published weights
+    train = obj.get("train")  # None: published weights
     regions = train.get("regions") if isinstance(train, Mapping) else None
     model.trained_on = tuple(str(r) for r in regions) if regions else None
     return model.to(map_location).eval()
@@ -217,8 +213,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> Po
 
 def checkpoint_dict(model: PointerNet, **extra: Any) -> dict:
     """Our checkpoint dict for ``model`` (extra keys, e.g. ``optimizer``, are kept)."""
-    reserved = {"format", "version", "config", "state_dict"} & set(extra)
-    if reserved:
+    if reserved := {"format", "version", "config", "state_dict"} & set(extra):
         raise ValueError(f"extra keys {sorted(reserved)} are reserved")
     return {"format": FORMAT, "version": FORMAT_VERSION, "config": model.cfg.to_dict(),
             "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}, **extra}

@@ -15,10 +15,8 @@ MAX_D_MODEL, MAX_D_FF, MAX_LAYERS = 8192, 65536, 64
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The paper's pointer network; defaults are the published architecture. ``recursion``:
-    attention keys from the previous step's final encoder output (False: from each layer's
-    input, a vanilla transformer). ``graph``: attention masked by the ``"lookahead"`` graph Ad or
-    the ``"complete"`` graph over the admissible nodes."""
+    """The paper's pointer network; defaults are the published architecture (``recursion`` and
+    ``graph``: docs/model.md)."""
 
     d_model: int = 128
     n_heads: int = 8

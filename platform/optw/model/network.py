@@ -1,11 +1,5 @@
-"""The paper's recursive, graph-masked pointer network (one decoding step at a time).
-
-Blocks (``shared/spec/published-checkpoints.md``): embeddings ``[tanh(L1 · static), tanh(L2 ·
-dynamic)]``; transformer layers with, per head, ``q = x·W_q``, ``k = r·W_k``, ``v = x·W_v`` (``x``
-the layer's input, ``r`` the encoder's FINAL output of the previous decoding step: recursion),
-scores ``q·kᵀ/sqrt(d_k)``, -1e32 where ``Ad = 0``, heads concatenated, output projection,
-``LN(x + ·)``, then ``LN(y + W2 relu(W1 y))``; an LSTM cell with learned ``(h0, c0)``; an
-additive pointer ``C·tanh(Vᵀ tanh(W1 h_j + W2 h_lstm))``, inadmissible nodes ``-inf``.
+"""The paper's recursive, graph-masked pointer network (one decoding step at a time), as
+docs/model.md ("Architecture") and ``shared/spec/published-checkpoints.md`` describe it.
 
 Per-head projections are fused (queries and values of all heads in one ``d -> 2d`` product, the
 keys of all layers in one ``d -> n_layers·d`` product). The network works on packed node rows of
@@ -131,10 +125,8 @@ class EncoderLayer(nn.Module):
         o = bucket_attention(q.index_select(0, layout.gather), keys,
                              v.index_select(0, layout.gather), layout, self.n_heads)  # [T, d]
         # projecting in the padded layout keeps only the kernel's output for the backward
-        z = linear(o, self.out.weight, self.out.bias).index_select(0, layout.back) + x
-        y = layer_norm(z, self.norm1.weight, self.norm1.bias, self.norm1.eps)
-        z = feed_forward(y, self.ff1.weight, self.ff1.bias, self.ff2.weight, self.ff2.bias)
-        return layer_norm(z, self.norm2.weight, self.norm2.bias, self.norm2.eps)
+        return self._feed_forward(
+            linear(o, self.out.weight, self.out.bias).index_select(0, layout.back) + x)
 
     def dense(self, x: torch.Tensor, keys: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """The same layer on full route-major tables ``x``, ``keys`` [R·n, d]: no gathers."""
@@ -143,7 +135,10 @@ class EncoderLayer(nn.Module):
         qv = linear(x, self.qv.weight)
         q, v, k = (t.reshape(r, n, h, d // h).transpose(1, 2) for t in (qv[:, :d], qv[:, d:], keys))
         o = attention(q, k, v, bias, 1.0 / math.sqrt(d // h)).transpose(1, 2).reshape(r * n, d)
-        z = linear(o, self.out.weight, self.out.bias, add=x)
+        return self._feed_forward(linear(o, self.out.weight, self.out.bias, add=x))
+
+    def _feed_forward(self, z: torch.Tensor) -> torch.Tensor:
+        """``LN(y + W2 relu(W1 y))`` of ``y = LN(z)`` (``z``: attention output plus residual)."""
         y = layer_norm(z, self.norm1.weight, self.norm1.bias, self.norm1.eps)
         z = feed_forward(y, self.ff1.weight, self.ff1.bias, self.ff2.weight, self.ff2.bias)
         return layer_norm(z, self.norm2.weight, self.norm2.bias, self.norm2.eps)
@@ -154,8 +149,7 @@ class PointerNet(nn.Module):
 
     def __init__(self, cfg: ModelConfig | None = None):
         super().__init__()
-        cfg = cfg or ModelConfig()
-        self.cfg = cfg
+        self.cfg = cfg = cfg or ModelConfig()
         #: the regions it was trained on, where its file says (set by ``load_model``)
         self.trained_on: tuple[str, ...] | None = None
         d = cfg.d_model
@@ -202,8 +196,8 @@ class PointerNet(nn.Module):
         projected from ``rec``, then gathered (rows shared by beam siblings projected once)."""
         d = x.shape[1]
         if self.cfg.recursion:
-            w = self.key_weight() if key_weight is None else key_weight
-            keys = linear(rec, w)  # every layer's keys in one product
+            # every layer's keys in one product
+            keys = linear(rec, self.key_weight() if key_weight is None else key_weight)
             rows = layout.gather if rec_rows is None else rec_rows.index_select(0, layout.gather)
             for layer, k in zip(self.layers, keys.split(d, dim=1), strict=True):
                 x = layer(x, k.index_select(0, rows), layout)

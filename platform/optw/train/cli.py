@@ -55,9 +55,8 @@ OPTIONS = {"regions": "--region", "epochs": "--epochs", "seed": "--seed",
 
 def _config(args, base: dict | None = None):
     """The run's :class:`TrainConfig`: ``base`` (a resumed run's own settings), then
-    ``--config``, then the options. A bad value given as an option is one ``ConfigError``
-    naming the option (``--seed -5: ...``), one from the file names the file and the key
-    (``cfg.toml: model.d_model = 0: ...``)."""
+    ``--config``, then the options; a ``ConfigError`` names the option (``--seed -5: ...``) or
+    the file and the key (``cfg.toml: model.d_model = 0: ...``)."""
     from optw.checks import load_mapping
     from optw.errors import ConfigError, UserError
     from optw.train.config import TrainConfig

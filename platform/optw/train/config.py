@@ -40,12 +40,9 @@ ROW_BYTES = 16 << 10
 
 @dataclass
 class TrainConfig:
-    """REINFORCE training of one region (or of a global model over several regions).
-
-    Defaults are the paper's and the published training args (B = 32, β = 0.01, gradient-norm
-    clip 1, Adam lr 1e-4 × 0.96 every 5,000 epochs down to 1e-5; fine-tuning fixed 1e-5); every
-    setting is described in docs/recipes.md.
-    """
+    """REINFORCE training of one region (or of a global model over several regions); the
+    defaults are the paper's and the published training args, every setting is in
+    docs/recipes.md."""
 
     regions: list[str] = field(default_factory=list)
     epochs: int = 500_000
@@ -56,13 +53,11 @@ class TrainConfig:
     lr_decay: float = 0.96
     lr_decay_every: int = 5_000
     lr_min: float = 1e-5
-    #: step: lr·decay^(epoch // every) (the paper); cosine: to lr_min over ``epochs``;
-    #: cosine_time: over ``max_minutes``; cosine_budget: over whichever of the two ends first
+    #: step (the paper) | cosine | cosine_time | cosine_budget (docs/recipes.md)
     lr_schedule: str = "step"
     warmup_epochs: int = 0  # linear warm-up of the lr over the first epochs (0: none)
     recipe: str = "paper"  # the preset the other values started from (RECIPES), logged
-    #: stop after this many minutes of training (validation and callbacks excluded) even if
-    #: epochs remain; None: the epoch budget alone (reproducible)
+    #: minutes of training (validation and callbacks excluded) before stopping; None: no cap
     max_minutes: float | None = None
     finetune: bool = False  # fixed lr = finetune_lr, no decay
     finetune_lr: float = 1e-5
@@ -80,14 +75,12 @@ class TrainConfig:
     threads: int | None = None
     #: the training rollout: auto | compact | static | graph (optw.train.rollouts)
     rollout: str = "auto"
-    #: learning from demonstrations (ILS routes of ``demos`` tourists per region): the first
-    #: ``imitation_epochs`` maximise their log-likelihood, then REINFORCE runs its ``epochs``
+    #: learning from demonstrations (ILS routes; docs/recipes.md)
     demos: int = 0
     imitation_epochs: int = 0
     imitation_batch: int = 32
     imitation_lr: float = 1e-3
-    #: REINFORCE epochs draw their tourists from the demonstrations, whose routes join the
-    #: sampled ones
+    #: REINFORCE epochs draw their tourists from the demonstrations
     demo_tourists: bool = False
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides
 
@@ -168,7 +161,6 @@ class TrainConfig:
         """Every epoch of the run: imitation, then REINFORCE."""
         return self.imitation_epochs + self.epochs
 
-    # -- construction
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> TrainConfig:
         """Build from a table; ``recipe = "fast"`` fills every key the table leaves out from
@@ -197,7 +189,7 @@ class TrainConfig:
 
     def learning_rate(self, epoch: int, train_s: float = 0.0, start_s: float = 0.0) -> float:
         """The REINFORCE lr at its ``epoch`` (counted after the imitation epochs) by
-        ``lr_schedule`` (see its field), floored at lr_min, after the warm-up; ``train_s``:
+        ``lr_schedule``, floored at lr_min, after the warm-up; ``train_s``:
         seconds trained so far, ``start_s`` of them before REINFORCE began."""
         if self.finetune:
             return self.finetune_lr

@@ -1,12 +1,9 @@
-"""Training steps replayed as CUDA graphs (opt-in: ``[train] rollout = "graph"``, CUDA only).
-
-An epoch's forward and backward (:func:`~optw.decode.static.static_rollout` with ``"free"``
-sampling and S steps, the rewards, the REINFORCE loss and its backward) is captured once as a
-CUDA graph and replayed every epoch on buffers holding its tourists; clipping and Adam run
-eagerly after it. The first :data:`WARMUP` epochs of each node count run eagerly on a side
-stream (as capture asks) and set S from their longest route; a replay that leaves a route
-unfinished makes S grow and the epoch is redone. The graph draws Gumbel noise from the
-device's default CUDA generator: another random stream than the other rollouts' (docs/gpu.md).
+"""Training steps replayed as CUDA graphs (opt-in: ``[train] rollout = "graph"``, CUDA only;
+docs/model.md, speed-up 13). An epoch's static rollout (``"free"`` sampling, S steps), loss and
+backward are captured once and replayed on static input buffers; clipping and Adam run eagerly.
+The first :data:`WARMUP` epochs of each node count run eagerly on a side stream and set S from
+their longest route; a replay that leaves a route unfinished makes S grow and redoes the epoch.
+The Gumbel noise comes from the device's default CUDA generator (another random stream).
 """
 
 from __future__ import annotations
@@ -128,7 +125,6 @@ class GraphedStep:
 
     def _capture(self, inputs: Instances, steps: int) -> _Capture:
         """Capture S = ``steps`` steps of rollout, loss and backward on ``inputs``."""
-        n = inputs.n_nodes
         for p in self.params:  # the graph's backward assigns fresh gradients
             p.grad = None
         graph = torch.cuda.CUDAGraph()
@@ -136,6 +132,6 @@ class GraphedStep:
             routes, rl = self._loss(inputs, steps)
             rl.loss.backward()
             done = all_done(routes, inputs.end)
-        cap = _Capture(graph, steps, rl, done, [p.grad for p in self.params])
-        self.captures[(n, steps)] = cap
+        cap = self.captures[(inputs.n_nodes, steps)] = _Capture(graph, steps, rl, done,
+                                                                 [p.grad for p in self.params])
         return cap

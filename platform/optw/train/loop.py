@@ -1,9 +1,6 @@
-"""REINFORCE training of the pointer network, top to bottom (the paper's Algorithm 1).
-
-Each epoch draws a region (one of the list; with ``mix_regions`` one per tourist, in one padded
-batch), K generated tourists and B sampled routes per tourist, uses each tourist's mean reward
-as the baseline, adds an entropy bonus β, clips the gradient norm and takes one Adam step.
-Logging, checkpointing and early stopping are callbacks (:mod:`optw.train.callbacks`).
+"""REINFORCE training of the pointer network, top to bottom (the paper's Algorithm 1; the
+settings: docs/recipes.md). Logging, checkpointing and early stopping are callbacks
+(:mod:`optw.train.callbacks`).
 """
 
 from __future__ import annotations
@@ -64,9 +61,7 @@ def validate(model: PointerNet, regions: list[Region], validation: dict[str, Tou
     """Greedy scores: mean over each region's validation tourists and its benchmark tourist,
     averaged over regions (plus per-region values when there are several)."""
     t0 = time.perf_counter()
-    was_training = model.training
-    model.eval()
-    val, bench, out = [], [], {}
+    val, bench, out = [], [], {}  # solve() decodes in eval mode and restores the model's mode
     for region in regions:  # Python floats: these go into checkpoints (weights_only=True)
         v = float(np.mean([s.score for s in solve(model, region, validation[region.id],
                                                   "greedy")]))
@@ -74,7 +69,6 @@ def validate(model: PointerNet, regions: list[Region], validation: dict[str, Tou
         val.append(v), bench.append(b)
         if len(regions) > 1:
             out[f"val_score/{region.id}"], out[f"benchmark_score/{region.id}"] = v, b
-    model.train(was_training)
     return {"val_score": float(np.mean(val)), "benchmark_score": float(np.mean(bench)),
             "val_seconds": time.perf_counter() - t0, **out}
 
@@ -214,9 +208,7 @@ def train(config: TrainConfig, catalog: Catalog,
           demos: Mapping[str, Demonstrations] | None = None) -> TrainResult:
     """Train a model on ``config.regions``: ``config.imitation_epochs`` of imitation of the
     demonstrations, then ``config.epochs`` of REINFORCE.
-
-    ``init``: start from a model file's weights (ours or the authors'; fine-tuning); such a
-    run validates once before its first epoch too (the starting model on these regions).
+    ``init``: start from a model file's weights (fine-tuning; validated once before epoch 1).
     ``resume``: a checkpoint written by this function (``last.pt``, or its dict); the run
     continues exactly where it stopped: weights, optimiser, schedule position, RNG states.
     ``demos``: each region's demonstrations (at least ``config.demos``); default: read from
@@ -244,10 +236,8 @@ def train(config: TrainConfig, catalog: Catalog,
     validation = {r.id: catalog.validation(r.id)[: config.val_tourists] for r in regions}
     benchmark = {r.id: catalog.benchmark(r.id) for r in regions}
 
-    def snapshot() -> dict:
-        return training_snapshot(model, config, ctx, optimizer.state_dict(), np_rng, gen)
-
-    ctx.snapshot = snapshot
+    ctx.snapshot = lambda: training_snapshot(model, config, ctx, optimizer.state_dict(), np_rng,
+                                             gen)
     begin_run(ctx, callbacks, lambda: model, regions, validation, benchmark, init is not None)
 
     B, K = config.batch_size, config.tourists_per_epoch

@@ -1,7 +1,6 @@
-"""Which rollout a training run samples with: ``[train] rollout`` (a :class:`TrainConfig`
-field, logged with the run), resolved once per epoch shape by :func:`choose_rollout`; the
-choices (``compact``, ``static``, ``graph``, ``auto``) are described in docs/gpu.md. No torch
-here: reading a config stays light.
+"""Which rollout a training run samples with: ``[train] rollout`` (the choices: docs/gpu.md),
+resolved once per epoch shape by :func:`choose_rollout`. No torch here: reading a config stays
+light.
 """
 
 from __future__ import annotations

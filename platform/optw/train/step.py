@@ -53,11 +53,9 @@ def reinforce_step(model: PointerNet, optimizer: torch.optim.Optimizer, instance
                    ids: torch.Tensor, generator: torch.Generator, config: TrainConfig,
                    lr: float, mode: str = "compact", actions: torch.Tensor | None = None,
                    ) -> tuple[ReinforceLoss, torch.Tensor]:
-    """One epoch's learning step: one route per entry of ``ids`` (route r is of tourist
-    ``ids[r]``) sampled with rollout ``mode`` (``compact`` or ``static``), or given by the rows
-    of ``actions`` that are not -1 (compacted rollout); REINFORCE with the per-tourist mean
-    baseline and the entropy bonus β, one clipped optimiser step at ``lr``. Returns the loss
-    and the gradient norm."""
+    """One epoch's REINFORCE step at ``lr``: one route per entry of ``ids`` sampled with rollout
+    ``mode`` (``compact`` or ``static``), or given by the rows of ``actions`` that are not -1
+    (compacted rollout). Returns the loss and the gradient norm."""
     if mode == "static" and actions is None:
         from optw.decode.static import static_rollout  # for CUDA: not on the CPU's path
 
@@ -135,10 +133,8 @@ def imitation_step(model: PointerNet, optimizer: torch.optim.Optimizer, instance
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """One step of imitation: the demonstrations' length-normalised negative log-likelihood
     under the policy (teacher forcing through the sampling decoder), one clipped optimiser
-    step at ``imitation_lr``. Returns the loss and the gradient norm; a demonstration the
-    environment does not admit is a :class:`UserError` naming its region and tourist."""
-    ids = torch.arange(acts.shape[0], device=acts.device)
-    with named_demos(names):
-        out = rollout(model, instances, ids, actions=acts)
+    step at ``imitation_lr`` (:func:`named_demos`). Returns the loss and the gradient norm."""
+    with named_demos(names):  # one route per demonstration, as ``instances`` holds them
+        out = rollout(model, instances, actions=acts)
     loss = -(out.log_prob / (out.lengths - 1).clamp(min=1)).mean()
     return loss, descend(model, optimizer, loss, config.imitation_lr, config.max_grad_norm)
