@@ -1,7 +1,6 @@
 """glibc's mmap threshold raised to 1 GiB, so decoding's large short-lived tensors reuse heap
 blocks instead of paying page faults for fresh pages at every step (docs/measurements.md);
-not off glibc, with ``MALLOC_MMAP_THRESHOLD_`` set or with ``OPTW_MALLOC=0``.
-"""
+not off glibc, with ``MALLOC_MMAP_THRESHOLD_`` set or with ``OPTW_MALLOC=0``."""
 
 from __future__ import annotations
 

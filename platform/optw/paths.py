@@ -1,7 +1,5 @@
-"""Where the project's folders are (each default overridable by an environment variable:
-$OPTW_CATALOG, $OPTW_RUNS, $OPTW_CACHE; $OPTW_STORAGE puts jobs' outputs on a shared folder or
-a URI, docs/cluster.md), and atomic writes of files there.
-"""
+"""Where the project's folders are (each default overridable by an environment variable;
+$OPTW_STORAGE may be a URI, docs/cluster.md), and atomic writes of files there."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Ray's token and environment for the local clusters the project starts, and the set-up of
-their drivers and workers (light: every Ray worker imports it); every entry point that may
-start a local cluster calls :func:`ensure_token` first (``python -m optw.raylocal``).
-"""
+"""Ray's token and environment for the project's local clusters, and the set-up of their drivers
+and workers (light: every Ray worker imports it); an entry point that may start a local cluster
+calls :func:`ensure_token` first (``python -m optw.raylocal``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The one filter of Ray's lines: :data:`RAY_NOISE`, lines of Ray's internals nobody has to
-act on, is dropped wherever Ray's output shows; other warnings and errors always pass.
-"""
+"""The one filter of Ray's lines: :data:`RAY_NOISE` (Ray internals nobody has to act on) is
+dropped wherever Ray's output shows; other warnings and errors always pass."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Demonstrations for imitation: ILS routes of generated training tourists, per region, from
-their own stream (block b drawn from ``default_rng([DEMO_STREAM, seed, crc32(region), b])``)
-without validation or benchmark tourists, stored in ``<catalog>/baselines/demos.parquet``.
-"""
+"""Demonstrations for imitation (docs/recipes.md): ILS routes of generated training tourists
+from a stream of their own, none a validation or benchmark tourist, stored in the catalog."""
 
 from __future__ import annotations
 

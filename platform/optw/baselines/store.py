@@ -1,7 +1,5 @@
-"""Stored ILS results, filled incrementally and in parallel: one row per (region, tourist) in
-``ils.parquet`` (ours) or ``ils_paper.parquet`` (the paper's sets), whose metadata holds the
-hash of the tourists' catalog file; rows of another ILS version or build are stale.
-"""
+"""Stored ILS results (docs/ils.md), filled incrementally and in parallel; a store's metadata
+holds the hash of its tourists' catalog file: rows of another ILS version or build are stale."""
 
 from __future__ import annotations
 
@@ -72,8 +70,7 @@ def load_ils_results(catalog_dir: Path | str | None = None) -> pd.DataFrame:
         df, sha = _read(_store_path(catalog_dir, store))
         if sha is not None and sha == _catalog_hash(catalog_dir, store):
             parts.append(df[df["ils_version"] == ILS_VERSION])
-    parts = [df for df in parts if len(df)]
-    if not parts:
+    if not (parts := [df for df in parts if len(df)]):
         return SCHEMA.empty_table().to_pandas()
     df = pd.concat(parts, ignore_index=True)
     return df.sort_values(["region", "tourist"]).reset_index(drop=True)

@@ -1,9 +1,5 @@
-"""Region catalog: benchmark parsing, Parquet store, tourist generator, custom regions.
-
-``open_catalog().region("c101")`` is a :class:`Region`, ``.validation("c101")`` its 64 fixed
-tourists; :func:`sample_tourists` draws more, ``region.distances(tourists.start_xy)`` their
-``[K, n, n]`` travel times.
-"""
+"""Region catalog: benchmark parsing, Parquet store, tourist generator, custom regions (usage:
+README.md, "From Python")."""
 
 from optw.catalog.custom import CustomRegionError, build_custom_region
 from optw.catalog.generator import VALIDATION_SEED, sample_tourists, validation_tourists

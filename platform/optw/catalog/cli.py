@@ -151,8 +151,7 @@ def _build(args) -> int:
         groups = ", ".join(f"{n} {g}" for g, n in manifest["groups"].items())
         print(f"built {manifest['regions']} regions ({groups}) into {out} "
               f"in {manifest['build_seconds']:.1f} s")
-        paper = manifest.get("paper_sets")
-        if paper:
+        if paper := manifest.get("paper_sets"):
             approx = paper["approximate_regions"]
             print(f"paper sets: {paper['exact_regions']} of {paper['regions']} regions exact"
                   + (f"; {len(approx)} approximate (correlated scores drawn on the CPU: "

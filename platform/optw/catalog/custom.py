@@ -66,7 +66,6 @@ def _blank(v: Any) -> bool:
 
 
 def _number(v: Any, fail: Callable[[str], CustomRegionError]) -> float:
-    """``v`` (a number or numeric text) as a finite float, else ``fail(problem)`` raised."""
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise fail(f"expected a number, got {describe(v)}")
     try:
@@ -80,7 +79,6 @@ def _number(v: Any, fail: Callable[[str], CustomRegionError]) -> float:
 
 def _in_range(fail: Callable[[str], CustomRegionError], what: str, v: float, high: float,
               above: str) -> float:
-    """``v`` unless negative or above ``high`` (then ``fail(problem)`` is raised)."""
     if v < 0:
         raise fail(f"negative {what} {v:g}")
     if v > high:
@@ -423,8 +421,7 @@ def build_custom_region(region_id: str, points: Path | str,
         origin = (float((x.min() + x.max()) / 2), float((y.min() + y.max()) / 2))
         kw.update(coords="latlon", lat=x, lon=y, metric="haversine", speed_kmh=speed,
                   origin=origin)
-        stand_in = Region(region_id, group, x, y, x, x, x, x, 0, 0, 0, **kw)  # its projection
-        x, y = stand_in.to_xy(x, y)
+        x, y = Region(region_id, group, x, y, x, x, x, x, 0, 0, 0, **kw).to_xy(x, y)  # projected
     travel = None
     if travel_times is not None:
         travel = read_matrix(Path(travel_times), names)[np.ix_(idx, idx)]

@@ -41,16 +41,14 @@ def sample_scores(region: Region, k: int, rng: np.random.Generator, kind: str | 
     hi = 1.1 * region.s_max_benchmark
     n = region.n_points
     if kind == "uniform":
-        pts = rng.uniform(1.0, hi, size=(k, n))
-    elif kind == "around_default":
-        std = AROUND_DEFAULT_STD * region.s_max_benchmark
-        pts = np.clip(rng.normal(region.score[1:-1], std, size=(k, n)), 1.0, hi)
+        return np.pad(rng.uniform(1.0, hi, size=(k, n)), ((0, 0), (1, 1)))
+    if kind == "around_default":
+        mean, std = region.score[1:-1], AROUND_DEFAULT_STD * region.s_max_benchmark
     else:
         d = region.duration[1:-1]
-        d_max = d.max()
-        mean = region.s_max_benchmark * d / d_max if d_max > 0 else np.zeros(n)
-        pts = np.clip(rng.normal(mean, CORRELATED_SCORE_STD, size=(k, n)), 1.0, hi)
-    return np.pad(pts, ((0, 0), (1, 1)))
+        mean = region.s_max_benchmark * d / d.max() if d.max() > 0 else np.zeros(n)
+        std = CORRELATED_SCORE_STD
+    return np.pad(np.clip(rng.normal(mean, std, size=(k, n)), 1.0, hi), ((0, 0), (1, 1)))
 
 
 def sample_tourists(region: Region, k: int, rng: np.random.Generator | int | None = None,

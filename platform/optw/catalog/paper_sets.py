@@ -2,9 +2,8 @@
 draws them, so our results can be held against the paper's generated-instance table region by
 region.
 
-How the authors' generator (``generate_instances.py``) draws, why its correlated sets are exact
-only on CUDA (CPU draws are flagged ``exact = False``) and the stand-alone GPU run whose output
-is committed as :data:`DATA_FILE`: ``docs/paper.md``.
+Correlated sets are exact only on CUDA (CPU draws: ``exact = False``); how the authors' generator
+draws and the GPU run committed as :data:`DATA_FILE`: ``docs/paper.md``.
 """
 
 from __future__ import annotations
@@ -105,9 +104,8 @@ def generate_paper_set(region: Region, device: str | None = "cpu") -> PaperSet:
             sc = torch.round(torch.clamp(raw, 1, s))
         else:
             sc = torch.randint(1, s, (n,), generator=cpu)
-        x = lo + (hi - lo) * torch.rand(1, generator=cpu)
-        y = lo + (hi - lo) * torch.rand(1, generator=cpu)
-        ts[k], te[k], xy[k] = start, end, (float(x), float(y))
+        ts[k], te[k] = start, end
+        xy[k] = [float(lo + (hi - lo) * torch.rand(1, generator=cpu)) for _ in "xy"]
         scores[k] = sc.double().cpu().numpy()
     scores[:, 0] = scores[:, -1] = 0.0
     tourists = Tourists(region.id, np.arange(PAPER_FIRST_ID, PAPER_FIRST_ID + PAPER_SIZE),
@@ -128,7 +126,6 @@ def paper_table(sets: Iterable[tuple[Region, PaperSet]]) -> pa.Table:
 
 
 def _rows_by_region(table: pa.Table) -> dict[str, dict[str, np.ndarray]]:
-    """The table's columns split by region (region id -> column name -> values)."""
     data = {name: np.asarray(table.column(name).to_pylist(), dtype=object)
             for name in table.column_names}
     return {rid: {k: v[data["region"] == rid] for k, v in data.items()}
@@ -225,12 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         with replace_dir(args.out, OUT_KIND, f"{len(sets)} regions on {device}",
                          option="--out") as tmp:
             write_parquet_atomic(paper_table(sets), tmp / PAPER_FILE)
-        path = args.out / PAPER_FILE
     except (OptwError, OSError) as exc:
         print(f"paper_sets: error: {exc}", file=sys.stderr)
         return 2
-    exact = sum(ps.exact for _, ps in sets)
-    print(f"{len(sets)} regions ({exact} exact) on {device} -> {path}")
+    print(f"{len(sets)} regions ({sum(ps.exact for _, ps in sets)} exact) on {device} -> "
+          f"{args.out / PAPER_FILE}")
     return 0
 
 

@@ -37,8 +37,6 @@ class SourceError(UserError):
 
 
 class _Lines:
-    """Non-blank lines of a file with their 1-based line numbers."""
-
     def __init__(self, path: Path, text: str):
         self.path = path
         self.rows = [(no, ln.split()) for no, ln in enumerate(text.splitlines(), 1) if ln.strip()]
@@ -167,8 +165,7 @@ def parse_file(path: Path | str, group: str) -> Region:
     if not FILE_PATTERNS[group].match(path.name):
         raise SourceError(path, None, f"unknown file name {path.name!r} for group {group} "
                           f"(expected names like {FILE_PATTERNS[group].pattern})")
-    parser = parse_ttdp if group == "gavalas" else parse_toptw
-    return parser(path, group, path.read_bytes())
+    return (parse_ttdp if group == "gavalas" else parse_toptw)(path, group, path.read_bytes())
 
 
 def discover(source: Path | str) -> list[tuple[str, Path]]:

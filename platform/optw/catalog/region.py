@@ -54,9 +54,8 @@ MAX_TIME_MINUTES = 1e12
 def haversine_km(lat1, lon1, lat2, lon2) -> np.ndarray:
     """Great-circle distance in km between points given in degrees (broadcasting)."""
     p1, p2 = np.radians(lat1), np.radians(lat2)
-    dlat = p2 - p1
     dlon = np.radians(np.asarray(lon2, dtype=np.float64) - np.asarray(lon1, dtype=np.float64))
-    h = np.sin(dlat / 2) ** 2 + np.cos(p1) * np.cos(p2) * np.sin(dlon / 2) ** 2
+    h = np.sin((p2 - p1) / 2) ** 2 + np.cos(p1) * np.cos(p2) * np.sin(dlon / 2) ** 2
     return 2.0 * EARTH_RADIUS_KM * np.arcsin(np.sqrt(np.clip(h, 0.0, 1.0)))
 
 
@@ -166,24 +165,23 @@ class Region:
 
     @property
     def start_box(self) -> tuple[tuple[float, float], tuple[float, float]]:
-        """``(x_lo, x_hi), (y_lo, y_hi)`` of generated start locations: the group's square
-        (:data:`START_BOX`) for benchmark regions, the box of the nodes for custom ones."""
+        """``(x_lo, x_hi), (y_lo, y_hi)`` of generated start locations."""
         if self.group in START_BOX:
             lo, hi = START_BOX[self.group]
             return (lo, hi), (lo, hi)
         return ((float(self.x.min()), float(self.x.max())),
                 (float(self.y.min()), float(self.y.max())))
 
-    def _minutes_per_radian(self) -> float:
+    def _projection(self) -> tuple[float, float, float]:
+        """Minutes of travel per radian and the ``origin`` (lat, lon) of a lat/lon region."""
         if self.coords != "latlon" or self.origin is None or not self.speed_kmh:
             raise UserError(f"region {self.id} has planar x/y coordinates, not lat/lon")
-        return EARTH_RADIUS_KM * 60.0 / float(self.speed_kmh)
+        return EARTH_RADIUS_KM * 60.0 / float(self.speed_kmh), *self.origin
 
     def to_xy(self, lat, lon):
         """Planar ``(x, y)`` in minutes of travel (east, north of ``origin``) of ``lat``/``lon``
-        in degrees (floats or arrays); ValueError for xy regions."""
-        k = self._minutes_per_radian()
-        lat0, lon0 = self.origin
+        in degrees (floats or arrays); a UserError for xy regions."""
+        k, lat0, lon0 = self._projection()
         dlon = (np.asarray(lon, dtype=np.float64) - lon0 + 180.0) % 360.0 - 180.0
         x = k * np.cos(np.radians(lat0)) * np.radians(dlon)
         y = k * np.radians(np.asarray(lat, dtype=np.float64) - lat0)
@@ -191,8 +189,7 @@ class Region:
 
     def to_latlon(self, x, y):
         """``(lat, lon)`` in degrees of planar ``x``/``y`` (inverse of :meth:`to_xy`)."""
-        k = self._minutes_per_radian()
-        lat0, lon0 = self.origin
+        k, lat0, lon0 = self._projection()
         lat = lat0 + np.degrees(np.asarray(y, dtype=np.float64) / k)
         lon = lon0 + np.degrees(np.asarray(x, dtype=np.float64) / (k * np.cos(np.radians(lat0))))
         lon = (lon + 180.0) % 360.0 - 180.0
@@ -209,12 +206,9 @@ class Region:
         return out
 
     def distances(self, start_xy: np.ndarray | None = None, f32: bool = False) -> np.ndarray:
-        """Rounded travel times ``[n, n]`` (benchmark start) or ``[K, n, n]`` per start location.
-
-        Only the start and end rows and columns depend on the start. ``f32``: start rows as
-        :func:`float32_start_rows` (Euclidean regions only). Past :data:`DISTANCES_WARN_BYTES`
-        a ``RuntimeWarning`` points to :meth:`iter_distances`.
-        """
+        """Rounded travel times ``[n, n]`` (benchmark start) or ``[K, n, n]`` per start location;
+        ``f32``: start rows as :func:`float32_start_rows` (Euclidean regions only). Past
+        :data:`DISTANCES_WARN_BYTES` a ``RuntimeWarning`` points to :meth:`iter_distances`."""
         if start_xy is not None:
             k = int(np.asarray(start_xy).size // 2)
             size = 8 * k * self.n_nodes**2
@@ -249,8 +243,7 @@ class Region:
             yield part, self.distances(start_xy[part], f32)
 
     def _raw_minutes(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """Unrounded travel minutes between points ``a`` and ``b`` (``[..., 2]``, broadcasting):
-        lat/lon for the great-circle metric, else planar x/y."""
+        """Unrounded minutes between points ``[..., 2]`` (lat/lon for haversine, else x/y)."""
         if self.metric == "haversine":
             km = haversine_km(a[..., 0], a[..., 1], b[..., 0], b[..., 1])
             return km * 60.0 / float(self.speed_kmh)
@@ -272,16 +265,14 @@ class Region:
         :data:`MATRIX_MATCH_TOL` of a node takes that node's matrix row and column."""
         xy = self.coordinates()
         near = np.sqrt(((start[:, None, :] - xy[None, :-1, :]) ** 2).sum(-1)) <= MATRIX_MATCH_TOL
+        pts, nodes = start, xy
         if self.metric == "haversine":
             slat, slon = self.to_latlon(start[:, 0], start[:, 1])
             at = near.any(axis=1)  # a start on a node: that node's exact lat/lon
             first = near.argmax(axis=1)[at]
             slat[at], slon[at] = self.lat[first], self.lon[first]
-            d = self._raw_minutes(np.stack([slat, slon], -1)[:, None],
-                                  np.stack([self.lat, self.lon], -1)[None])
-        else:
-            d = self._raw_minutes(start[:, None, :], xy[None, :, :])
-        d_from = round_down(d, self.decimals)
+            pts, nodes = np.stack([slat, slon], -1), np.stack([self.lat, self.lon], -1)
+        d_from = round_down(self._raw_minutes(pts[:, None], nodes[None]), self.decimals)
         d_to = d_from.copy()
         if self.travel is not None:
             for k in np.flatnonzero(near.any(axis=1)):

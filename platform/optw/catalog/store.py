@@ -100,7 +100,6 @@ default_catalog_dir = paths.catalog_dir
 
 
 def _write_tables(tables: dict[str, pa.Table], folder: Path) -> dict[str, str]:
-    """Write ``tables`` into ``folder``; returns their files' SHA-256."""
     for name, table in tables.items():
         pq.write_table(table, folder / name, compression="zstd")
     return {name: file_sha256(folder / name) for name in tables}
@@ -406,8 +405,7 @@ class Catalog:
         return self._cache[region_id]
 
     def tourists(self, region_id: str, kind: str = "validation") -> Tourists:
-        """The stored ``benchmark`` (1), ``validation`` (64) or ``paper`` (64) tourists of a
-        region."""
+        """The region's stored ``benchmark`` (1), ``validation`` (64) or ``paper`` (64) tourists."""
         self._check(region_id)
         if kind not in TOURIST_KINDS:
             raise UserError(f"unknown tourist kind {kind!r}; expected one of "

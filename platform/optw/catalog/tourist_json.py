@@ -1,9 +1,7 @@
 """The one reader of tourists given as JSON-like dicts (``optw solve`` files, the MLflow pyfunc,
-the planner's requests): ``{"start": [x, y] or {"x": x, "y": y}, "t_start": minutes, "t_end":
-minutes, "scores": [...]}`` (one score per point or per node), optional ``"tourist"`` (id),
-``"region"`` and ``"kind"``; ``null`` counts as absent. Errors are :class:`TouristError`, the
-message starting with the offending ``field`` (and ``tourist <index>`` when reading many).
-"""
+the planner's requests; :data:`TOURIST_FIELDS`, format in README.md); ``null`` counts as absent.
+Errors are :class:`TouristError`, the message starting with the offending ``field`` (and
+``tourist <index>`` when reading many)."""
 
 from __future__ import annotations
 

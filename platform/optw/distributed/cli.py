@@ -120,7 +120,7 @@ def profile_from_args(args: argparse.Namespace, catalog: Catalog) -> JobProfile:
     profile = load_profile(args.profile, catalog)
     changes: dict[str, Any] = {k: v for k, v in {
         "groups": groups, "regions": [] if groups is not None else regions,
-        "from_groups": comma_list(getattr(args, "from_groups", None), "--from-groups"),
+        "from_groups": comma_list(args.from_groups, "--from-groups"),
         "mode": args.mode, "name": args.name}.items() if v is not None}
     if changes.get("mode", profile.job.mode) != "transfer-to" and "from_groups" not in changes:
         changes["from_groups"] = []  # a transfer-to profile run in another mode

@@ -1,12 +1,5 @@
-"""Which models a job trains, in which order, and how they are packed into workers. Modes
-follow the paper's experiments (evaluation method in brackets):
-
-- ``scratch``: one model per region (``model``);
-- ``global-ft``: one global model per group, fine-tuned on each region (``global_ft``);
-- ``transfer``: per group, a global model trained without the paper's subset of 28, evaluated
-  on the subset's regions (``tl``) and fine-tuned on each (``ft_tl``);
-- ``transfer-to``: as ``transfer``, with one global model of ``[job] from_groups`` (default all
-  benchmark groups) trained without the job's regions."""
+"""Which models a job trains in each mode (README.md's table; each unit names the evaluation
+method its results carry), in which order, and how they are packed into Ray Train workers."""
 
 from __future__ import annotations
 

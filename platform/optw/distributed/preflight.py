@@ -80,10 +80,8 @@ def worker_slots(need: dict[str, float], nodes: list[dict[str, Any]] | None = No
 def worker_need(resources: ResourcesSection, use_gpu: bool,
                 extra: Mapping[str, float] | None = None) -> dict[str, float]:
     """What one region worker asks Ray for: CPUs, a GPU share, custom resources ``extra``."""
-    need = {"CPU": resources.cpus_per_region}
-    if use_gpu:
-        need["GPU"] = resources.gpu_fraction
-    return {**need, **{k: float(v) for k, v in (extra or {}).items()}}
+    gpu = {"GPU": resources.gpu_fraction} if use_gpu else {}
+    return {"CPU": resources.cpus_per_region, **gpu, **(extra or {})}
 
 
 def _holds(node: dict[str, Any], need: dict[str, float]) -> int:

@@ -226,8 +226,7 @@ def _train_local(specs: list[WorkerSpec], batched: bool) -> None:
     quiet_train_worker()
     pack = PackCheckpoint()
     resume: dict[str, dict] = {}
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:  # a restarted worker, or a re-run of a crashed job
+    if (checkpoint := ray.train.get_checkpoint()) is not None:  # restarted, or a crashed job re-run
         with checkpoint.as_directory() as folder:
             resume = pack.restore(Path(folder))
 

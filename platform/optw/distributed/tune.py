@@ -104,7 +104,7 @@ def run_sweep(profile: JobProfile, regions: list[str], num_samples: int = DEFAUL
     if not regions:
         raise UserError("--regions: no region to tune on")
     name = name or f"{profile.job.name}-tune-{time.strftime('%Y%m%d-%H%M%S')}"
-    if not name or any(c in name for c in "/\\ ") or not name.isprintable():
+    if any(c in name for c in "/\\ ") or not name.isprintable():
         raise UserError(f"--name: {name!r} must be a non-empty word")
     storage = st.normalize(storage or paths.tune_storage())
     catalog_loc, catalog = open_job_catalog(catalog_dir)

@@ -1,6 +1,5 @@
 """Our mean per region, for ILS and each method, beside the paper's column of the same (or a
-mapped) name (``optw evaluate --against-paper``, the report); diff = (ours − paper) / paper.
-"""
+mapped) name (``optw evaluate --against-paper``, the report); diff = (ours − paper) / paper."""
 
 from __future__ import annotations
 
@@ -51,12 +50,11 @@ def check_column_names(columns: Mapping[str, str], methods: list[str],
                        source: str | None) -> None:
     """A :class:`UserError` unless every mapped NAME is one of ``methods`` (of ``source``)."""
     for name, column in columns.items():
-        if name in methods:
-            continue
-        item = f"--paper-column {name}={column}: unknown method {name!r}"
-        raise UserError(f"{item}: no --results given, so there are no methods to map (give "
-                        "--results FILE with that method)" if source is None else
-                        f"{item}; the methods of {source}: {', '.join(methods) or 'none'}")
+        if name not in methods:
+            item = f"--paper-column {name}={column}: unknown method {name!r}"
+            raise UserError(f"{item}: no --results given, so there are no methods to map (give "
+                            "--results FILE with that method)" if source is None else
+                            f"{item}; the methods of {source}: {', '.join(methods) or 'none'}")
 
 
 def ours_from_results(results: pd.DataFrame | None, ils: pd.DataFrame,

@@ -1,6 +1,5 @@
-"""The evaluation protocol: a trained model is scored on each region's benchmark tourist and
-first ``validation_tourists`` generated ones (ours or the paper's) by greedy decoding, beam
-search and optionally active search, and compared with ILS. Needs neither Ray nor MLflow."""
+"""The evaluation protocol of a trained model (:func:`evaluate_model`), compared with ILS; needs
+neither Ray nor MLflow."""
 
 from __future__ import annotations
 
@@ -121,7 +120,7 @@ def _evaluate_region(model: Any, catalog: Any, rid: str, method: str,
         runs.append((f"{method}_as", [
             solve(model, region, tourists, "active_search", beams=settings.beams,
                   epochs=settings.active_search,
-                  progress=None if bar is None else _progress_of(bar, rid, tourists.tourist_id))
+                  progress=_progress_of(bar, rid, tourists.tourist_id))
             for tourists in batches]))
     for name, solved in runs:
         for tourists, sols in zip(batches, solved, strict=True):

@@ -1,6 +1,5 @@
 """Reading and checking a results table: one row per (region, tourist, method); an optional
-``route`` column (node ids, or a string like ``"0 5 12 101"``) must reproduce ``score``.
-"""
+``route`` column (node ids, or a string like ``"0 5 12 101"``) must reproduce ``score``."""
 
 from __future__ import annotations
 

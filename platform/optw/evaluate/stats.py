@@ -1,6 +1,5 @@
-"""The paper's statistics: score gap to a baseline (negative = the model is better), 95%
-percentile bootstrap CIs of the mean over regions (10,000 seeded resamples) and one-sided
-Wilcoxon signed-rank p-values on paired per-region scores."""
+"""The paper's statistics: score gaps to a baseline (negative: the model is better), percentile
+bootstrap CIs of the mean over regions and one-sided Wilcoxon signed-rank p-values."""
 
 from __future__ import annotations
 

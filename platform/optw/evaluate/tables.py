@@ -1,6 +1,5 @@
-"""The paper's result tables from per-tourist results and the stored ILS baseline: per region,
-per group and tourist kind (means, CIs, Wilcoxon p-values over regions) and pairwise p-values.
-"""
+"""The paper's result tables from results and the stored ILS baseline: per region, per group and
+tourist kind (means, CIs, Wilcoxon p-values over regions) and pairwise p-values."""
 
 from __future__ import annotations
 

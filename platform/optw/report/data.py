@@ -161,10 +161,9 @@ def load_job(parent_run_id: str, uri: str | None = None) -> JobData:
             tags = dict(run.data.tags)
             key = tags.get("region", run.info.run_name or run.info.run_id)
             child = ChildRun(run.info.run_id, tags.get("stage", ""), key, run.info.status, tags,
+                             {m: _history(client, run.info.run_id, m) for m in CURVE_METRICS
+                              if m in run.data.metrics},
                              group=group_of(key, known), params=dict(run.data.params))
-            for metric in CURVE_METRICS:
-                if metric in run.data.metrics:
-                    child.curves[metric] = _history(client, run.info.run_id, metric)
             try:
                 files = client.list_artifacts(run.info.run_id, "evaluation")
             except Exception:  # noqa: BLE001 - no evaluation folder

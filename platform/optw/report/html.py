@@ -54,7 +54,6 @@ def _fmt(v: Any, digits: int = 2) -> str:
 
 
 def _num(row: Mapping[str, Any] | pd.Series, col: str) -> float:
-    """``row[col]`` as a float; NaN when it is missing or not a number."""
     try:
         return float(row.get(col, math.nan))
     except (TypeError, ValueError):
@@ -90,7 +89,6 @@ def _details(summary: str, body: str) -> str:
 
 
 def _section(anchor: str, title: str, note: str, *body: str) -> str:
-    """A section of the page: its heading, the note under it (if any), then ``body``."""
     note = f'<p class="note">{note}</p>' if note else ""
     return "\n".join([f'<section id="{anchor}"><h2>{title}</h2>{note}', *body, "</section>"])
 
@@ -185,7 +183,6 @@ def _when(ms: int | None) -> str:
 
 
 def _curves_section(figures: dict[str, str | None], groups: list[str]) -> str:
-    """Learning curves: the global models', then the models trained from scratch per group."""
     keys = [("curves_global", "learning curves of the global models"),
             *((f"curves_{g}", f"learning curves {g}") for g in groups)]
     shown = [_figure(figures[key], alt) for key, alt in keys if figures.get(key)]

@@ -44,7 +44,6 @@ def _legend(fig: Figure, axes, loc: str, ncols: int = 1) -> None:
 
 
 def _save(fig: Figure, path: Path, title: str, size: int = 10) -> Path:
-    """``fig`` with its title ``title`` written to ``path``."""
     fig.suptitle(title, fontsize=size)
     fig.savefig(path, dpi=DPI, format="png", bbox_inches="tight")
     return path
@@ -285,8 +284,7 @@ def time_score(points: pd.DataFrame, groups: list[str], colors: dict[str, str],
         sub = points[points["group"] == g]
         for m in dict.fromkeys(sub["method"]):
             sm = sub[sub["method"] == m]
-            base = m.replace(" + active search", "")
-            color = colors.get(base, colors.get(m, "#333333"))
+            color = colors.get(m.replace(" + active search", ""), colors.get(m, "#333333"))
             if len(beams := sm[np.isfinite(sm["order"])]):
                 ax.plot(beams["seconds"], beams[ycol], marker="o", ms=4, color=color, label=m)
                 for _, row in beams.iterrows():

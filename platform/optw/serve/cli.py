@@ -141,10 +141,10 @@ def _request(args) -> dict[str, Any]:
     for key, what, known in (("method", "method", METHODS),
                              ("preference", "profile", PREFERENCES)):
         value = getattr(args, key)
-        if value is not None and value not in known:
-            raise UserError(f"--{key}: unknown {what} {value!r}; expected one of "
-                            f"{', '.join(known)}")
         if value is not None:
+            if value not in known:
+                raise UserError(f"--{key}: unknown {what} {value!r}; expected one of "
+                                f"{', '.join(known)}")
             req[key] = value
     if args.beams is not None:  # an integer's text as the integer; checked with the request
         beams = args.beams.strip()

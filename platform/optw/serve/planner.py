@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from optw.catalog import Catalog, Region
+from optw.catalog.tables import NODE_ARRAYS
 from optw.serve.errors import PlanError
 from optw.serve.models import LoadedModel, ModelProvider
 from optw.serve.preferences import PREFERENCES
@@ -68,7 +69,6 @@ class Planner:
         self._warn = warn or (lambda message: log.warning("%s", message))
 
     def _check_region(self, loaded: LoadedModel, region: Region) -> None:
-        """Warn once per model and region when the model was trained on other regions."""
         key = (loaded.source, loaded.version, region.id)
         with self._checked_lock:
             if key in self._checked:
@@ -83,9 +83,8 @@ class Planner:
 
     def regions(self) -> list[dict[str, Any]]:
         """One summary per region (id, group, points, benchmark start and times, the day)."""
-        return [{"region": str(r["region"]), "group": str(r["group"]),
-                 "points": int(r["points"]), "start": {"x": float(r["start_x"]),
-                                                       "y": float(r["start_y"])},
+        return [{"region": str(r["region"]), "group": str(r["group"]), "points": int(r["points"]),
+                 "start": {"x": float(r["start_x"]), "y": float(r["start_y"])},
                  "t_start": float(r["t_start"]), "t_end": float(r["t_end"]),
                  "day": [0.0, float(r["t_max"])],
                  "clock_origin": "opening" if r["group"] in OPENING_CLOCK_GROUPS
@@ -97,9 +96,8 @@ class Planner:
         if region_id not in self.catalog:
             raise PlanError(404, "region", f"region: unknown region {region_id[:64]!r}")
         r = self.catalog.region(region_id)
-        points = [{"node": i, "name": node_name(r, i), "x": float(r.x[i]), "y": float(r.y[i]),
-                   "duration": float(r.duration[i]), "opening": float(r.opening[i]),
-                   "closing": float(r.closing[i]), "score": float(r.score[i]),
+        points = [{"node": i, "name": node_name(r, i),
+                   **{k: float(getattr(r, k)[i]) for k in NODE_ARRAYS},
                    "opening_clock": format_time(float(r.opening[i])),
                    "closing_clock": format_time(float(r.closing[i])), **node_latlon(r, i)}
                   for i in range(1, r.n_nodes - 1)]
@@ -166,8 +164,7 @@ class Planner:
             else:
                 (x, y), latlon = req.start_xy, _start_latlon(req)
                 name = node_name(region, node, default_start)
-            times = {"arrival": check.arrival[pos], "start": check.start[pos],
-                     "leave": check.leave[pos]}
+            times = {k: getattr(check, k)[pos] for k in ("arrival", "start", "leave")}
             stops.append({"stop": pos, "node": int(node), "kind": kind, "name": name,
                           "x": x, "y": y, **latlon, **times,
                           **{f"{k}_clock": format_time(v) for k, v in times.items()},
@@ -186,8 +183,7 @@ class Planner:
                                   **self.solve_options[req.method]}
         if req.method in BEAM_METHODS:
             kwargs["beams"] = req.beams
-        solutions = solve(model, req.region, tourists, **kwargs)
-        return [int(v) for v in solutions[0].route]
+        return [int(v) for v in solve(model, req.region, tourists, **kwargs)[0].route]
 
 
 def _start_latlon(req: PlanRequest) -> dict[str, float]:

@@ -105,8 +105,7 @@ def clock_note(region: Region) -> str | None:
 def format_time(minutes: float) -> str:
     """``"HH:MM"`` of a time in minutes (rounded to the minute; hours may exceed 23)."""
     total = int(round(minutes))
-    sign = "-" if total < 0 else ""
-    return f"{sign}{abs(total) // 60:02d}:{abs(total) % 60:02d}"
+    return f"{'-' if total < 0 else ''}{abs(total) // 60:02d}:{abs(total) % 60:02d}"
 
 
 @dataclass(frozen=True)

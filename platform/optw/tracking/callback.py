@@ -22,10 +22,8 @@ MAX_BUFFER = 20_000
 
 
 class MlflowCallback(Callback):
-    """Log training into the run ``run_id``: epoch metrics every ``log_every`` epochs (and the
-    first and last), sent once ``flush_every`` points wait or ``flush_seconds`` passed;
-    validation metrics at once; at the end ``best_val_score``, ``config.json`` and the final
-    checkpoint. Picklable, for Ray workers. ``strict`` raises tracking errors, not warns."""
+    """Log training into the run ``run_id`` (what and when: docs/tracking.md); picklable, for
+    Ray workers. ``strict`` raises tracking errors instead of warning."""
 
     def __init__(self, run_id: str, *, uri: str | None = None, log_every: int = 10,
                  flush_every: int = 200, flush_seconds: float = 60.0,

@@ -47,8 +47,7 @@ def log_tables(run_id: str, tables: Mapping[str, Any], *, uri: str | None = None
 
 
 def log_evaluation(run_id: str, table, name: str, *, uri: str | None = None) -> dict[str, float]:
-    """Log ``<name>/<method>/mean_score`` (``_gap``, ``_seconds``; method ``all`` without a
-    ``method`` column; NaNs ignored) and the table as ``evaluation/<name>.csv``/``.md``."""
+    """Log ``<name>/<method>/mean_<score|gap|seconds>`` (``all`` without ``method``), the table."""
     from mlflow.entities import Metric
 
     if "score" not in table.columns:

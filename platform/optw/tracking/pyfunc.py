@@ -1,6 +1,5 @@
-"""The registered artifact: an MLflow pyfunc model ("models from code", nothing pickled) with
-one region's checkpoint and ``region.json`` (so serving needs no catalog) as artifacts. Loading
-needs ``optw`` installed; the model and decoder are imported on first use."""
+"""The registered artifact (docs/tracking.md): an MLflow pyfunc model "from code" with one
+region's checkpoint and ``region.json``; the model and decoder are imported on first use."""
 
 from __future__ import annotations
 

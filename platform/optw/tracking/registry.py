@@ -1,6 +1,5 @@
-"""Model registry: one registered model ``optw-<region>`` per region, a version per trained model
-(one per run). The alias ``champion`` moves to a new version only when its ``val_score`` is
-strictly higher (a champion without a readable ``val_score`` is the worst possible)."""
+"""Model registry: ``optw-<region>`` per region, a version per run; alias ``champion`` moves only
+to a strictly higher ``val_score`` (an unreadable one is the worst; rules: docs/tracking.md)."""
 
 from __future__ import annotations
 
@@ -125,8 +124,7 @@ def register_version(region: str, checkpoint_path: str | Path, run_id: str,
     tags = {k: str(v) for k, v in (tags or {}).items()}
     tags.setdefault("region", region)
     _ensure_model(client, name, region)
-    existing = versions_for_run(region, run_id, uri=uri)
-    if existing:
+    if existing := versions_for_run(region, run_id, uri=uri):
         version = existing[0]
         log.info("%s: run %s already registered as version %d", name, run_id, version)
     else:
@@ -207,9 +205,8 @@ def load_solver(model_uri: str, *, uri: str | None = None, dst_path: str | Path 
 
     uri = tracking_uri(uri)
     quiet()
-    version, tags = None, {}
-    match = _MODEL_URI.match(model_uri)
-    if match:
+    version, tags, source = None, {}, model_uri
+    if match := _MODEL_URI.match(model_uri):
         from mlflow.exceptions import MlflowException
 
         client = get_client(uri)
@@ -222,8 +219,6 @@ def load_solver(model_uri: str, *, uri: str | None = None, dst_path: str | Path 
                                      f"{' '.join(str(exc.message).split())[:200]})") from None
         version, tags = int(mv.version), dict(mv.tags)
         source = client.get_model_version_download_uri(name, str(mv.version))
-    else:
-        source = model_uri
     is_dir = Path(source).is_dir()
     if dst_path and not is_dir:
         Path(dst_path).mkdir(parents=True, exist_ok=True)

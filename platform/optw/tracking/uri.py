@@ -1,6 +1,5 @@
-"""Where tracking data goes: the tracking URI (``uri=None``: :func:`tracking_uri`), a fail-fast
-reachability check, cached clients. MLflow's process-global URI is never set, so a Ray worker
-logs to the store the driver named."""
+"""The tracking URI (``uri=None``: :func:`tracking_uri`), its fail-fast check and cached clients;
+MLflow's process-global URI is never set, so a Ray worker logs to the store the driver named."""
 
 from __future__ import annotations
 
