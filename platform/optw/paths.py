@@ -17,7 +17,8 @@ SHARED = PROJECT_ROOT.parent / "shared"
 
 
 def _env(name: str, default: Path) -> Path:
-    return Path(os.environ[name]) if os.environ.get(name) else default
+    value = os.environ.get(name)
+    return Path(value) if value else default
 
 
 def benchmarks_dir() -> Path:

@@ -421,7 +421,8 @@ def build_custom_region(region_id: str, points: Path | str,
         origin = (float((x.min() + x.max()) / 2), float((y.min() + y.max()) / 2))
         kw.update(coords="latlon", lat=x, lon=y, metric="haversine", speed_kmh=speed,
                   origin=origin)
-        x, y = Region(region_id, group, x, y, x, x, x, x, 0, 0, 0, **kw).to_xy(x, y)  # projected
+        stand_in = Region(region_id, group, x, y, x, x, x, x, 0, 0, 0, **kw)  # its projection
+        x, y = stand_in.to_xy(x, y)
     travel = None
     if travel_times is not None:
         travel = read_matrix(Path(travel_times), names)[np.ix_(idx, idx)]

@@ -25,8 +25,9 @@ NEVER = -(2**30)
 @dataclass(frozen=True, eq=False)
 class Instances:
     """K tourists of one region as tensors (node 0 = start, ``n - 1`` = end copy of the start,
-    both open from ``t_start`` to ``t_end``, duration and score 0); ``latest`` as docs/model.md
-    says (:data:`NEVER` when even the opening is too late)."""
+    both open from ``t_start`` to ``t_end``, duration and score 0). ``latest[k, j] = min(c_j,
+    T_end - d_j - dist(j, end))`` is the latest start of a visit of j (:data:`NEVER` when even
+    the opening is too late): j is admissible iff ``arrival <= latest``."""
 
     region_id: str
     tourist_id: torch.Tensor  # [K] int64

@@ -74,7 +74,8 @@ def _evaluate(args) -> int:
     cat = open_catalog(args.catalog)
     results = load_results(args.results, cat, args.baseline, args.methods)
     reference = args.reference or tables.default_reference_path()
-    if no_reference := args.reference is None and not reference.exists():
+    no_reference = args.reference is None and not reference.exists()
+    if no_reference:
         print(f"warning: no reference file at {reference}; gaps to best-known are left out",
               file=sys.stderr)
     best_known = None if no_reference else tables.load_best_known(reference)

@@ -11,7 +11,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from optw.catalog import Catalog, Region
-from optw.catalog.tables import NODE_ARRAYS
 from optw.serve.errors import PlanError
 from optw.serve.models import LoadedModel, ModelProvider
 from optw.serve.preferences import PREFERENCES
@@ -96,8 +95,9 @@ class Planner:
         if region_id not in self.catalog:
             raise PlanError(404, "region", f"region: unknown region {region_id[:64]!r}")
         r = self.catalog.region(region_id)
-        points = [{"node": i, "name": node_name(r, i),
-                   **{k: float(getattr(r, k)[i]) for k in NODE_ARRAYS},
+        points = [{"node": i, "name": node_name(r, i), "x": float(r.x[i]), "y": float(r.y[i]),
+                   "duration": float(r.duration[i]), "opening": float(r.opening[i]),
+                   "closing": float(r.closing[i]), "score": float(r.score[i]),
                    "opening_clock": format_time(float(r.opening[i])),
                    "closing_clock": format_time(float(r.closing[i])), **node_latlon(r, i)}
                   for i in range(1, r.n_nodes - 1)]

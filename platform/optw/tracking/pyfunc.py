@@ -36,7 +36,13 @@ def region_to_json(region) -> str:
     """A catalog ``Region`` as JSON (arrays with their dtype), for the model's artifacts."""
     fields = {f.name: getattr(region, f.name) for f in dataclasses.fields(region)
               if f.init and not f.name.startswith("_")}
-    return json.dumps(fields, default=lambda a: {"__array__": a.tolist(), "dtype": str(a.dtype)})
+    return json.dumps(fields, default=_array_json)
+
+
+def _array_json(value: Any) -> dict:
+    if not isinstance(value, np.ndarray):  # as json.dumps itself: an unknown type is an error
+        raise TypeError(f"region field of type {type(value).__name__} is not JSON serializable")
+    return {"__array__": value.tolist(), "dtype": str(value.dtype)}
 
 
 def region_from_json(text: str):
