@@ -51,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     except OptwError as exc:
         if args.debug:
             raise
-        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"optw {name}: error: {_one_line(str(msg))}", file=sys.stderr)
+        print(f"optw {name}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - anything else is a bug: said so, in one line
         if args.debug:

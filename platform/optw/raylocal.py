@@ -4,6 +4,7 @@ calls :func:`ensure_token` first (``python -m optw.raylocal``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -101,12 +102,10 @@ def setup_worker() -> None:
     """Ray's ``worker_process_setup_hook``: ``RAY_ADDRESS`` and quiet internals."""
     from optw.raylogs import quiet_ray_internals
 
-    try:
+    with contextlib.suppress(Exception):  # best effort: Ray's own guess stays
         import ray
 
         os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
-    except Exception:  # noqa: BLE001 - best effort: Ray's own guess stays
-        pass
     quiet_ray_internals()
 
 

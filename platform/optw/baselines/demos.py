@@ -107,8 +107,7 @@ def _write(path: Path, stored: pd.DataFrame, rows: list[dict]) -> pd.DataFrame:
 
 def get_demos(catalog, region_ids: Sequence[str], n: int, seed: int,
               score_kind: str | None = None, *, workers: int = 1, progress: bool = False,
-              write: bool = True, task_catalog: str | None = None,
-              localize: Callable[[str], str] | None = None,
+              task_catalog: str | None = None, localize: Callable[[str], str] | None = None,
               task_resources: Mapping[str, float] | None = None,
               ) -> dict[str, Demonstrations]:
     """``n`` demonstrations of each region of the open ``catalog``, the missing ones computed."""
@@ -127,18 +126,12 @@ def get_demos(catalog, region_ids: Sequence[str], n: int, seed: int,
             jobs.append((task_catalog or str(catalog.path), rid, first, n, seed, score_kind))
     if jobs:
         rows: list[dict] = []
-        bar = tqdm(total=sum(n - job[2] for job in jobs), desc="demonstrations",
-                   unit="tourist", smoothing=0.05, disable=not progress)
-        try:
-            for got in map_tasks(solve_block, jobs, workers, task_resources,
-                                 localize=localize):
+        with tqdm(total=sum(n - job[2] for job in jobs), desc="demonstrations",
+                  unit="tourist", smoothing=0.05, disable=not progress) as bar:
+            for got in map_tasks(solve_block, jobs, workers, task_resources, localize=localize):
                 rows += got
                 bar.update(len(got))
-        finally:
-            bar.close()
-        stored = (_write(path, stored, rows) if write else
-                  pd.concat([stored, pd.DataFrame(rows, columns=SCHEMA.names)]))
-        mine = ours(stored)
+        mine = ours(_write(path, stored, rows))
     return {rid: _demonstrations(rid, mine[(mine["region"] == rid) & (mine["index"] < n)]
                                  .sort_values("index")) for rid in region_ids}
 

@@ -317,12 +317,10 @@ def solve_problem(problem: IlsProblem, max_iter_no_improve: int = MAX_ITER_NO_IM
     timed_out = False
     if time_limit is None:
         _ils_steps(*args, _BIG)
-    else:
+    else:  # one iteration at a time until the stop rule or the deadline
         deadline = t0 + time_limit
-        while not _ils_steps(*args, 1):
-            if time.perf_counter() >= deadline:
-                timed_out = True
-                break
+        while not timed_out and not _ils_steps(*args, 1):
+            timed_out = time.perf_counter() >= deadline
     route = best_rt[: state[_BEST_L]].tolist()
     score = float(np.sum(problem.score[route[1:-1]]))
     return IlsResult(route, score, time.perf_counter() - t0, int(state[_ITERS]), timed_out)

@@ -161,28 +161,27 @@ def run_ils_baseline(catalog_dir: Path | str | None = None,
              if tourists == "all" else (tourists,))
     regions = list(regions or [])
     groups = list(groups) if groups else None
-    ids = cat.list_regions(groups)
+    ids = [r for r in cat.list_regions(groups) if not regions or r in regions]
     for r in regions:
         cat.region(r)  # an unknown region is an error naming it, with a suggestion
-    ids = [r for r in ids if not regions or r in regions]
     selection = [(rid, kind, [int(t) for t in cat.tourists(rid, kind).tourist_id])
                  for rid in ids for kind in kinds]
     if not selection:
         raise UserError(f"no region matches --regions {regions} within --groups {groups}")
     stored = pd.DataFrame() if force else load_ils_results(catalog_dir)
     done = set(zip(stored["region"], stored["tourist"], strict=True)) if len(stored) else set()
-    jobs = []
+    where = task_catalog or str(catalog_dir)
+    jobs = []  # the calls of solve_region_batch
     for rid, kind, tids in selection:
         if todo := [t for t in tids if (rid, t) not in done]:
-            jobs.append((cat.regions_table.at[rid, "nodes"] * len(todo), rid, kind, todo))
-    jobs.sort(key=lambda j: -j[0])  # longest first balances the workers
+            jobs.append((where, rid, kind, todo))
+    # longest first (nodes × tourists), so that the workers finish together
+    jobs.sort(key=lambda j: -cat.regions_table.at[j[1], "nodes"] * len(j[3]))
     n_todo = sum(len(j[3]) for j in jobs)
     workers = max(1, int(workers or os.cpu_count() or 1))
 
     new_rows: list[dict] = []
     flushed, last_flush = 0, time.perf_counter()  # new_rows[:flushed] are in the stores
-    bar = tqdm(total=n_todo, desc="ILS", unit="tourist", smoothing=0.05,
-               disable=not (progress and n_todo))
 
     def flush() -> None:
         nonlocal flushed, last_flush
@@ -191,22 +190,21 @@ def run_ils_baseline(catalog_dir: Path | str | None = None,
             flushed = len(new_rows)
         last_flush = time.perf_counter()
 
-    try:
-        if jobs:
-            warm_up()  # compile once here, so workers load the numba cache
-            where = task_catalog or str(catalog_dir)
-            for rows in map_tasks(solve_region_batch,
-                                  [(where, rid, kind, todo) for _, rid, kind, todo in jobs],
-                                  workers, task_resources, localize=localize):
-                new_rows.extend(rows)
-                for row in rows if on_result is not None else ():
-                    on_result(row)
-                bar.update(len(rows))
-                if time.perf_counter() - last_flush >= flush_seconds:
-                    flush()
-    finally:
-        flush()
-        bar.close()
+    with tqdm(total=n_todo, desc="ILS", unit="tourist", smoothing=0.05,
+              disable=not (progress and n_todo)) as bar:
+        try:
+            if jobs:
+                warm_up()  # compile once here, so workers load the numba cache
+                for rows in map_tasks(solve_region_batch, jobs, workers, task_resources,
+                                      localize=localize):
+                    new_rows.extend(rows)
+                    for row in rows if on_result is not None else ():
+                        on_result(row)
+                    bar.update(len(rows))
+                    if time.perf_counter() - last_flush >= flush_seconds:
+                        flush()
+        finally:
+            flush()
 
     keys = {(rid, t) for rid, _, tids in selection for t in tids}
     final = load_ils_results(catalog_dir)

@@ -279,13 +279,10 @@ def _place_rows(path: Path) -> tuple[str, list[str], list[_Record], np.ndarray]:
                             "nodes; rename the place")
         seen[key] = rec.row
         has_xy = not (_blank(rec.values.get("x")) and _blank(rec.values.get("y")))
-        if rec.unit == "feature":
-            if rec.geometry is not None and has_xy:
-                raise rec.error("x", "mixed coordinates: a Point geometry AND x/y properties; "
-                                "give one")
-            this = "latlon" if rec.geometry is not None else "xy"
-        else:
-            this = "latlon" if "lat" in rec.values else "xy"
+        if rec.geometry is not None and has_xy:  # a GeoJSON feature (CSV rows have no geometry)
+            raise rec.error("x", "mixed coordinates: a Point geometry AND x/y properties; "
+                            "give one")
+        this = "latlon" if rec.geometry is not None or "lat" in rec.values else "xy"
         coords = coords or this
         if this != coords:
             raise rec.error("geometry" if this == "latlon" else "x", "mixed coordinates: this "
@@ -366,7 +363,7 @@ def read_matrix(path: Path, names: list[str]) -> np.ndarray:
         raise CustomRegionError(path, None, None, f"not square: {len(cols)} columns but "
                                 f"{len(data)} rows")
     out = np.full((len(names), len(names)), np.nan)
-    row_places = []
+    row_places = set()
     for r, (no, cells) in enumerate(data, 1):
         if len(cells) != len(header):
             raise CustomRegionError(path, r, None, f"not square: {len(cells) - 1} values, the "
@@ -375,7 +372,7 @@ def read_matrix(path: Path, names: list[str]) -> np.ndarray:
         if i in row_places:
             raise CustomRegionError(path, r, header[0] or "label", f"place {names[i]!r} has "
                                     "two rows", line=no)
-        row_places.append(i)
+        row_places.add(i)
         for j, lab, v in zip(cols, labels, cells[1:], strict=True):
             fail = partial(CustomRegionError, path, r, lab, line=no)
             if not v:
@@ -385,8 +382,8 @@ def read_matrix(path: Path, names: list[str]) -> np.ndarray:
             if i == j and t != 0:
                 raise fail(f"travel time from {names[i]!r} to itself is {t:g}, not 0")
             out[i, j] = t
-    if sorted(row_places) != sorted(cols):
-        extra = sorted(set(row_places) ^ set(cols))
+    if row_places != set(cols):
+        extra = sorted(row_places ^ set(cols))
         raise CustomRegionError(path, None, None, "rows and columns list different places: "
                                 + ", ".join(repr(names[k]) for k in extra))
     missing = [names[k] for k in range(1, len(names)) if k not in cols]

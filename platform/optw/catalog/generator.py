@@ -57,8 +57,7 @@ def sample_tourists(region: Region, k: int, rng: np.random.Generator | int | Non
     """K generated tourists of ``region`` (seeded, vectorised; thousands per second)."""
     if k < 0:
         raise ValueError(f"number of tourists must be >= 0, got {k}")
-    if not isinstance(rng, np.random.Generator):
-        rng = np.random.default_rng(rng)
+    rng = np.random.default_rng(rng)  # a Generator is returned as is
     (x_lo, x_hi), (y_lo, y_hi) = region.start_box
     start_xy = rng.uniform([x_lo, y_lo], [x_hi, y_hi], size=(k, 2))
     h = 24.0 / region.t_day

@@ -217,8 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         device = _device(args.device)
         check_out_dir(args.out, OUT_KIND, option="--out")
-        regions = _regions(args)
-        sets = [(r, generate_paper_set(r, device)) for r in regions]
+        sets = [(r, generate_paper_set(r, device)) for r in _regions(args)]
         with replace_dir(args.out, OUT_KIND, f"{len(sets)} regions on {device}",
                          option="--out") as tmp:
             write_parquet_atomic(paper_table(sets), tmp / PAPER_FILE)

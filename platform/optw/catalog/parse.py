@@ -77,11 +77,11 @@ class _Lines:
 
 def _region(group: str, path: Path, raw: bytes, start: list[float], points: np.ndarray
             ) -> Region:
-    """Assemble a Region from the start row (x, y, T_start, T_end) and point rows
-    ``[n, 6]`` = (x, y, duration, score, opening, closing)."""
+    """Assemble a Region from the start row and point rows ``[n, 6]``, each (x, y, duration,
+    score, opening, closing); the start row's opening and closing are T_start and T_end."""
     if points.shape[0] == 0:
         raise SourceError(path, None, "the instance has no points of interest")
-    sx, sy, t_start, t_end = start
+    sx, sy, _, _, t_start, t_end = start
 
     def col(j: int, end_value: float) -> np.ndarray:  # the start and end nodes get end_value
         return np.concatenate([[end_value], points[:, j], [end_value]])
@@ -117,10 +117,9 @@ def parse_toptw(path: Path, group: str, raw: bytes) -> Region:
                               f"(a={a})")
         lines.check_vertex(no, v[0], i)
         lines.check_point(no, v[3], v[-2], v[-1])
-        rows.append((v[1], v[2], v[3], v[4], v[-2], v[-1]))
-    sx, sy, _, _, t_start, t_end = rows[0]
+        rows.append([v[1], v[2], v[3], v[4], v[-2], v[-1]])
     points = np.array(rows[1:], dtype=np.float64).reshape(-1, 6)
-    return _region(group, path, raw, [sx, sy, t_start, t_end], points)
+    return _region(group, path, raw, rows[0], points)
 
 
 def parse_ttdp(path: Path, group: str, raw: bytes) -> Region:
@@ -154,7 +153,7 @@ def parse_ttdp(path: Path, group: str, raw: bytes) -> Region:
         o, c = v[6 + 2 * day], v[7 + 2 * day]
         lines.check_point(no, v[3], o, c)
         points[i] = (v[1], v[2], v[3], v[4], o, c)
-    return _region(group, path, raw, [start[1], start[2], start[5], start[6]], points)
+    return _region(group, path, raw, start[1:], points)
 
 
 def parse_file(path: Path | str, group: str) -> Region:

@@ -209,19 +209,17 @@ class Region:
         """Rounded travel times ``[n, n]`` (benchmark start) or ``[K, n, n]`` per start location;
         ``f32``: start rows as :func:`float32_start_rows` (Euclidean regions only). Past
         :data:`DISTANCES_WARN_BYTES` a ``RuntimeWarning`` points to :meth:`iter_distances`."""
-        if start_xy is not None:
-            k = int(np.asarray(start_xy).size // 2)
-            size = 8 * k * self.n_nodes**2
-            if size > DISTANCES_WARN_BYTES:
-                warnings.warn(f"region {self.id}: travel times of {k} tourists take "
-                              f"{size / 2**20:.0f} MiB (8·K·n² bytes); Region.iter_distances "
-                              "gives them in chunks", RuntimeWarning, stacklevel=2)
         custom = self.metric != "euclidean" or self.travel is not None
         block = self._block
         if start_xy is None and not custom:
             return block.copy()
         start = np.asarray(self.start_xy if start_xy is None else start_xy,
                            dtype=np.float64).reshape(-1, 2)
+        size = 8 * len(start) * self.n_nodes**2
+        if start_xy is not None and size > DISTANCES_WARN_BYTES:
+            warnings.warn(f"region {self.id}: travel times of {len(start)} tourists take "
+                          f"{size / 2**20:.0f} MiB (8·K·n² bytes); Region.iter_distances "
+                          "gives them in chunks", RuntimeWarning, stacklevel=2)
         if f32 and not custom:
             d_from = d_to = float32_start_rows(start, self.coordinates(), self.decimals)
         else:

@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -165,9 +166,8 @@ def build_catalog(source: Path | str | None = None, out: Path | str | None = Non
 
 def _group_counts(groups: Iterable[str]) -> dict[str, int]:
     """Regions per group: the benchmark groups (0 included), then custom groups by name."""
-    groups = list(groups)
-    custom = sorted({g for g in groups if g not in GROUPS})
-    return {g: groups.count(g) for g in (*GROUPS, *custom)}
+    counts = Counter(groups)
+    return {g: counts[g] for g in (*GROUPS, *sorted(set(counts) - set(GROUPS)))}
 
 
 def _custom_regions(catalog_dir: Path) -> tuple[list[Region], dict[str, dict]]:

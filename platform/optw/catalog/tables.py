@@ -74,7 +74,7 @@ def tourists_from_rows(region_id: str, rows: dict[str, np.ndarray], kind: str = 
 
 def region_tables(regions: list[Region], seed: int, n_val: int) -> dict[str, pa.Table]:
     """The catalog tables of ``regions``, with ``n_val`` validation tourists each."""
-    rows, nodes, tourists, travel = [], [], [], []
+    rows, nodes, tourists, travel = [], [], [], [TRAVEL_SCHEMA.empty_table()]
     for r in regions:
         n = r.n_nodes
         rows.append({
@@ -105,8 +105,7 @@ def region_tables(regions: list[Region], seed: int, n_val: int) -> dict[str, pa.
         "regions.parquet": pa.Table.from_pylist(rows, schema=REGIONS_SCHEMA),
         "nodes.parquet": pa.concat_tables(nodes).combine_chunks(),
         "tourists.parquet": pa.concat_tables(tourists).combine_chunks(),
-        TRAVEL_FILE: pa.concat_tables(travel).combine_chunks() if travel
-        else TRAVEL_SCHEMA.empty_table(),
+        TRAVEL_FILE: pa.concat_tables(travel).combine_chunks(),
     }
 
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from optw.decode.limits import (
     MAX_ACTIVE_SEARCH_EPOCHS,
@@ -68,23 +67,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_solve)
 
 
-def search_bar(epochs: int, tourist_ids: list[int | str]) -> tuple[Any, Callable]:
-    """A tqdm bar on stderr over the active-search epochs and its ``progress`` callback for
-    :func:`optw.decode.solve.solve`, showing the tourist and its best sampled score so far."""
-    from tqdm import tqdm
-
-    best: dict[int, float] = {}
-    bar = tqdm(total=epochs * len(tourist_ids), desc="active search", unit="epoch",
-               file=sys.stderr, dynamic_ncols=True)
-
-    def progress(k: int, reward: float) -> None:
-        best[k] = max(best.get(k, float("-inf")), reward)
-        bar.set_postfix(tourist=tourist_ids[k], best=f"{best[k]:g}", refresh=False)
-        bar.update(1)
-
-    return bar, progress
-
-
 def read_tourists(path: Path, region: Region) -> TouristBatch:
     """Tourists of ``region`` from a JSON file; errors name the file, tourist and field."""
     from optw.catalog import TouristError
@@ -109,9 +91,11 @@ def read_tourists(path: Path, region: Region) -> TouristBatch:
 
 
 def _solve(args) -> int:
+    from tqdm import tqdm
+
     from optw.catalog import TouristBatch, open_catalog
     from optw.decode.limits import check_beams
-    from optw.decode.solve import region_mismatch, solve
+    from optw.decode.solve import region_mismatch, search_progress, solve
     from optw.model import load_model
     from optw.threads import check_threads, set_torch_threads
 
@@ -145,17 +129,14 @@ def _solve(args) -> int:
                                           f"beam {args.beams}")
     else:
         method, label = "beam", f"beam search {args.beams}"
-    show = sys.stderr.isatty() if args.progress is None else args.progress
-    bar, progress = (search_bar(args.active_search, list(batch.ids))
-                     if method == "active_search" and args.active_search and show
-                     else (None, None))
-    try:
+    searching = method == "active_search" and bool(args.active_search)
+    show = searching and (sys.stderr.isatty() if args.progress is None else args.progress)
+    with tqdm(total=(args.active_search or 0) * len(batch.ids), desc="active search",
+              unit="epoch", file=sys.stderr, dynamic_ncols=True, disable=not show) as bar:
         solutions = solve(model, region, batch.tourists, method=method, beams=args.beams,
                           samples=args.samples or 128, epochs=args.active_search or 0,
-                          keep_greedy=not args.published, seed=args.seed, progress=progress)
-    finally:
-        if bar is not None:
-            bar.close()
+                          keep_greedy=not args.published, seed=args.seed,
+                          progress=search_progress(bar, list(batch.ids)) if show else None)
     for s, tourist in zip(solutions, batch.ids, strict=True):
         if args.json:
             print(json.dumps({**s.to_dict(), "tourist": tourist}))

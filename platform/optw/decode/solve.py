@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -52,6 +53,20 @@ def region_mismatch(model: PointerNet, region: Region) -> str | None:
     shown = ", ".join(trained[:3]) + (f" and {len(trained) - 3} more" if len(trained) > 3 else "")
     return (f"the model was trained on {shown}, not on {region.id} ({region.group}): "
             "its routes there may be poor")
+
+
+def search_progress(bar: Any, tourist_ids: Sequence[Any], **shown: Any,
+                    ) -> Callable[[int, float], None]:
+    """A ``progress`` for :func:`solve`'s active search: each call moves the tqdm ``bar`` one
+    epoch on and shows ``shown``, the tourist and its best sampled score so far."""
+    best: dict[int, float] = {}
+
+    def progress(k: int, reward: float) -> None:
+        best[k] = max(best.get(k, float("-inf")), reward)
+        bar.set_postfix(**shown, tourist=tourist_ids[k], best=f"{best[k]:g}", refresh=False)
+        bar.update(1)
+
+    return progress
 
 
 def solve(model: PointerNet, region: Region, tourists: Tourists, method: str = "beam",

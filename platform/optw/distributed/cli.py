@@ -134,7 +134,7 @@ def format_summary(summary) -> str:
     lines = [f"job {summary.job_name}: {len(summary.trained)} model(s) trained, "
              f"{len(summary.skipped)} region(s) skipped (already current), "
              f"{len(summary.registered)} registered, {summary.seconds / 60:.1f} min"]
-    table = summary.tables.get("summary") if summary.tables else None
+    table = summary.tables.get("summary")
     if table is not None and len(table):
         cols = [c for c in ("group", "kind", "method", "regions", "model", "ils", "gap_ils",
                             "gap_ils_median", "best_known", "gap_best", "time") if c in table]

@@ -145,8 +145,8 @@ def _finish_unit(member: Member, run_id: str, checkpoint: str, ctx: JobContext,
             if rows:
                 tracking.log_evaluation(run_id, pd.DataFrame(rows), f"evaluation_{unit.key}",
                                         uri=uri)
-            if rows and sweep:
-                tracking.log_tables(run_id, {"beam_sweep": pd.DataFrame(sweep)}, uri=uri)
+                if sweep:
+                    tracking.log_tables(run_id, {"beam_sweep": pd.DataFrame(sweep)}, uri=uri)
             version = None
             val_score = validation_score(rows, unit.key, unit.method)
             if unit.register:
@@ -270,9 +270,8 @@ def run_job(profile: JobProfile, *, catalog_dir: str | Path | None = None,
     ctx = JobContext(job, uri, catalog_loc, storage, st.join(out, "models"), profile,
                      config_hash, use_gpu, {k: tuple(v) for k, v in (callbacks or {}).items()},
                      extra, ray.put(demos) if demos else None)
-    remote = ray.remote(num_cpus=0, max_retries=0)(run_pack)
     try:
-        results = _run_stages(remote, stages, ctx, capacity, progress)
+        results = _run_stages(stages, ctx, capacity, progress)
         rows = [row for r in results.values() for row in r["rows"]]
         results_path, tables = None, {}
         if rows:
@@ -322,7 +321,7 @@ def _shown(location: str | None) -> Path | str | None:
     return st.local_path(location) or st.shown(location)
 
 
-def _run_stages(remote, stages: list[list[Member]], ctx: JobContext, capacity: int,
+def _run_stages(stages: list[list[Member]], ctx: JobContext, capacity: int,
                 progress: bool) -> dict[str, dict[str, Any]]:
     """Run every stage's packs, at most ``capacity`` in flight, each once its start models are
     done; a later stage's pack starts during an earlier one only on a free core (a global
@@ -330,8 +329,9 @@ def _run_stages(remote, stages: list[list[Member]], ctx: JobContext, capacity: i
     import ray
     from tqdm import tqdm
 
+    remote = ray.remote(num_cpus=0, max_retries=0)(run_pack)
     resources = ctx.profile.resources
-    pending = [p for stage in stages if stage for p in packs(
+    pending = [p for stage in stages for p in packs(
         stage, resources.regions_per_worker, capacity, resources.pack_mode)]
     left = {s[0].unit.stage: len(s) for s in stages if s}  # models left per stage
     bars = {name: tqdm(total=n, desc=f"stage {name}", unit="model", disable=not progress)

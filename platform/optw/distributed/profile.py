@@ -220,13 +220,13 @@ class JobProfile:
 def load_profile(name_or_path: str | Path, catalog: Catalog | None = None) -> JobProfile:
     """A shipped profile (``quick``...) or a TOML/YAML/JSON file, checked."""
     path = Path(name_or_path)
-    if not path.suffix and (PROFILE_DIR / f"{name_or_path}.toml").exists():
-        path = PROFILE_DIR / f"{name_or_path}.toml"
-        source = str(name_or_path)
+    shipped = PROFILE_DIR / f"{name_or_path}.toml"
+    if not path.suffix and shipped.exists():
+        path, source = shipped, str(name_or_path)
     elif path.is_file():
         source = str(path)
     else:
-        shipped = sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
+        names = sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
         raise ConfigError(f"profile {str(name_or_path)!r} is neither a shipped profile "
-                          f"{shipped} nor an existing file")
+                          f"{names} nor an existing file")
     return JobProfile.from_dict(load_mapping(path), source=source, catalog=catalog)

@@ -246,7 +246,7 @@ def pick_best(trials: Any) -> tuple[Any, dict[str, Any]]:
                          + (f"their errors: {'; '.join(errors[:3])}" if errors
                             else "none reported an error"))
     best = ok.sort_values(METRIC).iloc[0]
-    drawn = {k[len("trial."):]: v.item() if hasattr(v, "item") else v  # numpy -> Python
+    drawn = {k.removeprefix("trial."): v.item() if hasattr(v, "item") else v  # numpy -> Python
              for k, v in best.items() if k.startswith("trial.")}
     return best, drawn
 

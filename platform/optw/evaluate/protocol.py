@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,18 +53,6 @@ class EvaluateSettings:
                 f"expected one of {', '.join(map(repr, TOURIST_SETS))}")
 
 
-def _progress_of(bar: Any, region: str, ids: Any) -> Callable[[int, float], None]:
-    """``solve``'s ``progress(k, reward)``: ``bar`` shows the tourist and its best score."""
-    best: dict[int, float] = {}
-
-    def update(k: int, reward: float) -> None:
-        tid = int(ids[k])
-        best[tid] = max(best.get(tid, float("-inf")), reward)
-        bar.set_postfix(region=region, tourist=tid, best=f"{best[tid]:g}", refresh=False)
-        bar.update(1)
-    return update
-
-
 def evaluate_model(checkpoint: str, regions: list[str], method: str,
                    settings: EvaluateSettings, catalog_dir: str,
                    progress: bool | None = None,
@@ -83,20 +70,16 @@ def evaluate_model(checkpoint: str, regions: list[str], method: str,
     catalog = open_catalog(catalog_dir)
     rows: list[dict[str, Any]] = []
     sweep: list[dict[str, Any]] = []
-    bar = None
+    epochs = 0  # of active search over all tourists: the bar's total
     if settings.active_search:
-        tourists = sum(1 + min(settings.validation_tourists,
-                               len(catalog.tourists(rid, settings.tourists)))
-                       for rid in regions)
-        show = sys.stderr.isatty() if progress is None else progress
-        bar = tqdm(total=settings.active_search * tourists, desc="active search", unit="epoch",
-                   file=sys.stderr, dynamic_ncols=True, disable=not show)
-    try:
+        epochs = settings.active_search * sum(
+            1 + min(settings.validation_tourists, len(catalog.tourists(rid, settings.tourists)))
+            for rid in regions)
+    show = sys.stderr.isatty() if progress is None else progress
+    with tqdm(total=epochs, desc="active search", unit="epoch", file=sys.stderr,
+              dynamic_ncols=True, disable=not (show and epochs)) as bar:
         for rid in regions:
             _evaluate_region(model, catalog, rid, method, settings, rows, sweep, bar)
-    finally:
-        if bar is not None:
-            bar.close()
     return rows, sweep
 
 
@@ -104,7 +87,7 @@ def _evaluate_region(model: Any, catalog: Any, rid: str, method: str,
                      settings: EvaluateSettings, rows: list[dict[str, Any]],
                      sweep: list[dict[str, Any]], bar: Any) -> None:
     """:func:`evaluate_model` of one region: its rows and sweep appended."""
-    from optw.decode import solve
+    from optw.decode.solve import search_progress, solve
 
     region = catalog.region(rid)
     val = catalog.tourists(rid, settings.tourists)[: settings.validation_tourists]
@@ -120,7 +103,7 @@ def _evaluate_region(model: Any, catalog: Any, rid: str, method: str,
         runs.append((f"{method}_as", [
             solve(model, region, tourists, "active_search", beams=settings.beams,
                   epochs=settings.active_search,
-                  progress=_progress_of(bar, rid, tourists.tourist_id))
+                  progress=search_progress(bar, tourists.tourist_id.tolist(), region=rid))
             for tourists in batches]))
     for name, solved in runs:
         for tourists, sols in zip(batches, solved, strict=True):

@@ -38,8 +38,8 @@ def _figures(data: JobData, folder: Path, groups: list[str],
             scratch, folder / f"curves_{plots.slug(g)}.png", f"Learning curves: {g}"))
     regions = data.tables.get("regions", pd.DataFrame(
         columns=["region", "group", "kind", "method", "ils_seconds"]))
-    finetuned = [c for c in data.children if c.stage == "finetune"]
-    ft = plots.finetune_points(finetuned, regions) if finetuned else None
+    ft = (plots.finetune_points(data.children, regions)
+          if any(c.stage == "finetune" for c in data.children) else None)
     if ft is not None:
         figures["finetune"] = rel(plots.finetune_chart(ft, groups, folder / "finetune.png"))
     colors = plots.method_colors(list(regions["method"]) + list(data.evaluation["method"]))

@@ -91,7 +91,7 @@ def group_of(key: str, known: dict[str, str]) -> str:
     if key in known:
         return known[key]
     tail = key.rsplit("-", 1)[-1]
-    if "-" in key and (tail in GROUP_ORDER or tail in set(known.values())):
+    if "-" in key and (tail in GROUP_ORDER or tail in known.values()):
         return tail
     return next((group for pattern, group in _GROUP_BY_ID if pattern.match(key)), "other")
 

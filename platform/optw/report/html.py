@@ -224,8 +224,7 @@ def _finetune_section(figures: dict[str, str | None], points: pd.DataFrame | Non
 
 
 def render(data: JobData, figures: dict[str, str | None], groups: list[str],
-           time_points: pd.DataFrame | None = None,
-           finetune: pd.DataFrame | None = None) -> str:
+           time_points: pd.DataFrame, finetune: pd.DataFrame | None) -> str:
     """The whole page of the figures (id -> file or ``None``) and the points' tables."""
     t = data.tags
     title = f"optw job report: {data.job_name}"
@@ -249,7 +248,7 @@ def render(data: JobData, figures: dict[str, str | None], groups: list[str],
         gaps.append('<p class="note">No best-known scores (no reference file when the job '
                     "ran): gaps to best-known are left out.</p>")
     timing = [_figure(figures.get("time_score"), "time vs score")]
-    if time_points is not None and len(time_points):
+    if len(time_points):
         timing.append(_details("Points", table(time_points.drop(columns=["order"], errors="ignore"),
                                                left=("group", "method", "setting"))))
     summary, pvalues = data.tables.get("summary"), data.tables.get("pvalues")

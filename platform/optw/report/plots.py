@@ -73,13 +73,12 @@ def learning_curves(runs: list[ChildRun], path: Path, title: str) -> Path | None
     with_gap = any(has_curve(r, ("val_gap_ils",)) for r in runs)
     ncols = min(4, len(runs))
     nrows = math.ceil(len(runs) / ncols)
-    per = 2 if with_gap else 1
+    heights = [2.8, 1.6] if with_gap else [2.8]  # per model: its score panel, its gap panel
+    per = len(heights)
     width = 4.6 if len(runs) <= 3 else 3.4
-    fig = Figure(figsize=(width * ncols, (2.8 + (1.6 if with_gap else 0)) * nrows + 0.8),
-                 layout="constrained")
+    fig = Figure(figsize=(width * ncols, sum(heights) * nrows + 0.8), layout="constrained")
     axes = fig.subplots(nrows * per, ncols, squeeze=False,
-                        gridspec_kw={"height_ratios": [2.8, 1.6] * nrows if with_gap
-                                     else [1] * nrows})
+                        gridspec_kw={"height_ratios": heights * nrows})
     for i, run in enumerate(runs):
         row, col = divmod(i, ncols)
         ax = axes[row * per, col]
@@ -98,10 +97,8 @@ def learning_curves(runs: list[ChildRun], path: Path, title: str) -> Path | None
             _panel(gx, "gap to ILS [%]")
             gx.sharex(ax)
         axes[row * per + per - 1, col].set_xlabel("epoch", fontsize=8)
-    for i in range(len(runs), nrows * ncols):
-        row, col = divmod(i, ncols)
-        for k in range(per):
-            axes[row * per + k, col].set_visible(False)
+    for ax in axes[-per:, len(runs) % ncols or ncols:].flat:  # the last row's empty panels
+        ax.set_visible(False)
     _legend(fig, axes.flat, "outside lower center", 4)
     return _save(fig, path, title, 11)
 

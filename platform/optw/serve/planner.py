@@ -17,7 +17,6 @@ from optw.serve.preferences import PREFERENCES
 from optw.serve.request import (
     BEAM_METHODS,
     METHODS,
-    OPENING_CLOCK_GROUPS,
     PlanRequest,
     clock_note,
     clock_origin,
@@ -86,8 +85,7 @@ class Planner:
                  "start": {"x": float(r["start_x"]), "y": float(r["start_y"])},
                  "t_start": float(r["t_start"]), "t_end": float(r["t_end"]),
                  "day": [0.0, float(r["t_max"])],
-                 "clock_origin": "opening" if r["group"] in OPENING_CLOCK_GROUPS
-                 else "midnight", "coords": str(r["coords"])}
+                 "clock_origin": clock_origin(r["group"]), "coords": str(r["coords"])}
                 for _, r in self.catalog.regions_table.iterrows()]
 
     def region(self, region_id: str) -> dict[str, Any]:
@@ -108,7 +106,7 @@ class Planner:
                 "start": start, "t_start": r.t_start, "t_end": r.t_end,
                 "t_start_clock": format_time(r.t_start), "t_end_clock": format_time(r.t_end),
                 "day": [0.0, r.t_max], "day_clock": [format_time(0.0), format_time(r.t_max)],
-                "clock_origin": clock_origin(r), "clock_note": clock_note(r),
+                "clock_origin": clock_origin(r.group), "clock_note": clock_note(r),
                 "preferences": {k: v[0] for k, v in PREFERENCES.items()}}
 
     def parse(self, body: bytes | Mapping[str, Any]) -> PlanRequest:
@@ -141,7 +139,7 @@ class Planner:
         start = {"x": req.start_xy[0], "y": req.start_xy[1], **_start_latlon(req)}
         return {
             "region": req.region.id, "coords": req.region.coords, "method": req.method,
-            "clock_origin": clock_origin(req.region),
+            "clock_origin": clock_origin(req.region.group),
             "beams": req.beams if req.method in BEAM_METHODS else None,
             "preference": req.preference, "model_version": loaded.version,
             "start": start, "t_start": req.t_start, "t_end": req.t_end, "clock": req.clock,

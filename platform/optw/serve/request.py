@@ -57,10 +57,8 @@ def _degrees(value: Any, name: str, bounds: tuple[float, float]) -> float:
     return v
 
 
-def latlon_start(value: Any, region: Region) -> tuple[float, float] | None:
-    """``(lat, lon)`` of a lat/lon region's ``start`` (``None`` when absent), else a 422."""
-    if value is None:
-        return None
+def latlon_start(value: Any, region: Region) -> tuple[float, float]:
+    """``(lat, lon)`` of a lat/lon region's given ``start``, else a 422."""
     if not isinstance(value, Mapping) or set(value) != {"lat", "lon"}:
         got = (f"keys {clip(sorted(map(str, value)))}" if isinstance(value, Mapping)
                else describe(value))
@@ -89,14 +87,14 @@ def parse_time(value: Any, name: str) -> tuple[float, bool]:
 OPENING_CLOCK_GROUPS = ("solomon", "cordeau")
 
 
-def clock_origin(region: Region) -> str:
-    """What 0 minutes is in ``region``: ``"midnight"`` or ``"opening"`` (the depot's)."""
-    return "opening" if region.group in OPENING_CLOCK_GROUPS else "midnight"
+def clock_origin(group: str) -> str:
+    """What 0 minutes is in a region of ``group``: ``"midnight"`` or ``"opening"`` (the depot's)."""
+    return "opening" if group in OPENING_CLOCK_GROUPS else "midnight"
 
 
 def clock_note(region: Region) -> str | None:
     """What ``HH:MM`` means where the clock starts at the depot's opening (else None)."""
-    if clock_origin(region) == "midnight":
+    if clock_origin(region.group) == "midnight":
         return None
     return (f"{region.id} counts time from the depot's opening, not midnight (09:00 = 540 "
             f"min after it opens); its day is 0-{region.t_max:g} min")
@@ -210,11 +208,10 @@ def parse_request(data: Mapping[str, Any], catalog: Catalog) -> PlanRequest:
 
     fields = {k: data[k] for k in TOURIST_KEYS if k in data}
     start, latlon = fields.get("start"), None
-    if region.coords == "latlon":
+    if region.coords == "latlon" and start is not None:
         latlon = latlon_start(start, region)
-        if latlon is not None:
-            x, y = region.to_xy(*latlon)
-            fields["start"] = {"x": float(x), "y": float(y)}
+        x, y = region.to_xy(*latlon)
+        fields["start"] = {"x": float(x), "y": float(y)}
     elif isinstance(start, Mapping) and {"lat", "lon"} & set(start):
         raise PlanError(422, "start", f"start: region {region.id} has x/y coordinates, not "
                         "lat/lon; expected {\"x\": number, \"y\": number} or [x, y]")

@@ -13,7 +13,7 @@ import re
 import subprocess
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -59,20 +59,17 @@ def config_dict(config: Any) -> dict[str, Any]:
 
 def flatten_config(config: Any) -> dict[str, str]:
     """Nested config -> ``{"model.hidden": "128", ...}``; lists become JSON strings."""
-    out: dict[str, str] = {}
-
-    def walk(prefix: str, value: Any) -> None:
+    def walk(prefix: str, value: Any) -> Iterator[tuple[str, str]]:
         if isinstance(value, dict) and value:
             for k, v in value.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
+                yield from walk(f"{prefix}.{k}" if prefix else str(k), v)
         elif isinstance(value, (list, dict)):
-            out[prefix] = json.dumps(value, sort_keys=True)
+            yield prefix, json.dumps(value, sort_keys=True)
         else:
-            out[prefix] = "None" if value is None else str(value)
+            yield prefix, "None" if value is None else str(value)
 
-    for key, value in config_dict(config).items():
-        walk(str(key), value)
-    return out
+    return dict(item for key, value in config_dict(config).items()
+                for item in walk(str(key), value))
 
 
 def config_hash(config: Any) -> str:
