@@ -227,7 +227,7 @@ def region_gaps(regions: pd.DataFrame, kind: str, groups: list[str], colors: dic
                 ax.axhspan(start - 0.5, start + n - 0.5, color="#f0f0f0", zorder=0)
             start += n
     axes[0].set_yticks(range(len(order)), [f"{r} ({g})" for g, r in order])
-    axes[0].invert_yaxis()
+    axes[0].set_ylim(len(order) - 0.5, -0.5)  # first region on top, no empty margin
     _legend(fig, axes[-1:], "outside lower center", 4)
     return _save(fig, path, f"Gap per region, {KIND_LABEL.get(kind, kind)} tourists\n"
                  "(negative: better than the reference)")
