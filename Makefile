@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 # Two pytest-xdist workers; which modules run beside which: tests/conftest.py, RayModulesApart.
 PYTEST := $(BIN)/python -m pytest -n 2
 
-.PHONY: browser run test test-under-load test-slow test-all test-cluster lint catalog install clean-catalog \
+.PHONY: pretrain release browser run test test-under-load test-slow test-all test-cluster lint catalog install clean-catalog \
 	mlflow-server device-prep prometheus
 
 $(STAMP): pyproject.toml
@@ -23,6 +23,20 @@ catalog: $(STAMP)
 
 run: catalog
 	PROFILE=$(or $(PROFILE),quick) bash jobs/embedded.sh $(ARGS)
+
+# The released global models (docs/releases.md): `make pretrain` trains each group's global
+# model HOURS more CPU hours (one process and one core each, side by side), resuming
+# pretraining/<group>/; `make release` cools each state down, evaluates it and writes
+# platform/optw/model/releases/<group>.{pt,json}.
+GROUPS ?= solomon cordeau gavalas
+HOURS  ?= 1
+pretrain: catalog
+	@pids=""; for g in $(GROUPS); do \
+	  $(BIN)/optw pretrain --group $$g --hours $(HOURS) & pids="$$pids $$!"; done; \
+	  for p in $$pids; do wait $$p || exit 1; done
+
+release: catalog
+	@for g in $(GROUPS); do $(BIN)/optw release make --group $$g || exit 1; done
 
 # Headless Chromium (Debian's package) for the report's browser test; without root or apt the
 # test is skipped instead.

@@ -101,10 +101,11 @@ def _run(profile, tiny_catalog, store, tmp_path, **kw):
 def test_shipped_profiles_and_bad_profiles(tmp_path):
     """smoke, quick and paper load into typed configs, each built once ([train], [finetune],
     [global.<group>]); their config hashes (registries key on them) are pinned (smoke and
-    paper as ever; quick's changes with its recipe); unknown keys and bad values are named
-    before anything runs."""
+    paper as ever; quick's changes with its recipe and fine-tuning); unknown keys and bad
+    values are named before anything runs."""
     smoke, paper, quick = load_profile("smoke"), load_profile("paper"), load_profile("quick")
     assert quick.job.mode == "global-ft" and quick.train.recipe == "fast"
+    assert quick.job.releases and not smoke.job.releases and not paper.job.releases
     assert quick.train.mix_regions and quick.train.max_minutes
     assert quick.finetune.recipe == "fast" and quick.finetune.finetune
     # [global.<group>] changes [train] for that group's global model only
@@ -116,7 +117,7 @@ def test_shipped_profiles_and_bad_profiles(tmp_path):
     assert paper.train.epochs == 500_000 and paper.finetune.epochs == 50_000
     assert paper.finetune.learning_rate(10**6) == 1e-5
     assert {n: load_profile(n).config_hash() for n in ("smoke", "quick", "paper")} == {
-        "smoke": "8a282eb3902f809e", "quick": "ead29903df346ffa", "paper": "4aef5a32097ad703"}
+        "smoke": "8a282eb3902f809e", "quick": "1ceb050b7564fc60", "paper": "4aef5a32097ad703"}
     assert paper.evaluate.beams == 128 and smoke.job.groups == ["solomon", "cordeau", "gavalas"]
     assert smoke.config_hash() != paper.config_hash()
     bad = tmp_path / "bad.toml"

@@ -36,6 +36,12 @@ def reference_dir() -> Path:
     return _env("OPTW_REFERENCE", SHARED / "reference")
 
 
+def releases_dir() -> Path:
+    """The released global models: ``$OPTW_RELEASES``, else the package's
+    ``optw/model/releases/`` (docs/releases.md)."""
+    return _env("OPTW_RELEASES", Path(__file__).resolve().parent / "model" / "releases")
+
+
 def runs_dir() -> Path:
     """Run outputs: ``$OPTW_RUNS``, else ``runs/``."""
     return _env("OPTW_RUNS", PROJECT_ROOT / "runs")

@@ -76,6 +76,42 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--address", help=ADDRESS_HELP)
     t.set_defaults(func=_tune)
 
+    pt = sub.add_parser(
+        "pretrain", help="train a group's global model for a long budget (a release's run)",
+        description="Train GROUP's global model for --hours more CPU hours, resuming "
+        "OUT/last.pt exactly; checkpoints every few minutes and appends learning-curve points "
+        "(greedy and beam gaps to ILS on validation tourists) to OUT/curve.csv "
+        "(docs/releases.md).")
+    pt.add_argument("--group", required=True, help="solomon, cordeau or gavalas")
+    pt.add_argument("--hours", type=float, required=True, help="CPU hours to train in this call")
+    pt.add_argument("--epochs", type=int, help="stop at this many epochs in all (default: "
+                    "the profile's)")
+    pt.add_argument("--profile", help="pretraining profile (default: the package's "
+                    "pretrain.toml)")
+    pt.add_argument("--out", help="state folder (default: pretraining/GROUP)")
+    pt.add_argument("--catalog", help=CATALOG_HELP)
+    pt.set_defaults(func=_pretrain)
+
+    rl = sub.add_parser("release", help="the released global models: make one, list them",
+                        description="Released global models (docs/releases.md).")
+    rsub = rl.add_subparsers(dest="release_command", required=True, metavar="ACTION")
+    mk = rsub.add_parser(
+        "make", help="cool a pretraining state down, evaluate it and write the release",
+        description="Branch off GROUP's pretraining state with a decay of the lr, evaluate the "
+        "result (greedy and beam on the validation tourists against ILS), write "
+        "optw/model/releases/GROUP.pt and GROUP.json, and register it in MLflow as "
+        "optw-global-GROUP with alias 'release'.")
+    mk.add_argument("--group", required=True)
+    mk.add_argument("--state", help="pretraining state folder (default: pretraining/GROUP)")
+    mk.add_argument("--regions", help="comma-separated regions evaluated for the manifest "
+                    "(default: every region of the group)")
+    mk.add_argument("--profile", help="pretraining profile (default: pretrain.toml)")
+    mk.add_argument("--catalog", help=CATALOG_HELP)
+    mk.add_argument("--tracking-uri", help="MLflow store (default: local sqlite)")
+    mk.set_defaults(func=_release_make)
+    ls = rsub.add_parser("list", help="the releases that ship with the package")
+    ls.set_defaults(func=_release_list)
+
 
 def comma_list(text: str | None, option: str) -> list[str] | None:
     """``"a, b"`` -> ``["a", "b"]`` (None stays None); bad lists are errors naming ``option``."""
@@ -134,6 +170,9 @@ def format_summary(summary) -> str:
     lines = [f"job {summary.job_name}: {len(summary.trained)} model(s) trained, "
              f"{len(summary.skipped)} region(s) skipped (already current), "
              f"{len(summary.registered)} registered, {summary.seconds / 60:.1f} min"]
+    if summary.releases:
+        lines.append("fine-tuned from the released global models: "
+                     + ", ".join(summary.releases.values()))
     table = summary.tables.get("summary")
     if table is not None and len(table):
         cols = [c for c in ("group", "kind", "method", "regions", "model", "ils", "gap_ils",
@@ -151,8 +190,12 @@ def format_summary(summary) -> str:
         lines.append(f"\nresults: {summary.results_path}")
     if summary.report:
         lines.append(f"report:  {summary.report}")
-    lines.append(f"MLflow: parent run {summary.parent_run_id} in experiment "
-                 f"'{summary.job_name}' at {summary.tracking_uri}")
+    if summary.parent_run_id:
+        lines.append(f"MLflow: parent run {summary.parent_run_id} in experiment "
+                     f"'{summary.job_name}' at {summary.tracking_uri}")
+    else:
+        lines.append(f"MLflow: experiment '{summary.job_name}' at {summary.tracking_uri} (no "
+                     "run of this job: nothing was left to train)")
     if summary.tracking_uri.startswith("sqlite"):
         lines.append(f"  see it with: mlflow ui --backend-store-uri {summary.tracking_uri}")
     lines.append("Ray dashboard: http://127.0.0.1:8265 (while the cluster runs)")
@@ -208,4 +251,53 @@ def _tune(args: argparse.Namespace) -> int:
         out = write_profile(base, res.best_trial, args.write_profile, catalog=catalog)
         print(f"profile written to {out} ([job] name = {profile_name(out)!r}; [train] is "
               f"{base.profile}'s with the best trial's values, its epochs = {base.train.epochs})")
+    return 0
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    import math
+    from pathlib import Path
+
+    from optw.distributed.pretrain import pretrain
+
+    if not (math.isfinite(args.hours) and 0 < args.hours <= 24 * 366):
+        raise UserError(f"--hours {args.hours}: give CPU hours in (0, 8784]")
+    done = pretrain(args.group, args.hours, Path(args.out) if args.out else None,
+                    args.profile, args.catalog, args.epochs)
+    print(f"{args.group}: {done['epoch']:,} epochs, {done['routes']:,} routes, "
+          f"{done['cpu_s'] / 3600:.2f} CPU hours in all")
+    return 0
+
+
+def _release_make(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from optw.distributed.pretrain import make_release
+
+    card = make_release(args.group, Path(args.state) if args.state else None,
+                        comma_list(args.regions, "--regions"), args.profile, args.catalog,
+                        tracking_uri=args.tracking_uri)
+    print(release_line(card))
+    return 0
+
+
+def release_line(card: dict[str, Any]) -> str:
+    """One line naming a release and its figures."""
+    t, v = card["training"], card["validation"]
+    return (f"{card['group']} v{card['version']} ({card['sha256'][:12]}): "
+            f"{t['epochs'] + t['cooldown_epochs']:,} epochs, {t['cpu_hours']:.2f} CPU-h; "
+            f"median over {len(v['regions'])} regions: greedy "
+            f"{v['median_greedy_above_ils']:+.2f} %, beam {v['beams']} "
+            f"{v['median_beam_above_ils']:+.2f} % against ILS")
+
+
+def _release_list(args: argparse.Namespace) -> int:
+    from optw.model.release import release_groups, release_manifest
+    from optw.paths import releases_dir
+
+    groups = release_groups()
+    if not groups:
+        print(f"no releases in {releases_dir()}")
+    for group in groups:
+        print(release_line(release_manifest(group)))
     return 0

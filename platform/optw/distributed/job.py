@@ -17,7 +17,15 @@ from optw.catalog import CATALOG_VERSION, Catalog, open_catalog
 from optw.distributed import preflight as pf
 from optw.distributed import storage as st
 from optw.distributed.mirror import local_catalog, push_baselines
-from optw.distributed.plan import Member, PackSpec, packs, plan, select_regions
+from optw.distributed.plan import (
+    RELEASE_PREFIX,
+    Member,
+    PackSpec,
+    packs,
+    plan,
+    release_key,
+    select_regions,
+)
 from optw.distributed.profile import JobProfile
 from optw.errors import OptwError
 
@@ -41,6 +49,7 @@ class JobContext:
     callbacks: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # extra, per unit key
     worker_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources
     demos: Any = None  # a Ray object reference to :func:`_demonstrations`, or None
+    releases: dict[str, str] = field(default_factory=dict)  # group -> release_label(...)
 
     def demos_for(self, config: Any) -> dict[str, Any] | None:
         """The demonstrations of ``config``'s regions (None when it asks for none)."""
@@ -67,6 +76,24 @@ class JobSummary:
     report: Path | str | None = None
     #: seconds: ils, demos, report, wall; summed over models: startup, training, evaluation, logging
     timings: dict[str, float] = field(default_factory=dict)
+    releases: dict[str, str] = field(default_factory=dict)  # group -> release_label(...)
+
+
+def job_releases(profile: JobProfile) -> dict[str, dict[str, Any]]:
+    """The manifests of the releases a ``[job] releases = true`` job may start from (each
+    weights file checked against its manifest's sha256), by group."""
+    from optw.model.release import release_file, release_groups, release_manifest
+
+    if not profile.job.releases:
+        return {}
+    for group in (groups := release_groups()):
+        release_file(group)
+    return {g: release_manifest(g) for g in groups}
+
+
+def release_label(manifest: dict[str, Any]) -> str:
+    """``gavalas v2 (sha256 1a2b3c4d5e6f)``: a release as tags and the summary name it."""
+    return f"{manifest['group']} v{manifest['version']} (sha256 {manifest['sha256'][:12]})"
 
 
 def run_pack(pack: PackSpec, ctx: JobContext, inits: dict[str, str | None],
@@ -82,10 +109,12 @@ def run_pack(pack: PackSpec, ctx: JobContext, inits: dict[str, str | None],
     specs = []
     for member in pack.members:
         unit, config = member.unit, member.config
+        release = ctx.releases.get((unit.init_from or "").removeprefix(RELEASE_PREFIX))
         run_id = ctx.job.child(unit.stage, unit.key, config={
             "train": config.to_dict(), "evaluate": asdict(profile.evaluate), "mode": mode,
             "init_from": unit.init_from or "", "catalog_version": CATALOG_VERSION,
-            "pack": pack.keys}, tags={"mode": mode, "profile": profile.profile})
+            "pack": pack.keys}, tags={"mode": mode, "profile": profile.profile,
+                                      **({"release": release} if release else {})})
         if demos := ctx.demos_for(config):
             log_demonstrations(run_id, demos, st.join(ctx.catalog_dir, "baselines", DEMO_FILE),
                                ctx.tracking_uri)
@@ -152,11 +181,13 @@ def _finish_unit(member: Member, run_id: str, checkpoint: str, ctx: JobContext,
             if unit.register:
                 region = (catalog.region(unit.key) if unit.key in catalog.regions_table.index
                           else None)
+                release = ctx.releases.get((unit.init_from or "").removeprefix(RELEASE_PREFIX))
                 version = tracking.register_version(unit.key, local, run_id, tags={
                     "mode": profile.job.mode, "profile": profile.profile,
                     "epochs": member.config.epochs, "val_score": val_score,
                     "config_hash": ctx.config_hash, "catalog_version": CATALOG_VERSION,
-                    "job": profile.job.name}, uri=uri, region_data=region)
+                    "job": profile.job.name, **({"release": release} if release else {})},
+                    uri=uri, region_data=region)
         tracking.set_tags(run_id, {"val_score": val_score, "version": version or ""}, uri)
         tracking.end_run(run_id, "FINISHED", uri)
     except BaseException:
@@ -206,8 +237,13 @@ def run_job(profile: JobProfile, *, catalog_dir: str | Path | None = None,
     # everything that can be wrong fails first, before anything trains or is created
     catalog_loc, catalog = open_job_catalog(catalog_dir)
     selected = select_regions(catalog, profile.job.groups, profile.job.regions)
+    manifests = job_releases(profile)
     stages = [[Member(u, profile.config_for(u)) for u in s]
-              for s in plan(profile.job.mode, catalog, selected, profile.job.from_groups)]
+              for s in plan(profile.job.mode, catalog, selected, profile.job.from_groups,
+                            list(manifests))]
+    used = sorted({m.unit.init_from.removeprefix(RELEASE_PREFIX) for s in stages for m in s
+                   if (m.unit.init_from or "").startswith(RELEASE_PREFIX)})
+    releases = {g: release_label(manifests[g]) for g in used}
     sizes = catalog.regions_table["nodes"]
     for m in (m for s in stages for m in s):  # an epoch on its largest region must fit
         check_fits(m.config, int(sizes.loc[m.config.regions].max()), profile.table_of(m.unit))
@@ -243,7 +279,7 @@ def run_job(profile: JobProfile, *, catalog_dir: str | Path | None = None,
                          task_catalog=catalog_loc, localize=local_catalog)
         push_baselines(catalog.path, catalog_loc)  # a catalog URI gets the new results
     timings = {"ils": time.perf_counter() - t_ils}
-    config_hash = profile.config_hash()
+    config_hash = profile.config_hash({g: manifests[g]["sha256"] for g in used})
     skipped: list[str] = []
     if not force:
         stages, skipped = _skip_done(stages, config_hash, uri)
@@ -259,17 +295,18 @@ def run_job(profile: JobProfile, *, catalog_dir: str | Path | None = None,
             parent = find_parent_run(name, uri)
         return JobSummary(name, parent, uri, [], skipped,
                           _shown(st.join(out, "results.parquet")), {}, time.perf_counter() - t0,
-                          {}, _shown(st.join(out, "report", "index.html")))
+                          {}, _shown(st.join(out, "report", "index.html")), releases=releases)
     t_demos = time.perf_counter()
     if demos := _demonstrations(stages, catalog, catalog_loc, progress):
         push_baselines(catalog.path, catalog_loc)  # a catalog URI gets them too
         timings["demos"] = time.perf_counter() - t_demos
     job = start_job_run(name, profile.to_dict(), tags={
         "mode": profile.job.mode, "profile": profile.profile, "config_hash": config_hash,
-        "catalog_version": CATALOG_VERSION, "regions": len(selected)}, uri=uri)
+        "catalog_version": CATALOG_VERSION, "regions": len(selected),
+        **({"releases": "; ".join(releases.values())} if releases else {})}, uri=uri)
     ctx = JobContext(job, uri, catalog_loc, storage, st.join(out, "models"), profile,
                      config_hash, use_gpu, {k: tuple(v) for k, v in (callbacks or {}).items()},
-                     extra, ray.put(demos) if demos else None)
+                     extra, ray.put(demos) if demos else None, releases)
     try:
         results = _run_stages(stages, ctx, capacity, progress)
         rows = [row for r in results.values() for row in r["rows"]]
@@ -296,7 +333,7 @@ def run_job(profile: JobProfile, *, catalog_dir: str | Path | None = None,
     registered = {r["key"]: r["version"] for r in results.values() if r.get("version")}
     trained = [m.unit.key for s in stages for m in s]
     return JobSummary(name, job.run_id, uri, trained, skipped, _shown(results_path),
-                      tables, time.perf_counter() - t0, registered, report, timings)
+                      tables, time.perf_counter() - t0, registered, report, timings, releases)
 
 
 def _demonstrations(stages: list[list[Member]], catalog: Any, catalog_loc: str,
@@ -337,7 +374,10 @@ def _run_stages(stages: list[list[Member]], ctx: JobContext, capacity: int,
     bars = {name: tqdm(total=n, desc=f"stage {name}", unit="model", disable=not progress)
             for name, n in left.items()}
     in_flight: dict[Any, PackSpec] = {}
-    results: dict[str, dict[str, Any]] = {}
+    # a release is a finished start model (resolved where it trains: ray_train.train_worker)
+    results: dict[str, dict[str, Any]] = {
+        release_key(g): {"key": release_key(g), "stage": "release", "checkpoint": release_key(g),
+                         "rows": [], "sweep": []} for g in ctx.releases}
     failed: set[str] = set()
     errors: list[str] = []
     order = {name: i for i, name in enumerate(left)}

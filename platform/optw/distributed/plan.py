@@ -69,9 +69,21 @@ def source_key(from_groups: list[str]) -> str:
     return "source-all" if groups == list(GROUPS) else "source-" + "-".join(groups)
 
 
+#: A fine-tune's ``init_from`` that names a released global model, not a planned unit.
+RELEASE_PREFIX = "release:"
+
+
+def release_key(group: str) -> str:
+    """``init_from`` of a model that starts from ``group``'s release (``release:gavalas``)."""
+    return f"{RELEASE_PREFIX}{group}"
+
+
 def plan(mode: str, catalog: Catalog, selected: list[str],
-         from_groups: list[str] | None = None) -> list[list[Unit]]:
-    """Stages (lists of units that may run concurrently), in order."""
+         from_groups: list[str] | None = None,
+         releases: Sequence[str] = ()) -> list[list[Unit]]:
+    """Stages (lists of units that may run concurrently), in order. ``releases``: groups whose
+    released global model replaces the global model the job would train (global-ft; and
+    transfer-to from one such group)."""
     group_of = catalog.regions_table["group"].to_dict()
     if mode == "scratch":
         return [[Unit("scratch", r, [r], [r], "model", register=True) for r in selected]]
@@ -79,9 +91,11 @@ def plan(mode: str, catalog: Catalog, selected: list[str],
     for r in selected:
         by_group.setdefault(group_of[r], []).append(r)
     if mode == "global-ft":
-        return [[Unit("global", f"global-{g}", rs, group=g) for g, rs in by_group.items()],
+        start = {g: release_key(g) if g in releases else f"global-{g}" for g in by_group}
+        return [[Unit("global", f"global-{g}", rs, group=g) for g, rs in by_group.items()
+                 if g not in releases],
                 [Unit("finetune", r, [r], [r], "global_ft", register=True,
-                      init_from=f"global-{group_of[r]}") for r in selected]]
+                      init_from=start[group_of[r]]) for r in selected]]
     if mode == "transfer":
         first, second = [], []
         for g, rs in by_group.items():
@@ -96,6 +110,10 @@ def plan(mode: str, catalog: Catalog, selected: list[str],
         return [first, second]
     if mode == "transfer-to":
         key = source_key(from_groups or [])
+        if len(from_groups or []) == 1 and from_groups[0] in releases:  # type: ignore[index]
+            return [[], [Unit("finetune", r, [r], [r], "ft_tl", register=True,
+                              init_from=release_key(from_groups[0]))  # type: ignore[index]
+                         for r in selected]]
         return [[Unit("global", key, source_regions(catalog, from_groups or [], selected),
                       list(selected), "tl")],
                 [Unit("finetune", r, [r], [r], "ft_tl", register=True, init_from=key)

@@ -38,6 +38,9 @@ class JobSection:
     groups: list[str] = field(default_factory=lambda: list(GROUPS))
     regions: list[str] = field(default_factory=list)  # empty: every region of groups
     from_groups: list[str] = field(default_factory=list)  # transfer-to's sources (empty: all)
+    #: global-ft (and transfer-to from one group): start from the group's released global
+    #: model where one ships (docs/releases.md), instead of training one in the job
+    releases: bool = False
 
     def __post_init__(self) -> None:
         for key in ("groups", "regions", "from_groups"):  # lists of distinct non-empty names
@@ -47,6 +50,8 @@ class JobSection:
             twice = [v for i, v in enumerate(value) if v in value[:i]]
             require(not twice, f"job.{key}", value, f"names {twice[0]!r} twice" if twice else "")
         require(self.mode in MODES, "job.mode", self.mode, f"expected one of {list(MODES)}")
+        require(type(self.releases) is bool, "job.releases", self.releases,
+                "must be true or false")
         require(bool(self.groups), "job.groups", self.groups, "give at least one group")
         bad = sorted(set(self.from_groups) - set(GROUPS))
         require(not bad, "job.from_groups", self.from_groups,
@@ -205,8 +210,9 @@ class JobProfile:
                 "resources": asdict(self.resources), "profile": self.profile,
                 "global": {g: dict(t) for g, t in self.global_tables.items()}}
 
-    def config_hash(self) -> str:
-        """Hash of everything that changes a trained/evaluated model (not names, resources)."""
+    def config_hash(self, releases: Mapping[str, str] | None = None) -> str:
+        """Hash of everything that changes a trained/evaluated model (not names, resources);
+        ``releases``: the sha256 of each release the job starts from."""
         relevant = {"train": self.train.hash_dict(("device", "threads", "regions")),
                     "finetune": dict(self.finetune_table), "evaluate": asdict(self.evaluate),
                     "mode": self.job.mode}
@@ -214,6 +220,8 @@ class JobProfile:
             relevant["global"] = {g: dict(t) for g, t in self.global_tables.items()}
         if self.job.mode == "transfer-to":  # other modes keep their hashes (their registries)
             relevant["from_groups"] = sorted(self.job.from_groups or GROUPS)
+        if releases:  # a new release retrains its group's models
+            relevant["releases"] = dict(sorted(releases.items()))
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -16,12 +16,14 @@ from typing import Any
 
 from optw.distributed import storage as st
 from optw.distributed.mirror import local_catalog
+from optw.distributed.plan import RELEASE_PREFIX
 from optw.distributed.preflight import worker_need
 from optw.distributed.profile import ResourcesSection
 from optw.env.demos import Demonstrations
 from optw.errors import OptwError
 from optw.evaluate.protocol import gap_to_ils, ils_validation_means
 from optw.model import write_checkpoint
+from optw.model.release import release_file
 from optw.raylogs import quiet_train_worker, train_log_level
 from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import TrainConfig
@@ -205,7 +207,9 @@ def train_worker(pack: WorkerPack, error_file: str) -> None:
             local = functools.cache(local_catalog)  # each catalog mirrored once
             specs = []
             for spec in pack.specs:
-                init = stack.enter_context(st.local_file(spec.init)) if spec.init else None
+                init = (None if not spec.init else release_file(spec.init[len(RELEASE_PREFIX):])
+                        if spec.init.startswith(RELEASE_PREFIX)  # this node's copy, checked
+                        else stack.enter_context(st.local_file(spec.init)))
                 specs.append(replace(spec, catalog=local(spec.catalog), init=init and str(init)))
             _train_local(specs, pack.batched)
     except OptwError as exc:

@@ -11,7 +11,9 @@ from optw.tracking.registry import (
     find_champion_with,
     load_solver,
     model_name,
+    register_release,
     register_version,
+    release_model_name,
     set_champion,
     versions_for_run,
 )
@@ -56,7 +58,8 @@ __all__ = [
     "check_cluster_tracking", "check_tracking_uri", "config_hash", "end_run", "experiment_id",
     "find_champion_with", "find_child_run", "flatten_config", "get_client", "git_commit",
     "load_solver", "local_server", "log_demonstrations", "log_evaluation", "log_file",
-    "log_params", "log_tables", "model_name", "register_version", "run_params", "server_command",
+    "log_params", "log_tables", "model_name", "register_release", "register_version",
+    "release_model_name", "run_params", "server_command",
     "set_champion", "set_tags", "start_child_run", "start_job_run", "tracking_uri",
     "versions_for_run",
 ]

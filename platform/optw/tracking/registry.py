@@ -52,7 +52,7 @@ def _score(tags: Mapping[str, str] | None) -> float | None:
     return None if math.isnan(value) else value
 
 
-def _ensure_model(client, name: str, region: str) -> None:
+def _ensure_model(client, name: str, region: str, description: str | None = None) -> None:
     from mlflow.exceptions import MlflowException
 
     try:
@@ -64,8 +64,8 @@ def _ensure_model(client, name: str, region: str) -> None:
     try:
         client.create_registered_model(
             name, tags={"region": region},
-            description=f"optw neural OPTW solver for region {region}; alias "
-                        f"'{CHAMPION}' = best val_score")
+            description=description or f"optw neural OPTW solver for region {region}; alias "
+                                       f"'{CHAMPION}' = best val_score")
     except MlflowException:  # created meanwhile by another process
         client.get_registered_model(name)
 
@@ -238,3 +238,50 @@ def load_solver(model_uri: str, *, uri: str | None = None, dst_path: str | Path 
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+RELEASE = "release"
+RELEASES_EXPERIMENT = "optw-releases"
+
+
+def release_model_name(group: str) -> str:
+    """Registered model name of a group's released global model: ``optw-global-<group>``."""
+    return f"optw-global-{group}"
+
+
+def register_release(group: str, weights: str | Path, manifest: str | Path,
+                     curve: str | Path | None = None, *, uri: str | None = None) -> int:
+    """Log a release (weights, manifest and pretraining curve) as a run of the
+    ``optw-releases`` experiment and register it as a version of ``optw-global-<group>``
+    with alias ``release``; returns the version."""
+    import json
+
+    from optw.tracking.runs import experiment_id, git_commit
+
+    client = get_client(uri)
+    card = json.loads(Path(manifest).read_text())
+    run = client.create_run(experiment_id(RELEASES_EXPERIMENT, uri), run_name=f"{group}-v"
+                            f"{card['version']}", tags={"group": group, "kind": "release"})
+    run_id = run.info.run_id
+    try:
+        for key, value in (("median_greedy_above_ils", card["validation"]),
+                           ("median_beam_above_ils", card["validation"]),
+                           ("cpu_hours", card["training"]), ("epochs", card["training"])):
+            client.log_metric(run_id, key, float(value[key]))
+        client.log_param(run_id, "sha256", card["sha256"])
+        client.log_param(run_id, "commit", git_commit())
+        for path in (weights, manifest, curve):
+            if path is not None and Path(path).is_file():
+                client.log_artifact(run_id, str(path), "release")
+        name = release_model_name(group)
+        _ensure_model(client, name, group, f"optw global model of group {group}, pretrained "
+                      f"long; alias '{RELEASE}' = the shipped release (docs/releases.md)")
+        mv = client.create_model_version(
+            name, source=f"{run.info.artifact_uri.rstrip('/')}/release", run_id=run_id,
+            tags={"version": str(card["version"]), "sha256": card["sha256"]})
+        client.set_registered_model_alias(name, RELEASE, mv.version)
+        client.set_terminated(run_id, "FINISHED")
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    return int(mv.version)
