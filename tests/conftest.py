@@ -76,7 +76,8 @@ def write_tiny_source(root: Path) -> Path:
 RAY_ALONE = ("test_embedded", "test_fresh_machine", "test_quiet_output", "test_two_node")
 RAY_SHARED = ("test_distributed", "test_custom_job", "test_serve", "test_dashboards",
               "test_planner_page", "test_raylogs", "test_ils", "test_report_job",
-              "test_serve_cli", "test_serve_latlon", "test_examples", "test_release_job")
+              "test_serve_cli", "test_serve_latlon", "test_examples", "test_release_job",
+              "test_preflight")
 RAY_MODULES = frozenset(RAY_ALONE + RAY_SHARED)
 #: Modules that serve on README's fixed port 8000: one scope, so they run one after another.
 PORT_8000 = ("test_serve_cli", "test_examples")

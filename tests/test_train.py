@@ -332,3 +332,38 @@ def test_finetuning_validates_its_starting_model(tiny_catalog, tmp_path):
     cfg = _config(epochs=2, finetune=True, val_every=0)
     train(cfg, tiny_catalog, [hist], init=init)
     assert [v["epoch"] for v in hist.validations] == [0, 2]
+
+
+def test_each_step_kind_must_fit_and_each_bound_is_stated_once():
+    """``check_fits`` refuses an imitation step too large for memory, naming imitation_batch
+    (not only REINFORCE epochs); imitation_batch has one bound, stated the same way for a
+    value too small and one too large."""
+    from optw.errors import ConfigError
+    from optw.train.config import MAX_ROUTES, check_fits
+
+    big = TrainConfig(regions=["t101"], demos=1, imitation_epochs=1, imitation_batch=MAX_ROUTES)
+    with pytest.raises(ConfigError, match="imitation_batch = 1048576 routes of 10000 nodes") as e:
+        check_fits(big, 10_000, "p.toml [finetune]")
+    assert e.value.key == "imitation_batch" and str(e.value).startswith("p.toml [finetune]")
+    check_fits(big.replace(imitation_epochs=0, demo_tourists=True), 10_000)  # never imitates
+    bound = f"must be an integer in 1..{MAX_ROUTES:,}"
+    for bad in (0, 10**8):
+        with pytest.raises(ConfigError, match=bound):
+            TrainConfig(imitation_batch=bad)
+
+
+def test_devices_are_checked_against_where_a_run_trains():
+    """``check_devices``: a CUDA device or the graph rollout on workers without CUDA is a
+    ConfigError naming the setting; the same settings pass where CUDA is."""
+    from optw.errors import ConfigError
+    from optw.train.config import check_devices
+
+    for config, key in ((TrainConfig(device="cuda"), "device"),
+                        (TrainConfig(rollout="graph"), "rollout"),
+                        (TrainConfig(rollout="graph", device="cpu"), "rollout")):
+        with pytest.raises(ConfigError, match=f"p.toml \\[train\\]: {key} = ") as e:
+            check_devices(config, cuda=False, where="p.toml [train]")
+        assert e.value.key == key
+    check_devices(TrainConfig(rollout="graph", device="cuda"), cuda=True)
+    with pytest.raises(ConfigError, match="rollout"):
+        check_devices(TrainConfig(rollout="graph", device="cpu"), cuda=True)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from optw.distributed import storage as st
 from optw.distributed.mirror import PROBE_PREFIX, mirror_dir
 from optw.errors import ConfigError
+from optw.train.config import check_devices
 
 if TYPE_CHECKING:
     from optw.distributed.profile import JobProfile, ResourcesSection
@@ -124,6 +125,8 @@ def join_cluster(folders: list[Setting], catalog: Setting, mirror: str | Path,
     if not ray.is_initialized():
         connect(address)  # a bad --address: refused in seconds, nothing created yet
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    for table, config in profile.configs():  # before any worker starts
+        check_devices(config, use_gpu, f"{profile.profile} {table}")
     res = profile.resources
     check_worker_fits(res.cpus_per_region, res.gpu_fraction if use_gpu else None,
                       where=f"{profile.profile} [resources]")

@@ -203,6 +203,11 @@ class JobProfile:
             return f"[global.{unit.group}]", self.global_train[unit.group]
         return "[train]", self.train
 
+    def configs(self) -> list[tuple[str, TrainConfig]]:
+        """Every ``TrainConfig`` of the profile, with the table it comes from."""
+        return [("[train]", self.train), ("[finetune]", self.finetune),
+                *((f"[global.{g}]", c) for g, c in self.global_train.items())]
+
     def to_dict(self) -> dict[str, Any]:
         """The profile's tables as loaded (``[finetune]`` and ``[global.*]`` as written)."""
         return {"job": asdict(self.job), "train": self.train.to_dict(),

@@ -98,16 +98,16 @@ class TrainConfig:
              "regions", "must be a list of region ids")
         need(integer(self.seed) and 0 <= self.seed <= MAX_SEED, "seed",
              f"must be an integer in 0..{MAX_SEED}")
-        for name in ("epochs", "batch_size", "tourists_per_epoch", "lr_decay_every",
-                     "imitation_batch"):
+        for name in ("epochs", "batch_size", "tourists_per_epoch", "lr_decay_every"):
             need(integer(getattr(self, name)) and 1 <= getattr(self, name) <= MAX_COUNT, name,
                  f"must be an integer in 1..{MAX_COUNT:,}")
         routes = self.batch_size * self.tourists_per_epoch
         need(routes <= MAX_ROUTES, "batch_size" if self.batch_size >= self.tourists_per_epoch
              else "tourists_per_epoch", f"{routes:,} routes per epoch (batch_size × "
              f"tourists_per_epoch); at most {MAX_ROUTES:,}")
-        need(self.imitation_batch <= MAX_ROUTES, "imitation_batch",
-             f"must be at most {MAX_ROUTES:,} routes")
+        need(integer(self.imitation_batch) and 1 <= self.imitation_batch <= MAX_ROUTES,
+             "imitation_batch", f"must be an integer in 1..{MAX_ROUTES:,} (routes per "
+             "imitation step)")
         for name in ("val_every", "checkpoint_every", "warmup_epochs", "imitation_epochs"):
             need(integer(getattr(self, name)) and 0 <= getattr(self, name) <= MAX_COUNT, name,
                  f"must be an integer in 0..{MAX_COUNT:,}")
@@ -244,16 +244,34 @@ def machine_memory() -> int:
 
 
 def check_fits(config: TrainConfig, n_nodes: int, where: str = "config") -> None:
-    """A :class:`ConfigError` naming ``batch_size`` and ``tourists_per_epoch`` when an epoch of
-    ``config`` on regions of up to ``n_nodes`` nodes would need more than 80 % of the
-    :func:`machine_memory`, at :data:`ROW_BYTES` per node row."""
+    """A :class:`ConfigError` naming the setting (``batch_size`` and ``tourists_per_epoch``, or
+    ``imitation_batch``) when a REINFORCE epoch or an imitation step of ``config`` on regions of
+    up to ``n_nodes`` nodes would need more than 80 % of the :func:`machine_memory`, at
+    :data:`ROW_BYTES` per node row."""
     memory = machine_memory()
-    routes = config.batch_size * config.tourists_per_epoch
-    need = routes * n_nodes * ROW_BYTES
-    if need > 0.8 * memory:
-        raise ConfigError(
-            f"{where}: batch_size = {config.batch_size} × tourists_per_epoch = "
-            f"{config.tourists_per_epoch} routes of {n_nodes} nodes need about "
-            f"{need / 2**30:,.1f} GiB per epoch, more than this machine's "
-            f"{memory / 2**30:.1f} GiB allow; lower batch_size or tourists_per_epoch",
-            "batch_size")
+    steps = [(config.batch_size * config.tourists_per_epoch, "batch_size",
+              f"batch_size = {config.batch_size} × tourists_per_epoch = "
+              f"{config.tourists_per_epoch}", "batch_size or tourists_per_epoch", "epoch")]
+    if config.imitation_epochs:
+        steps.append((config.imitation_batch, "imitation_batch",
+                      f"imitation_batch = {config.imitation_batch}", "imitation_batch",
+                      "imitation step"))
+    for routes, key, what, lower, per in steps:
+        need = routes * n_nodes * ROW_BYTES
+        if need > 0.8 * memory:
+            raise ConfigError(
+                f"{where}: {what} routes of {n_nodes} nodes need about {need / 2**30:,.1f} GiB "
+                f"per {per}, more than this machine's {memory / 2**30:.1f} GiB allow; lower "
+                f"{lower}", key)
+
+
+def check_devices(config: TrainConfig, cuda: bool, where: str = "config") -> None:
+    """A :class:`ConfigError` naming ``device`` or ``rollout`` when ``config`` cannot train
+    where it will run (``cuda``: whether its workers have a CUDA device)."""
+    if config.device.startswith("cuda") and not cuda:
+        raise ConfigError(f"{where}: device = {config.device!r}: the run's workers have no "
+                          "CUDA device; use cpu or auto", "device")
+    if config.rollout == "graph" and (config.device == "cpu" or not cuda):
+        raise ConfigError(f"{where}: rollout = 'graph' replays CUDA graphs, but this run "
+                          "trains on the CPU; use auto, compact or static, or a CUDA device",
+                          "rollout")

@@ -5,6 +5,8 @@ light.
 
 from __future__ import annotations
 
+from optw.errors import ConfigError
+
 ROLLOUTS = ("auto", "compact", "static", "graph")
 #: Rollouts a pack (several per-region models in one batched step) trains with.
 PACK_ROLLOUTS = ("auto", "compact")
@@ -24,8 +26,8 @@ def choose_rollout(choice: str, device_type: str, rows: int) -> str:
     ``device_type`` (``"cpu"``, ``"cuda"``), for the setting ``choice`` (:data:`ROLLOUTS`)."""
     cuda = device_type == "cuda"
     if choice == "graph" and not cuda:
-        raise ValueError(f"rollout = graph replays CUDA graphs: it needs a CUDA device, not "
-                         f"{device_type}")
+        raise ConfigError(f"rollout = graph replays CUDA graphs: it needs a CUDA device, not "
+                          f"{device_type}", "rollout")
     if choice == "graph" and rows > GRAPH_MAX_ROWS:
         choice = "auto"
     if choice == "auto":
