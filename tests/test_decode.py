@@ -484,8 +484,9 @@ def _beam_literals(path: Path) -> list[str]:
 def test_beam_widths_have_one_home():
     """Beam-width bounds and defaults come only from optw.decode.limits: no module of the
     package writes its own MAX_BEAMS or a numeric beams/width default (RegionSolver once said
-    16, beam.py 128); solve, beam search and active search default to PAPER_BEAMS, the
-    registry's solver and the pyfunc to SERVE_BEAMS; check_beams takes MIN_BEAMS..MAX_BEAMS;
+    16, beam.py 128); solve, beam search and active search default to PAPER_BEAMS; the
+    registry's solver passes None on, and the pyfunc alone applies SERVE_BEAMS (one place);
+    check_beams takes MIN_BEAMS..MAX_BEAMS;
     Solution.tourist may hold a caller's string id."""
     import inspect
     import typing
@@ -501,7 +502,7 @@ def test_beam_widths_have_one_home():
     for fn, name in ((solve, "beams"), (active_search, "beams"), (beam_search, "width")):
         assert inspect.signature(fn).parameters[name].default == limits.PAPER_BEAMS
     for method in (RegionSolver.solve, RegionSolver.predict):
-        assert inspect.signature(method).parameters["beams"].default == limits.SERVE_BEAMS
+        assert inspect.signature(method).parameters["beams"].default is None
     assert check_beams(limits.MIN_BEAMS) == limits.MIN_BEAMS
     assert check_beams(limits.MAX_BEAMS) == limits.MAX_BEAMS
     for bad in (limits.MIN_BEAMS - 1, limits.MAX_BEAMS + 1):

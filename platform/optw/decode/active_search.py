@@ -12,14 +12,20 @@ import torch
 
 from optw.decode.beam import beam_search
 from optw.decode.core import greedy_routes, rollout
-from optw.decode.limits import PAPER_BEAMS
+from optw.decode.limits import (
+    ACTIVE_SEARCH_BATCH,
+    ACTIVE_SEARCH_EPOCHS,
+    ACTIVE_SEARCH_LR,
+    PAPER_BEAMS,
+)
 from optw.decode.reinforce import reinforce_loss
 from optw.env.instances import Instances
 from optw.model.network import PointerNet
 
 
-def active_search(model: PointerNet, inst: Instances, epochs: int = 128, batch_size: int = 32,
-                  lr: float = 1e-5, beams: int = PAPER_BEAMS,
+def active_search(model: PointerNet, inst: Instances, epochs: int = ACTIVE_SEARCH_EPOCHS,
+                  batch_size: int = ACTIVE_SEARCH_BATCH, lr: float = ACTIVE_SEARCH_LR,
+                  beams: int = PAPER_BEAMS,
                   generator: torch.Generator | None = None, keep_greedy: bool = True,
                   progress: Callable[[float], None] | None = None) -> list[int]:
     """Active search for the single tourist of ``inst``: the tuned model's beam route, or with

@@ -26,6 +26,7 @@ from optw.decode.limits import (
     MAX_SAMPLES,
     MIN_BEAMS,
     PAPER_BEAMS,
+    SAMPLES,
 )
 from optw.errors import UserError
 from optw.threads import MAX_THREADS
@@ -134,7 +135,7 @@ def _solve(args) -> int:
     with tqdm(total=(args.active_search or 0) * len(batch.ids), desc="active search",
               unit="epoch", file=sys.stderr, dynamic_ncols=True, disable=not show) as bar:
         solutions = solve(model, region, batch.tourists, method=method, beams=args.beams,
-                          samples=args.samples or 128, epochs=args.active_search or 0,
+                          samples=args.samples or SAMPLES, epochs=args.active_search or 0,
                           keep_greedy=not args.published, seed=args.seed,
                           progress=search_progress(bar, list(batch.ids)) if show else None)
     for s, tourist in zip(solutions, batch.ids, strict=True):

@@ -15,6 +15,10 @@ MAX_BEAMS = 128
 PAPER_BEAMS = 128
 #: The default of the trip planner and of the MLflow pyfunc (fast enough for a service).
 SERVE_BEAMS = 16
+#: Active search's defaults (the paper's): epochs, sampled routes per epoch, Adam's lr.
+ACTIVE_SEARCH_EPOCHS, ACTIVE_SEARCH_BATCH, ACTIVE_SEARCH_LR = 128, 32, 1e-5
+#: Sampled routes per tourist of ``sampling`` by default.
+SAMPLES = 128
 #: Largest number of active-search epochs (the paper: 128; 100,000 take hours on a CPU).
 MAX_ACTIVE_SEARCH_EPOCHS = 100_000
 #: Largest number of sampled routes per tourist (``optw solve --samples``).

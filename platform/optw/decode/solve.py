@@ -16,7 +16,13 @@ from optw.catalog.region import Region, Tourists
 from optw.decode.active_search import active_search
 from optw.decode.beam import beam_search, best_routes
 from optw.decode.core import greedy_routes, rollout
-from optw.decode.limits import PAPER_BEAMS
+from optw.decode.limits import (
+    ACTIVE_SEARCH_BATCH,
+    ACTIVE_SEARCH_EPOCHS,
+    ACTIVE_SEARCH_LR,
+    PAPER_BEAMS,
+    SAMPLES,
+)
 from optw.env.instances import make_instances
 from optw.env.validate import check_route
 from optw.errors import UserError
@@ -70,8 +76,9 @@ def search_progress(bar: Any, tourist_ids: Sequence[Any], **shown: Any,
 
 
 def solve(model: PointerNet, region: Region, tourists: Tourists, method: str = "beam",
-          beams: int = PAPER_BEAMS, samples: int = 128, keep_greedy: bool = True,
-          epochs: int = 128, batch_size: int = 32, lr: float = 1e-5, seed: int | None = 0,
+          beams: int = PAPER_BEAMS, samples: int = SAMPLES, keep_greedy: bool = True,
+          epochs: int = ACTIVE_SEARCH_EPOCHS, batch_size: int = ACTIVE_SEARCH_BATCH,
+          lr: float = ACTIVE_SEARCH_LR, seed: int | None = 0,
           device: str | torch.device | None = None,
           progress: Callable[[int, float], None] | None = None,
           greedy: list[Solution] | None = None) -> list[Solution]:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from optw.catalog import TOURIST_SETS
+from optw.catalog.generator import VALIDATION_SIZE
 from optw.checks import integer, require
 from optw.decode.limits import MAX_BEAMS, MIN_BEAMS, PAPER_BEAMS
 from optw.evaluate.stats import gap
@@ -22,7 +23,7 @@ class EvaluateSettings:
 
     beams: int = PAPER_BEAMS
     active_search: int = 0  # active-search epochs (0: off)
-    validation_tourists: int = 64
+    validation_tourists: int = VALIDATION_SIZE
     keep_greedy: bool = True  # beam search and the sweep keep the greedy routes
     #: beam widths timed on each benchmark tourist (the paper's score/time figure)
     beam_sweep: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128])
@@ -42,9 +43,10 @@ class EvaluateSettings:
                 f"must be an integer in {widths}")
         require(integer(self.active_search) and self.active_search >= 0,
                 "evaluate.active_search", self.active_search, "must be an integer >= 0")
-        require(integer(self.validation_tourists) and 0 <= self.validation_tourists <= 64,
+        require(integer(self.validation_tourists)
+                and 0 <= self.validation_tourists <= VALIDATION_SIZE,
                 "evaluate.validation_tourists", self.validation_tourists,
-                "must be an integer in 0..64")
+                f"must be an integer in 0..{VALIDATION_SIZE}")
         for name in ("keep_greedy", "one_by_one"):
             value = getattr(self, name)
             require(type(value) is bool, f"evaluate.{name}", value, "must be true or false")

@@ -16,9 +16,10 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException
 
+from optw.checks import echoed
 from optw.errors import OptwError
 from optw.raylocal import configure_ray_env, ensure_token, interrupt_on_signals
-from optw.serve.errors import PlanError, clip
+from optw.serve.errors import PlanError
 from optw.serve.models import RegistryModels
 from optw.serve.planner import Planner
 from optw.serve.request import MAX_BODY_BYTES
@@ -52,7 +53,7 @@ def check_content_type(value: str | None) -> None:
     """``POST /plan`` takes JSON only: 415 naming the ``Content-Type`` header otherwise."""
     media = (value or "").split(";", 1)[0].strip().lower()
     if media != "application/json":
-        got = f"{clip(value)!r}" if value else "no Content-Type header"
+        got = f"{echoed(value)!r}" if value else "no Content-Type header"
         raise PlanError(415, "content-type", f"content-type: expected application/json, got "
                         f"{got}; send the header Content-Type: application/json")
 

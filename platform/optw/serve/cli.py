@@ -101,10 +101,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _serve(args) -> int:
-    from optw.serve.settings import MAX_SOLVE_THREADS, SERVE_FLAGS, bounded_int, serve_settings
+    from optw.checks import int_in
+    from optw.serve.settings import MAX_SOLVE_THREADS, SERVE_FLAGS, serve_settings
 
-    threads = bounded_int(args.solve_threads, "--solve-threads", 1, MAX_SOLVE_THREADS,
-                      "a number of solves at once per replica")
+    threads = int_in(args.solve_threads, "--solve-threads", 1, MAX_SOLVE_THREADS,
+                     "a number of solves at once per replica")
     settings = serve_settings(
         host=args.host, port=args.port, catalog=args.catalog, tracking_uri=args.tracking_uri,
         check_interval=args.check_interval, num_replicas=args.replicas,
@@ -121,20 +122,20 @@ def _serve(args) -> int:
 
 def _request(args) -> dict[str, Any]:
     """The ``/plan`` request of the options, their formats checked (values: parse_request)."""
+    from optw.checks import parse_number, word
     from optw.serve.preferences import PREFERENCES
     from optw.serve.request import METHODS
-    from optw.serve.settings import number, text
 
-    req: dict[str, Any] = {"region": text(args.region, "--region", "a region id such as t101")}
+    req: dict[str, Any] = {"region": word(args.region, "--region", "a region id such as t101")}
     if args.start is not None:
-        xy = [number(v) for v in args.start.split(",")]
+        xy = [parse_number(v) for v in args.start.split(",")]
         if len(xy) != 2 or None in xy:
             raise UserError(f"--start: expected X,Y (two finite numbers), got {args.start!r}")
         req["start"] = {"x": xy[0], "y": xy[1]}
     for key, option in (("t_start", "--from"), ("t_end", "--to")):
         value = getattr(args, key)
         if value is not None:
-            req[key] = value if ":" in value else number(value)
+            req[key] = value if ":" in value else parse_number(value)
             if req[key] is None:
                 raise UserError(f"{option}: expected minutes (a finite number) or HH:MM, got "
                                 f"{value!r}")

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from optw.checks import echoed
 from optw.errors import OptwError
-
-
-def clip(value: Any, limit: int = 80) -> str:
-    """``value`` as text of at most about ``limit`` characters, to echo in an error message."""
-    text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 class PlanError(OptwError):
@@ -18,8 +13,8 @@ class PlanError(OptwError):
 
     def __init__(self, status: int, field: str | None, message: str):
         self.status = status
-        self.field = None if field is None else clip(field, 120)
-        self.message = clip(message, 800)
+        self.field = None if field is None else echoed(field, 120)
+        self.message = echoed(message, 800)
         super().__init__(self.message)
 
     def to_dict(self) -> dict[str, Any]:

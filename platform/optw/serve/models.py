@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from optw.serve.errors import PlanError, clip
+from optw.checks import echoed
+from optw.serve.errors import PlanError
 from optw.serve.settings import DEFAULT_CHECK_INTERVAL, DEFAULT_REGISTRY_TIMEOUT
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ class RegistryModels:
     def _cached(self, e: _Entry, exc: Exception, failure: str) -> LoadedModel:
         """After a failed registry call: the cached model (the failure logged), else a 503."""
         if e.current is None:
-            detail = clip(" ".join(str(exc).split()), 300)
+            detail = echoed(" ".join(str(exc).split()), 300)
             raise PlanError(503, "region", f"region: {failure} ({type(exc).__name__}: "
                             f"{detail})") from exc
         log.warning("%s (%s); serving the cached version %s", failure, exc, e.current.version)

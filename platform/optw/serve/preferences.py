@@ -7,7 +7,8 @@ from collections.abc import Callable
 import numpy as np
 
 from optw.catalog import Region
-from optw.serve.errors import PlanError, clip
+from optw.checks import echoed
+from optw.serve.errors import PlanError
 
 DEFAULT_PREFERENCE = "balanced"
 
@@ -38,6 +39,6 @@ PREFERENCES: dict[str, tuple[str, Callable[[Region], np.ndarray]]] = {
 def preference_scores(region: Region, name: str) -> np.ndarray:
     """Scores per point of interest (length ``n_points``) of a named preference profile."""
     if name not in PREFERENCES:
-        raise PlanError(422, "preference", f"preference: unknown profile {clip(name)!r}; known: "
+        raise PlanError(422, "preference", f"preference: unknown profile {echoed(name)!r}; known: "
                         f"{', '.join(PREFERENCES)}")
     return PREFERENCES[name][1](region)

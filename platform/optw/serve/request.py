@@ -23,7 +23,8 @@ from optw.catalog import (
     tourist_batch,
 )
 from optw.catalog.tourist_json import describe, finite_number
-from optw.serve.errors import PlanError, clip
+from optw.checks import echoed
+from optw.serve.errors import PlanError
 from optw.serve.preferences import DEFAULT_PREFERENCE, preference_scores
 
 #: Largest accepted request body (bytes); larger bodies get HTTP 413.
@@ -60,7 +61,7 @@ def _degrees(value: Any, name: str, bounds: tuple[float, float]) -> float:
 def latlon_start(value: Any, region: Region) -> tuple[float, float]:
     """``(lat, lon)`` of a lat/lon region's given ``start``, else a 422."""
     if not isinstance(value, Mapping) or set(value) != {"lat", "lon"}:
-        got = (f"keys {clip(sorted(map(str, value)))}" if isinstance(value, Mapping)
+        got = (f"keys {echoed(sorted(map(str, value)))}" if isinstance(value, Mapping)
                else describe(value))
         raise PlanError(422, "start", f"start: region {region.id} has lat/lon coordinates; "
                         f"expected {{\"lat\": degrees, \"lon\": degrees}}, got {got}")
@@ -161,7 +162,7 @@ def decode_body(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body.decode("utf-8"), parse_int=_json_int)
     except (ValueError, RecursionError) as exc:
-        raise PlanError(400, "body", f"body: malformed JSON ({clip(str(exc), 200)})") from None
+        raise PlanError(400, "body", f"body: malformed JSON ({echoed(str(exc), 200)})") from None
     if not isinstance(data, dict):
         raise PlanError(400, "body", f"body: must be a JSON object, not {type(data).__name__}")
     return data
@@ -181,8 +182,8 @@ def parse_request(data: Mapping[str, Any], catalog: Catalog) -> PlanRequest:
 
     unknown = sorted(str(k) for k in set(data) - set(FIELDS))
     if unknown:  # each key cut short: a 200 KB key is not echoed back
-        first = clip(unknown[0])
-        listed = ", ".join(repr(clip(k)) for k in unknown[:5]) + (
+        first = echoed(unknown[0])
+        listed = ", ".join(repr(echoed(k)) for k in unknown[:5]) + (
             f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
         raise PlanError(422, first, f"{first}: unknown field(s) [{listed}]; allowed: "
                         f"{list(FIELDS)}")

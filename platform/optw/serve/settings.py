@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import math
 import os
 import re
 import socket
@@ -14,8 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from optw.checks import int_in, number_in, word
 from optw.errors import UserError
-from optw.serve.errors import clip
 
 #: Solves at once per replica (``solve_threads``), each in its own worker thread.
 MAX_SOLVE_THREADS = 16
@@ -48,10 +47,10 @@ SERVE_FLAGS = {
 class ServeSettings:
     """Checked settings of one planner deployment."""
 
-    host: str
-    port: int
-    catalog: str
-    tracking_uri: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    catalog: str | None = None  # checked: the catalog folder (default $OPTW_CATALOG ...)
+    tracking_uri: str | None = None  # checked: the resolved, answering URI
     check_interval: float = DEFAULT_CHECK_INTERVAL
     num_replicas: int = 1
     num_cpus: float = 0.5
@@ -67,44 +66,6 @@ class ServeSettings:
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
-
-
-def bounded_int(value: Any, name: str, lo: int, hi: int, what: str) -> int:
-    """``value`` (an int, or its ASCII decimal text) within ``lo..hi``, else a UserError."""
-    ok = (isinstance(value, int) and not isinstance(value, bool)) or (
-        isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,30}\s*", value, re.ASCII))
-    if not ok or not lo <= int(value) <= hi:
-        raise UserError(f"{name}: expected {what} in {lo}..{hi}, got {clip(value)!r}")
-    return int(value)
-
-
-def number(text: str) -> float | None:
-    """``text`` as a finite number, else None (ASCII only: float() also reads other digits)."""
-    try:
-        value = float(text) if text.isascii() else math.nan
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
-def seconds(value: Any, name: str, lo: float, hi: float, what: str) -> float:
-    """``value`` (a number, or its text) as a finite float within ``[lo, hi]``."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        out = float(value)
-    else:
-        out = number(value) if isinstance(value, str) else None
-    if out is None or not math.isfinite(out) or not lo <= out <= hi:
-        raise UserError(f"{name}: expected {what}, a finite number in {lo:g}..{hi:g}, "
-                        f"got {clip(value)!r}")
-    return out
-
-
-def text(value: Any, name: str, what: str) -> str:
-    """A non-empty string without whitespace or control characters."""
-    if not isinstance(value, str) or not value or len(value) > 1000 or \
-            any(c.isspace() or not c.isprintable() for c in value):
-        raise UserError(f"{name}: expected {what}, got {clip(value)!r}")
-    return value
 
 
 def open_catalog_checked(path: str | Path | None, name: str):
@@ -135,7 +96,7 @@ def tracking_store(uri: str | None, name: str) -> str:
     from optw.tracking.uri import tracking_uri as resolve
 
     if uri is not None:
-        text(uri, name, "a tracking URI such as http://127.0.0.1:5000 or sqlite:///PATH")
+        word(uri, name, "a tracking URI such as http://127.0.0.1:5000 or sqlite:///PATH")
     label = name if uri else (f"${ENV_URI}" if os.environ.get(ENV_URI) else name)
     try:
         return check_tracking_uri(resolve(uri), timeout=CHECK_TIMEOUT)
@@ -220,44 +181,42 @@ def _solve_options(value: Any, name: str) -> dict[str, dict[str, Any]]:
     return {str(k): dict(v) for k, v in value.items()}
 
 
-def serve_settings(*, host: Any = "127.0.0.1", port: Any = 8000,
-                   catalog: str | Path | None = None, tracking_uri: str | None = None,
-                   check_interval: Any = DEFAULT_CHECK_INTERVAL, num_replicas: Any = 1,
-                   num_cpus: Any = 0.5, solve_threads: Any = 1,
-                   solve_options: Mapping[str, Mapping[str, Any]] | None = None,
-                   ray_address: Any = "local", ray_cpus: Any = None,
-                   ready_timeout: Any = DEFAULT_READY_TIMEOUT,
-                   request_timeout: Any = DEFAULT_REQUEST_TIMEOUT,
-                   registry_timeout: Any = DEFAULT_REGISTRY_TIMEOUT,
-                   names: Mapping[str, str] | None = None,
-                   ray_running: bool = False) -> ServeSettings:
-    """Check every setting (cheap ones first, then the catalog, tracking store, Ray address and
-    port) and return them resolved. ``names``: parameter -> name in errors (:data:`SERVE_FLAGS`).
+def serve_settings(*, names: Mapping[str, str] | None = None, ray_running: bool = False,
+                   **given: Any) -> ServeSettings:
+    """Check every setting ``given`` (:class:`ServeSettings`' fields, whose defaults fill the
+    rest; cheap ones first, then the catalog, tracking store, Ray address and port) and return
+    them resolved. ``names``: parameter -> name in errors (:data:`SERVE_FLAGS`).
     ``ray_running``: Ray is initialised here (CPUs are checked once connected, the port not)."""
-    n = {f.name: (names or {}).get(f.name, f.name) for f in dataclasses.fields(ServeSettings)}
-    host = text(host, n["host"], "an address to listen on, such as 127.0.0.1 or 0.0.0.0")
-    port = bounded_int(port, n["port"], 0, 65535, "a TCP port (0: any free port)")
-    replicas = bounded_int(num_replicas, n["num_replicas"], 1, MAX_REPLICAS, "a number of replicas")
-    threads = bounded_int(solve_threads, n["solve_threads"], 1, MAX_SOLVE_THREADS,
-                      "a number of solves at once per replica")
-    cpus = seconds(num_cpus, n["num_cpus"], 0.0, 1024.0, "CPUs per replica")
-    interval = seconds(check_interval, n["check_interval"], 0.0, MAX_CHECK_INTERVAL,
-                       "seconds between champion checks")
-    registry_s = seconds(registry_timeout, n["registry_timeout"], 0.1, 600.0,
-                         "seconds a request may wait for the registry")
-    request_s = seconds(request_timeout, n["request_timeout"], 1.0, 3600.0,
-                        "seconds a request may take")
-    ready_s = seconds(ready_timeout, n["ready_timeout"], 1.0, 3600.0,
-                      "seconds to wait for the planner to answer")
-    ray_cpus_n = None if ray_cpus is None else bounded_int(ray_cpus, n["ray_cpus"], 1, 4096,
-                                                       "a number of CPUs")
-    options = _solve_options(solve_options, n["solve_options"])
-    address = text(ray_address, n["ray_address"], "'local', 'auto' or HOST:PORT")
+    fields = {f.name: f for f in dataclasses.fields(ServeSettings)}
+    if unknown := sorted(set(given) - set(fields)):
+        raise TypeError(f"serve_settings: unknown setting(s) {unknown}")
+    g = {k: given.get(k, f.default_factory() if f.default_factory is not dataclasses.MISSING
+                      else f.default) for k, f in fields.items()}
+    n = {k: (names or {}).get(k, k) for k in fields}
+    host = word(g["host"], n["host"], "an address to listen on, such as 127.0.0.1 or 0.0.0.0")
+    port = int_in(g["port"], n["port"], 0, 65535, "a TCP port (0: any free port)")
+    replicas = int_in(g["num_replicas"], n["num_replicas"], 1, MAX_REPLICAS,
+                      "a number of replicas")
+    threads = int_in(g["solve_threads"], n["solve_threads"], 1, MAX_SOLVE_THREADS,
+                     "a number of solves at once per replica")
+    cpus = number_in(g["num_cpus"], n["num_cpus"], 0.0, 1024.0, "CPUs per replica")
+    interval = number_in(g["check_interval"], n["check_interval"], 0.0, MAX_CHECK_INTERVAL,
+                         "seconds between champion checks")
+    registry_s = number_in(g["registry_timeout"], n["registry_timeout"], 0.1, 600.0,
+                           "seconds a request may wait for the registry")
+    request_s = number_in(g["request_timeout"], n["request_timeout"], 1.0, 3600.0,
+                          "seconds a request may take")
+    ready_s = number_in(g["ready_timeout"], n["ready_timeout"], 1.0, 3600.0,
+                        "seconds to wait for the planner to answer")
+    ray_cpus_n = None if g["ray_cpus"] is None else int_in(
+        g["ray_cpus"], n["ray_cpus"], 1, 4096, "a number of CPUs")
+    options = _solve_options(g["solve_options"], n["solve_options"])
+    address = word(g["ray_address"], n["ray_address"], "'local', 'auto' or HOST:PORT")
     local = address == "local" and not ray_running  # a local Ray is started here
     if local:
         check_fit(replicas, cpus, ray_cpus_n or local_cpus(), n, "the local Ray")
-    cat = open_catalog_checked(catalog, n["catalog"])
-    uri = tracking_store(tracking_uri, n["tracking_uri"])
+    cat = open_catalog_checked(g["catalog"], n["catalog"])
+    uri = tracking_store(g["tracking_uri"], n["tracking_uri"])
     if not ray_running:
         address = _ray_address(address, n["ray_address"])
     if local:

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from optw.decode.limits import SERVE_BEAMS
 from optw.errors import OptwError
 from optw.tracking.uri import get_client, quiet, tracking_uri
 
@@ -184,10 +183,11 @@ class RegionSolver:
     def model(self):
         return self.impl.model
 
-    def solve(self, tourists: Any, method: str = "beam", beams: int = SERVE_BEAMS):
+    def solve(self, tourists: Any, method: str = "beam", beams: int | None = None):
+        """The pyfunc's solve (``beams``: its default, SERVE_BEAMS, when None)."""
         return self.impl.solve(tourists, method=method, beams=beams)
 
-    def predict(self, tourists: Any, method: str = "beam", beams: int = SERVE_BEAMS):
+    def predict(self, tourists: Any, method: str = "beam", beams: int | None = None):
         return self.impl.predict(None, tourists, {"method": method, "beams": beams})
 
     def __repr__(self) -> str:

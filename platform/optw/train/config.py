@@ -221,12 +221,12 @@ RECIPES: dict[str, dict[str, Any]] = {
                 "imitation_batch": 16, "imitation_lr": 1e-3},
 }
 
-#: Settings added after the first release, with the defaults that keep the paper's behaviour.
-ADDED_DEFAULTS: dict[str, Any] = {"mix_regions": False, "lr_schedule": "step",
-                                  "warmup_epochs": 0, "recipe": "paper", "max_minutes": None,
-                                  "rollout": "auto", "demos": 0, "imitation_epochs": 0,
-                                  "imitation_batch": 32, "imitation_lr": 1e-3,
-                                  "demo_tourists": False}
+#: Settings added after the first release; their field defaults keep the paper's behaviour.
+ADDED = ("mix_regions", "lr_schedule", "warmup_epochs", "recipe", "max_minutes", "rollout",
+         "demos", "imitation_epochs", "imitation_batch", "imitation_lr", "demo_tourists")
+#: Those settings with their defaults (left out of a config's hash while at them).
+ADDED_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrainConfig)
+                                  if f.name in ADDED}
 
 
 def machine_memory() -> int:
