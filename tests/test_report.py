@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import time
 import urllib.request
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +102,23 @@ def make_job_store(uri: str, job: str = "optw-report-test") -> str:
 FT_REGIONS = {"r199": "solomon", "c199": "solomon", "pr99": "cordeau"}
 #: fine-tuned region -> (gap to ILS before fine-tuning, after it) on its validation tourists
 FT_GAPS = {"r199": (12.0, 7.5), "c199": (9.0, 9.5), "pr99": (20.0, 11.0)}
+#: the released global models of :func:`make_finetune_store` with ``releases=True``
+RELEASES = {"solomon": "solomon v1 (sha256 1a2b3c4d5e6f)",
+            "cordeau": "cordeau v2 (sha256 0f9e8d7c6b5a)"}
 
 
-def make_finetune_store(uri: str, job: str = "optw-finetune-test") -> str:
+def make_finetune_store(uri: str, job: str = "optw-finetune-test", *, releases: bool = False,
+                        demos: int = 0, start_evaluated: bool = False,
+                        gaps: dict[str, tuple[float, float]] = FT_GAPS) -> str:
     """A global-ft job's store: per group a global model (training reward every 10 epochs,
     validation every 20), then one fine-tuning run per region started from it, validated at
-    epoch 0 (the global model) and at its end (epoch 2), with evaluation rows and the job's
-    tables; plus a global model of one logged point (never drawn). Returns the parent run id."""
+    epoch 0 (the global model) and at its end (epoch 2), with evaluation rows (beam 2 below
+    the greedy gap), a beam sweep and the job's tables; plus a global model of one logged
+    point (never drawn). ``releases``: the fine-tunes start from :data:`RELEASES` instead (no
+    global runs; tags as the job writes them); ``demos``: the fine-tunes learned from that
+    many demonstrations per region (2 imitation epochs); ``start_evaluated``: the global
+    models were evaluated on the regions too (beam, as transfer modes do). Returns the parent
+    run id."""
     from mlflow.entities import Metric
 
     from optw.evaluate import evaluate
@@ -116,8 +127,26 @@ def make_finetune_store(uri: str, job: str = "optw-finetune-test") -> str:
     client = get_client(uri)
     parent = start_job_run(job, {"job": {"mode": "global-ft"}}, tags={
         "mode": "global-ft", "profile": "test", "catalog_version": "1",
-        "regions": len(FT_REGIONS)}, uri=uri)
-    for g, shift in (("solomon", 0.0), ("cordeau", 15.0)):
+        "regions": len(FT_REGIONS),
+        **({"releases": "; ".join(RELEASES.values())} if releases else {})}, uri=uri)
+    rows, ils, sweep = [], [], []
+
+    def ils_rows(rid: str) -> None:
+        ils.extend({"region": rid, "tourist": tourist, "score": 100.0, "seconds": 0.5,
+                    "kind": "benchmark" if tourist == 0 else "validation"}
+                   for tourist in range(5))
+
+    def log_rows(run_id: str, rid: str, scores: dict[str, float]) -> None:
+        eval_rows = [{"region": rid, "tourist": tourist, "method": method, "score": score,
+                      "kind": "benchmark" if tourist == 0 else "validation",
+                      "seconds": 0.02 if method.endswith("_greedy") else 0.3, "route": "[1]"}
+                     for tourist in range(5) for method, score in scores.items()]
+        log_evaluation(run_id, pd.DataFrame(eval_rows), f"evaluation_{rid}", uri=uri)
+        rows.extend({**r, "group": FT_REGIONS[rid]} for r in eval_rows)
+
+    for rid in FT_REGIONS:
+        ils_rows(rid)
+    for g, shift in (() if releases else (("solomon", 0.0), ("cordeau", 15.0))):
         run_id = parent.child("global", f"global-{g}", {"train": {"epochs": 100}})
         metrics = []
         for epoch in [1, *range(10, 101, 10)]:
@@ -130,34 +159,31 @@ def make_finetune_store(uri: str, job: str = "optw-finetune-test") -> str:
                             Metric("val_gap_ils", 40 * 0.97 ** epoch + 5 + shift / 3, 0,
                                    epoch)]
         client.log_batch(run_id, metrics=metrics)
+        for rid in (r for r, rg in FT_REGIONS.items() if rg == g and start_evaluated):
+            log_rows(run_id, rid, {"global": 100 - gaps[rid][0] + 2})
         end_run(run_id, "FINISHED", uri)
-    lone = parent.child("global", "global-gavalas", {"train": {"epochs": 1}})
-    client.log_batch(lone, metrics=[Metric("val_score", 5.0, 0, 1)])
-    end_run(lone, "FINISHED", uri)
-    rows, ils = [], []
+    if not releases:
+        lone = parent.child("global", "global-gavalas", {"train": {"epochs": 1}})
+        client.log_batch(lone, metrics=[Metric("val_score", 5.0, 0, 1)])
+        end_run(lone, "FINISHED", uri)
     for rid, group in FT_REGIONS.items():
-        run_id = parent.child("finetune", rid, {"train": {"epochs": 2, "val_tourists": 4},
-                                                "init_from": f"global-{group}"})
-        before, after = FT_GAPS[rid]
+        train = {"epochs": 2, "val_tourists": 4, "demos": demos,
+                 "imitation_epochs": 2 if demos else 0}
+        run_id = parent.child("finetune", rid, {
+            "train": train, "init_from": f"release:{group}" if releases else f"global-{group}"},
+            tags={"release": RELEASES[group]} if releases else None)
+        before, after = gaps[rid]
         client.log_batch(run_id, metrics=[
             Metric("val_score", 100 - before, 0, 0), Metric("val_gap_ils", before, 0, 0),
             Metric("mean_reward", 80.0, 0, 1), Metric("mean_reward", 82.0, 0, 2),
             Metric("val_score", 100 - after, 0, 2), Metric("val_gap_ils", after, 0, 2)])
-        eval_rows = []
-        for tourist in range(5):
-            kind = "benchmark" if tourist == 0 else "validation"
-            ils.append({"region": rid, "tourist": tourist, "kind": kind, "score": 100.0,
-                        "seconds": 0.5})
-            for method, score in (("global_ft_greedy", 100 - after),
-                                  ("global_ft", 100 - after + 2)):
-                eval_rows.append({"region": rid, "tourist": tourist, "kind": kind,
-                                  "method": method, "score": score, "seconds": 0.02,
-                                  "route": "[1]"})
-        log_evaluation(run_id, pd.DataFrame(eval_rows), f"evaluation_{rid}", uri=uri)
+        log_rows(run_id, rid, {"global_ft_greedy": 100 - after, "global_ft": 100 - after + 2})
+        sweep += [{"region": rid, "method": "global_ft", "beams": beams,
+                   "score": 95.0 + beams, "seconds": 0.01 * beams} for beams in (1, 2)]
         end_run(run_id, "FINISHED", uri)
-        rows += [{**r, "group": group} for r in eval_rows]
     results = pd.DataFrame(rows).drop(columns=["route"])
     tables = evaluate(results, pd.DataFrame(ils), None, n_resamples=200)
+    tables["beam_sweep"] = pd.DataFrame(sweep)
     log_tables(parent.run_id, tables, uri=uri)
     parent.finish("FINISHED")
     return parent.run_id
@@ -235,16 +261,16 @@ def test_time_score_points_and_http_links(job_store):
 
 def test_report_replaces_atomically_and_keeps_old_on_failure(job_store, tmp_path,
                                                              monkeypatch):
-    """A second report replaces the folder as a whole (stale files go); a failing one leaves
-    the previous report untouched and no temporary folders behind."""
+    """A second report replaces its own earlier output as a whole (a stale plot goes); a
+    failing one leaves the previous report untouched and no temporary folders behind."""
     from optw.report import build, write_report
 
     uri, parent = job_store
     out = tmp_path / "report"
     write_report(parent, out, uri)
-    (out / "stale.txt").write_text("old")
+    (out / "plots" / "stale.png").write_text("old")
     write_report(parent, out, uri)
-    assert not (out / "stale.txt").exists()
+    assert not (out / "plots" / "stale.png").exists()
     before = (out / "index.html").read_text()
 
     def boom(*args, **kwargs):
@@ -287,9 +313,10 @@ def test_report_never_replaces_a_folder_or_file_it_does_not_own(job_store, tmp_p
     empty.mkdir()
     assert main([*args, str(empty)]) == 0
     assert (empty / marker(build.OUT_KIND)).is_file() and (empty / "index.html").is_file()
-    (empty / "stale.png").write_text("x")
-    assert main([*args, str(empty)]) == 0  # a previous report: replaced as a whole
-    assert not (empty / "stale.png").exists() and (empty / marker(build.OUT_KIND)).is_file()
+    (empty / "plots" / "stale.png").write_text("x")
+    assert main([*args, str(empty)]) == 0  # a previous report: its output replaced whole
+    assert not (empty / "plots" / "stale.png").exists()
+    assert (empty / marker(build.OUT_KIND)).is_file()
 
 
 def test_global_models_curves_and_the_finetune_chart(finetune_store, tmp_path):
@@ -364,6 +391,219 @@ def test_write_and_log_report_and_cli(job_store, tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
     assert main(["report", "--job", "no-such-job", "--tracking-uri", uri]) == 2
     assert main(["report", "--run", "0" * 32, "--tracking-uri", uri]) == 2
+
+
+# ----------------------------------------------------------------------------- what the page says
+
+
+def _drawn(fig):
+    """``fig`` drawn by Agg (its artists placed); returns the renderer."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def test_finetune_chart_compares_like_with_like(finetune_store, tmp_path):
+    """The fine-tuning chart compares the same decoder and tourists before and after: greedy
+    on the run's validation tourists, and the beam evaluation only where the job evaluated
+    the start model too (never a lone 'after' beam mark to be read against a greedy
+    'before'); each panel's headline names the decoder and the number of tourists."""
+    from optw.report import load_job
+    from optw.report.plots import finetune_figure, finetune_points
+
+    uri, parent = finetune_store
+    data = load_job(parent, uri)
+    pts = finetune_points(data.children, data.tables["regions"])
+    assert pts["evaluated_before"].isna().all() and pts["evaluated"].notna().all()
+    fig = finetune_figure(pts, data.groups())
+    labels = fig.legends[0].get_texts()
+    assert [t.get_text() for t in labels] == [
+        "greedy, 4 tourists: before (the model it starts from)",
+        "greedy, 4 tourists: after (the fine-tuned model)"]
+    assert all("greedy, 4 tourists: mean" in ax.get_title() and "beam" not in ax.get_title()
+               for ax in fig.axes)
+
+    uri2 = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent2 = make_finetune_store(uri2, "optw-transfer-test", start_evaluated=True)
+    data2 = load_job(parent2, uri2)
+    pts2 = finetune_points(data2.children, data2.tables["regions"]).set_index("region")
+    for rid, (before, after) in FT_GAPS.items():  # the beam gaps: 2 below the greedy ones
+        assert pts2.loc[rid, ["evaluated_before", "evaluated"]].tolist() == pytest.approx(
+            [before - 2, after - 2])
+    assert (pts2["eval_tourists"] == 4).all()
+    fig2 = finetune_figure(pts2.reset_index(), data2.groups())
+    texts = [t.get_text() for t in fig2.legends[0].get_texts()]
+    assert "beam, 4 tourists: before (the model it starts from)" in texts
+    assert "beam, 4 tourists: after (the fine-tuned model)" in texts
+    assert all("beam, 4 tourists: mean" in ax.get_title() for ax in fig2.axes)
+
+
+def test_finetune_chart_shows_before_and_after_when_equal(tmp_path):
+    """A region whose gap did not change still shows both marks: 'before' is a large
+    unfilled ring, 'after' a smaller filled dot drawn over it at the same place (a dot in a
+    ring), for the greedy and the beam comparison alike."""
+    from optw.report import load_job
+    from optw.report.plots import AFTER_SIZE, BEFORE_SIZE, finetune_figure, finetune_points
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    gaps = {"r199": (12.0, 12.0), "c199": (9.0, 9.5), "pr99": (20.0, 20.0)}
+    parent = make_finetune_store(uri, "optw-equal-test", start_evaluated=True, gaps=gaps)
+    data = load_job(parent, uri)
+    fig = finetune_figure(finetune_points(data.children, data.tables["regions"]),
+                          data.groups())
+    assert BEFORE_SIZE >= 3 * AFTER_SIZE
+    for ax in fig.axes:
+        marks = {c.get_label(): c for c in ax.collections}
+        for what in ("greedy", "beam"):
+            before = marks[f"{what}, 4 tourists: before (the model it starts from)"]
+            after = marks[f"{what}, 4 tourists: after (the fine-tuned model)"]
+            assert (before.get_sizes() == BEFORE_SIZE).all()
+            assert (after.get_sizes() == AFTER_SIZE).all()
+            assert (before.get_facecolors()[:, 3] == 0).all()  # a ring: unfilled
+            assert after.get_zorder() > before.get_zorder()  # the dot on top of its ring
+    solomon = {c.get_label(): c.get_offsets() for c in fig.axes[0].collections}
+    ring = solomon["greedy, 4 tourists: before (the model it starts from)"]
+    dot = solomon["greedy, 4 tourists: after (the fine-tuned model)"]
+    r199 = 1  # regions sorted: c199, r199
+    assert tuple(ring[r199]) == tuple(dot[r199]) == (12.0, pytest.approx(1 - 0.17))
+
+
+def test_tall_gap_charts_have_legend_and_axis_label_on_top(job_store):
+    """A gaps-per-region chart of many regions (a row each: thousands of pixels) carries its
+    legend (titled with the chart's title) above the panels, and each panel's axis label and
+    ticks on top as well as at the bottom."""
+    from optw.report import load_job
+    from optw.report.plots import method_colors, region_gaps_figure
+
+    uri, parent = job_store
+    data = load_job(parent, uri)
+    regions = data.tables["regions"]
+    many = pd.concat([regions.assign(region=regions["region"] + f"_{i}") for i in range(15)],
+                     ignore_index=True)
+    fig = region_gaps_figure(many, "benchmark", data.groups(), method_colors(many["method"]))
+    assert fig.get_figheight() > 15  # 60 regions
+    renderer = _drawn(fig)
+    legend = fig.legends[0]
+    assert legend.get_title().get_text().startswith("Gap per region, benchmark tourists")
+    assert fig.get_suptitle() == ""  # the title is the legend's: nothing overlaps it
+    box = legend.get_window_extent(renderer)
+    for ax in fig.axes[:2]:
+        panel = ax.get_window_extent(renderer)
+        assert box.y0 >= panel.y1, (box, panel)
+        (top,) = ax.child_axes
+        label = top.xaxis.label
+        assert label.get_text() == ax.get_xlabel() and label.get_text().startswith("gap to")
+        assert panel.y1 < label.get_window_extent(renderer).y0 < box.y0
+
+
+def _x_label_boxes(ax, renderer) -> list:
+    """The window boxes of the drawn major x tick labels of ``ax`` (inside its view)."""
+    lo, hi = sorted(ax.get_xlim())
+    return sorted((t.get_window_extent(renderer) for loc, t in
+                   zip(ax.get_xticks(), ax.get_xticklabels(), strict=True)
+                   if lo <= loc <= hi and t.get_text()), key=lambda b: b.x0)
+
+
+def test_time_score_tick_labels_do_not_overlap(job_store):
+    """The time-vs-score panels' log time axes carry plain, non-overlapping tick labels (at
+    least two per panel, none on the minor ticks), for the job's points and for times
+    spread over less than a decade or over several decades."""
+    from optw.report import load_job
+    from optw.report.plots import ils_points, method_colors, time_score_figure, time_score_points
+
+    uri, parent = job_store
+    data = load_job(parent, uri)
+    pts = ils_points(data, time_score_points(data))
+    colors = method_colors(pts["method"])
+    for seconds in (pts["seconds"], np.linspace(0.41, 0.93, len(pts)),
+                    np.geomspace(0.004, 0.9, len(pts)), np.geomspace(0.0008, 40, len(pts))):
+        fig = time_score_figure(pts.assign(seconds=seconds), data.groups(), colors)
+        renderer = _drawn(fig)
+        for ax in fig.axes:
+            boxes = _x_label_boxes(ax, renderer)
+            assert len(boxes) >= 2, ax.get_xlim()
+            assert all(a.x1 < b.x0 for a, b in pairwise(boxes)), (
+                ax.get_xlim(), [t.get_text() for t in ax.get_xticklabels()])
+            assert not any(t.get_text() for t in ax.get_xticklabels(minor=True))
+
+
+def test_time_section_ils_row_and_no_promise_of_absent_points(job_store, finetune_store,
+                                                              tmp_path):
+    """The time-vs-score points table has an ILS row per group (its mean score and seconds on
+    the benchmark tourists, gap 0), drawn as × in the figure; the section's note names
+    active search only when the job made active-search points."""
+    import re
+
+    from optw.report import load_job, write_report
+    from optw.report.plots import ils_points, time_score_points
+
+    for (uri, parent), active in ((job_store, True), (finetune_store, False)):
+        data = load_job(parent, uri)
+        pts = ils_points(data, time_score_points(data))
+        assert ("active search" in set(pts["setting"])) is active
+        ils = pts[pts["method"] == "ILS"].set_index("group")
+        assert set(ils.index) == set(pts["group"]) and (ils["gap_ils"] == 0).all()
+        bench = data.tables["regions"].query("kind == 'benchmark'").drop_duplicates("region")
+        means = bench.groupby("group")[["ils", "ils_seconds"]].mean()
+        for g in ils.index:
+            assert ils.at[g, "score"] == pytest.approx(means.at[g, "ils"])
+            assert ils.at[g, "seconds"] == pytest.approx(means.at[g, "ils_seconds"])
+        html = write_report(parent, tmp_path / f"report-{active}", uri).read_text()
+        section = re.search(r'<section id="time">.*?</section>', html, re.S).group(0)
+        assert ("active search" in section) is active, section[:400]
+        assert "ILS (×)" in section and '<td class="l">ILS</td>' in section
+
+
+def test_tables_scroll_inside_their_box_and_runs_are_folded(job_store, tmp_path):
+    """Every table sits in a box that scrolls sideways (``overflow-x:auto``) rather than
+    overflowing the page, and the MLflow runs table is folded in a <details> that says how
+    many runs it holds."""
+    import re
+
+    from optw.report import write_report
+    from optw.report.html import CSS
+
+    uri, parent = job_store
+    html = write_report(parent, tmp_path / "report", uri).read_text()
+    assert re.search(r"\.scroll\{[^}]*overflow-x:auto", CSS)
+    assert html.count("<table>") >= 4
+    assert html.count("<table>") == html.count('<div class="scroll"><table>')
+    runs = re.search(r'<section id="runs">.*?</section>', html, re.S).group(0)
+    assert re.search(r"<details><summary>4 child runs</summary><div class=\"scroll\"><table>",
+                     runs), runs[-600:]
+    assert runs.count("<table>") == 1 and runs.index("<details>") < runs.index("<table>")
+
+
+def test_releases_and_demonstrations_are_named(finetune_store, tmp_path):
+    """A job started from released global models names each (its tag ``releases``) in the
+    header and in the learning-curves note, and each fine-tune's 'started from' names its
+    release; a job whose runs learned from demonstrations says so (how many per region,
+    imitation epochs). A job that used neither mentions neither."""
+    import re
+
+    from optw.report import load_job, write_report
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = make_finetune_store(uri, "optw-release-test", releases=True, demos=8)
+    data = load_job(parent, uri)
+    assert data.releases() == list(RELEASES.values())
+    assert [(d.stage, d.runs, d.demos, d.imitation_epochs) for d in data.demonstrations()] == [
+        ("finetune", 3, 8, 2)]
+    html = write_report(parent, tmp_path / "report", uri).read_text()
+    header = re.search(r"<header>.*?</header>", html, re.S).group(0)
+    assert ("Started from released global models: solomon v1 (sha256 1a2b3c4d5e6f); "
+            "cordeau v2 (sha256 0f9e8d7c6b5a)") in header
+    assert ("Learned from demonstrations (ILS routes): 3 fine-tuning runs: 8 per region, "
+            "2 imitation epochs before REINFORCE") in header
+    curves = re.search(r'<section id="curves">.*?</section>', html, re.S).group(0)
+    assert "releases, trained before this job" in curves
+    for group, label in RELEASES.items():
+        assert html.count(f"<td class=\"l\">release {label}</td>") == 2 * sum(
+            g == group for g in FT_REGIONS.values())  # fine-tuning table and runs table
+    plain = write_report(finetune_store[1], tmp_path / "plain", finetune_store[0]).read_text()
+    assert "release" not in plain.lower() and "demonstration" not in plain.lower()
 
 
 # ----------------------------------------------------------------------------- the browser
@@ -476,8 +716,10 @@ def screenshot_report(index: Path, tmp_path: Path, png: Path, width: int = 1400,
                       ) -> dict[str, Any]:
     """Open a report in a real headless Chromium, check that nothing failed to load, nothing
     but files was requested and no console error was logged, and save a full-page screenshot
-    as ``png``. Returns the page's title, height, images ``[src, width, height]`` and number
-    of tables. Skips without Chromium."""
+    as ``png``. Returns the page's title, height, width (``scrollWidth``: wider than the
+    viewport means something overflows), images ``[src, width, height]``, number of tables
+    and the table boxes ``[section id, scrollWidth, clientWidth]`` (0: folded). Skips without
+    Chromium."""
     from websockets.sync.client import connect
 
     binary = find_chromium()
@@ -493,6 +735,10 @@ def screenshot_report(index: Path, tmp_path: Path, png: Path, width: int = 1400,
                 expression="Promise.all([...document.images].map(i => i.decode().catch(() => 0)))"
                            ".then(() => JSON.stringify({title: document.title,"
                            " height: document.documentElement.scrollHeight,"
+                           " width: document.documentElement.scrollWidth,"
+                           " boxes: [...document.querySelectorAll('.scroll')].map(b =>"
+                           " [b.closest('section') ? b.closest('section').id : '',"
+                           " b.scrollWidth, b.clientWidth]),"
                            " images: [...document.images].map(i => [i.getAttribute('src'),"
                            " i.naturalWidth, i.naturalHeight]),"
                            " tables: document.querySelectorAll('table').length}))")
@@ -517,8 +763,9 @@ def screenshot_report(index: Path, tmp_path: Path, png: Path, width: int = 1400,
 
 def test_report_in_headless_chromium(job_store, tmp_path, output_dir):
     """The report opens in a real headless Chromium without console errors, failed loads or
-    any non-file request; every plot image has decoded (naturalWidth > 0); a full-page
-    screenshot is saved as test-output/report-screenshot.png."""
+    any non-file request; every plot image has decoded (naturalWidth > 0); at 1400 px nothing
+    is wider than the page and the group tables fit their boxes (every column, p included,
+    in view); a full-page screenshot is saved as test-output/report-screenshot.png."""
     from optw.report import write_report
 
     uri, parent = job_store
@@ -527,6 +774,9 @@ def test_report_in_headless_chromium(job_store, tmp_path, output_dir):
     assert info["title"] == "optw job report: optw-report-test"
     assert len(info["images"]) == 6, info["images"]
     assert info["tables"] >= 4
+    assert info["width"] <= 1400, info["width"]
+    groups = [(w, cw) for section, w, cw in info["boxes"] if section == "tables"][:3]
+    assert len(groups) == 3 and all(0 < w <= cw for w, cw in groups), info["boxes"]
 
 
 def test_finetune_report_in_headless_chromium(finetune_store, tmp_path, output_dir):

@@ -47,10 +47,8 @@ def _figures(data: JobData, folder: Path, groups: list[str],
         if (regions["kind"] == kind).any():
             figures[f"gaps_{kind}"] = rel(plots.region_gaps(regions, kind, groups, colors,
                                                             folder / f"gaps_{kind}.png"))
-    points = plots.time_score_points(data)
-    bench = regions[regions["kind"] == "benchmark"].drop_duplicates("region")
-    ils_seconds = bench.groupby("group")["ils_seconds"].mean().to_dict()
-    figures["time_score"] = rel(plots.time_score(points, groups, colors, ils_seconds,
+    points = plots.ils_points(data, plots.time_score_points(data))
+    figures["time_score"] = rel(plots.time_score(points, groups, colors,
                                                  folder / "time_score.png"))
     return figures, points, ft
 

@@ -46,6 +46,24 @@ class ChildRun:
     methods: list[str] = field(default_factory=list)  # of its evaluation rows
 
 
+@dataclass(frozen=True)
+class DemoUse:
+    """How the runs of one stage learned from demonstrations (ILS routes), from their params."""
+
+    stage: str
+    runs: int
+    demos: int  # most demonstrations per region
+    imitation_epochs: int  # most imitation epochs before REINFORCE
+    demo_tourists: bool  # REINFORCE epochs drew their tourists from the demonstrations
+
+
+def _int_param(params: dict[str, str], key: str) -> int:
+    try:
+        return int(float(params.get(key, "0")))
+    except ValueError:
+        return 0
+
+
 @dataclass
 class JobData:
     """Everything a report needs, loaded once."""
@@ -69,6 +87,23 @@ class JobData:
     def run_url(self, run_id: str) -> str | None:
         """The run's page in the MLflow UI for an http(s) store, else ``None``."""
         return run_url(self.uri, self.experiment_id, run_id)
+
+    def releases(self) -> list[str]:
+        """The released global models the job started from (its tag ``releases``), e.g.
+        ``gavalas v1 (sha256 1a2b3c4d5e6f)``; empty for a job that started from none."""
+        return [r.strip() for r in self.tags.get("releases", "").split(";") if r.strip()]
+
+    def demonstrations(self) -> list[DemoUse]:
+        """Per stage, the runs whose logged config (``train.demos``) used demonstrations."""
+        by_stage: dict[str, list[ChildRun]] = {}
+        for c in self.children:
+            if _int_param(c.params, "train.demos") > 0:
+                by_stage.setdefault(c.stage, []).append(c)
+        return [DemoUse(stage, len(runs),
+                        max(_int_param(c.params, "train.demos") for c in runs),
+                        max(_int_param(c.params, "train.imitation_epochs") for c in runs),
+                        any(c.params.get("train.demo_tourists") == "True" for c in runs))
+                for stage, runs in by_stage.items()]
 
     def groups(self) -> list[str]:
         """Groups present, in the paper's order (others after, sorted)."""

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from optw.evaluate.tables import KIND_LABEL, KIND_ORDER
-from optw.report.data import JobData
+from optw.report.data import ChildRun, DemoUse, JobData
 from optw.tracking.uri import sqlite_path
 
 CSS = """
@@ -21,6 +21,7 @@ margin:0;color:#1d232a;background:#fafbfc;line-height:1.45}
 header{background:#23313f;color:#fff;padding:18px 32px}
 header h1{margin:0 0 4px;font-size:1.5em}
 header .meta{font-size:.9em;opacity:.85}
+header .meta+.meta{margin-top:3px}
 nav{padding:8px 32px;background:#e9eef3;font-size:.9em}
 nav a{margin-right:14px;color:#23313f}
 main{padding:8px 32px 40px;max-width:1500px}
@@ -32,7 +33,9 @@ display:inline-block;max-width:100%}
 figure img{max-width:100%;height:auto;display:block}
 table{border-collapse:collapse;font-size:.85em;background:#fff;margin:6px 0 14px}
 th,td{border:1px solid #d5dde5;padding:3px 8px;text-align:right;white-space:nowrap}
-th{background:#eef2f6}
+th{background:#eef2f6;white-space:normal;vertical-align:bottom}
+.scroll{overflow-x:auto;max-width:100%;margin:6px 0 14px}
+.scroll table{margin:0}
 td.l,th.l{text-align:left}
 tr:nth-child(even) td{background:#f7f9fb}
 code,pre{background:#eef2f6;padding:1px 4px;border-radius:3px;font-size:.9em}
@@ -46,7 +49,7 @@ summary{cursor:pointer;font-weight:600}
 
 
 def _fmt(v: Any, digits: int = 2) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
         return "–"
     if isinstance(v, float):
         return f"{v:.2g}" if v != 0 and abs(v) < 10 ** -digits else f"{v:.{digits}f}"
@@ -70,7 +73,8 @@ def _with_ci(row: pd.Series, col: str, digits: int = 2) -> str:
 
 
 def table(df: pd.DataFrame, left: tuple[str, ...] = (), raw: tuple[str, ...] = ()) -> str:
-    """A DataFrame as an HTML table (``raw`` columns hold HTML; ``left`` ones left-aligned)."""
+    """A DataFrame as an HTML table (``raw`` columns hold HTML; ``left`` ones left-aligned) in
+    a box that scrolls sideways when the table is wider than the page."""
     head = "".join(f'<th class="{"l" if c in left else ""}">{escape(str(c))}</th>'
                    for c in df.columns)
     rows = []
@@ -81,7 +85,8 @@ def table(df: pd.DataFrame, left: tuple[str, ...] = (), raw: tuple[str, ...] = (
             cls = ' class="l"' if c in left else ""
             cells.append(f"<td{cls}>{v if c in raw else escape(_fmt(v))}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    return (f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table></div>")
 
 
 def _details(summary: str, body: str) -> str:
@@ -155,22 +160,34 @@ def _mlflow_links(data: JobData) -> str:
             f"<code>{escape(data.parent_run_id)}</code> ({exp}).</p>")
 
 
+def started_from(run: ChildRun) -> str:
+    """What a run started from: ``release gavalas v1 (sha256 …)``, a model key, or ""."""
+    if run.tags.get("release"):
+        return f"release {run.tags['release']}"
+    return run.params.get("init_from", "")
+
+
 def runs_table(data: JobData) -> str:
-    """Every child run: stage, model, group, status, validation score, version, run id/link."""
+    """Every child run (stage, model, group, what it started from, status, validation score,
+    version, run id/link), folded: a long list that the page's figures should not follow."""
     rows = []
     for c in sorted(data.children, key=lambda c: (c.group, c.stage, c.key)):
         url = data.run_url(c.run_id)
         rid = (f'<a href="{escape(url)}">{escape(c.run_id)}</a>' if url
                else f"<code>{escape(c.run_id)}</code>")
         rows.append({"stage": c.stage, "model": c.key, "group": c.group,
+                     "started from": started_from(c) or "–",
                      "status": f'<span class="status-{escape(c.status)}">'
                                f"{escape(c.status)}</span>",
                      "val_score": _num(c.tags, "val_score"),
                      "version": c.tags.get("version", "") or "–", "run": rid})
     if not rows:
         return '<p class="note">No child runs.</p>'
-    return table(pd.DataFrame(rows), left=("stage", "model", "group", "status", "run"),
-                 raw=("status", "run"))
+    failed = sum(c.status in ("FAILED", "KILLED") for c in data.children)
+    what = f"{len(rows)} child run{'s' if len(rows) > 1 else ''}" + (
+        f', <span class="status-FAILED">{failed} failed</span>' if failed else "")
+    return _details(what, table(pd.DataFrame(rows), raw=("status", "run"), left=(
+        "stage", "model", "group", "started from", "status", "run")))
 
 
 def _figure(src: str | None, alt: str) -> str:
@@ -182,7 +199,38 @@ def _when(ms: int | None) -> str:
     return dt.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S") if ms else "–"
 
 
-def _curves_section(figures: dict[str, str | None], groups: list[str]) -> str:
+_STAGE_RUNS = {"finetune": "fine-tuning", "global": "global-model", "scratch": "scratch"}
+
+
+def demonstrations_line(uses: list[DemoUse]) -> str:
+    """What the job learned from demonstrations (ILS routes), per stage; "" when nothing."""
+    parts = []
+    for u in uses:
+        how = [f"{u.demos} per region"]
+        if u.imitation_epochs:
+            how.append(f"{u.imitation_epochs} imitation epoch"
+                       f"{'s' if u.imitation_epochs > 1 else ''} before REINFORCE")
+        if u.demo_tourists:
+            how.append("REINFORCE tourists drawn from them")
+        runs = f"{u.runs} {_STAGE_RUNS.get(u.stage, u.stage)} run{'s' if u.runs > 1 else ''}"
+        parts.append(f"{runs}: {', '.join(how)}")
+    return f"Learned from demonstrations (ILS routes): {'; '.join(parts)}" if parts else ""
+
+
+def job_lines(data: JobData) -> list[str]:
+    """The header's lines on what the job started from: released global models, and
+    demonstrations (each only when the job used them)."""
+    lines = []
+    if releases := data.releases():
+        lines.append(f"Started from released global model{'s' if len(releases) > 1 else ''}: "
+                     + "; ".join(releases))
+    if demos := demonstrations_line(data.demonstrations()):
+        lines.append(demos)
+    return lines
+
+
+def _curves_section(figures: dict[str, str | None], groups: list[str],
+                    releases: list[str]) -> str:
     keys = [("curves_global", "learning curves of the global models"),
             *((f"curves_{g}", f"learning curves {g}") for g in groups)]
     shown = [_figure(figures[key], alt) for key, alt in keys if figures.get(key)]
@@ -193,34 +241,64 @@ def _curves_section(figures: dict[str, str | None], groups: list[str]) -> str:
         "validation tourists, the benchmark tourist's greedy score and the gap to ILS on the "
         "validation tourists (negative: better than ILS). Models with fewer than two points "
         "are left out.",
-        *(shown or ['<p class="note">No model logged a curve of two or more epochs.</p>']))
+        *(shown or ['<p class="note">No model logged a curve of two or more epochs'
+                    + (" (the global models are releases, trained before this job: "
+                       f"{escape('; '.join(releases))})" if releases else "") + ".</p>"]))
 
 
 def _finetune_section(figures: dict[str, str | None], points: pd.DataFrame | None) -> str:
     """Fine-tuning: every region before and after; "" when the job fine-tuned nothing."""
     if points is None:
         return ""
+    gap = len(points) > 0 and points["metric"].iloc[0] == "val_gap_ils"
+    beam = gap and points[["evaluated_before", "evaluated"]].notna().all(axis=1).any()
     if not figures.get("finetune"):
         body = ['<p class="note">No fine-tuning run logged a validation before its first '
                 "epoch and after it.</p>"]
     else:
-        gap = points["metric"].iloc[0] == "val_gap_ils"
         what = "gap to ILS %" if gap else "mean score"
-        shown = points.rename(columns={
-            "start": "started from", "before": f"{what} before", "after": f"{what} after",
-            "after_epoch": "after epoch", "evaluated": "evaluated gap %"})
-        drop = ["metric", "val_tourists"] + ([] if gap else ["evaluated gap %"])
+        columns = {"region": "region", "group": "group", "start": "started from",
+                   "val_tourists": "greedy: tourists", "before": f"greedy: {what} before",
+                   "after": f"greedy: {what} after", "after_epoch": "after epoch",
+                   "eval_tourists": "beam: tourists", "evaluated_before": "beam: gap % before",
+                   "evaluated": "beam: gap % after"}
+        if not gap:
+            columns = {k: v for k, v in columns.items() if not v.startswith("beam")}
+        elif not beam:
+            del columns["evaluated_before"]
+        shown = points[list(columns)].rename(columns=columns)
+        if "beam: tourists" in shown.columns:
+            shown["beam: tourists"] = shown["beam: tourists"].astype("Int64")
         body = [_figure(figures["finetune"], "fine-tuning before and after"),
-                _details("Per region", table(shown.drop(columns=drop),
-                                             left=("region", "group", "started from")))]
+                _details("Per region", table(shown, left=("region", "group",
+                                                           "started from")))]
     return _section(
         "finetune", "Fine-tuning: before and after",
-        "Each fine-tuned region: the validation of the model it starts from (its group's "
-        "global model), made by the fine-tuning run before its first epoch, and the "
-        "fine-tuned model's last validation: greedy decoding of the same validation tourists, "
-        "as the gap to ILS on them (negative: better than ILS). The cross is the job's "
-        "evaluation of the fine-tuned model (beam search on the evaluation's validation "
-        "tourists), as in the gaps per region below.", *body)
+        "Each fine-tuned region, before (ring: the model it starts from, validated by the "
+        "fine-tuning run before its first epoch) and after (dot: the fine-tuned model's last "
+        "validation), both greedy decoding of the same first validation tourists, as the gap "
+        "to ILS on them (negative: better than ILS); a dot inside its ring: no change. "
+        + ("Diamonds: the job's beam evaluations of the start model and of the fine-tuned "
+           "model, on the same evaluation tourists." if beam else
+           "The job did not evaluate the start model, so its beam evaluation of the "
+           "fine-tuned model (more tourists, another decoder: not comparable with the greedy "
+           "values) has no 'before' to compare with; it is in the table and in the gaps per "
+           "region below."), *body)
+
+
+def time_note(points: pd.DataFrame) -> str:
+    """The time/score section's note: what its points are (active search only when the job
+    made some)."""
+    settings = set(points["setting"]) if len(points) else set()
+    parts = ["beam widths from the job's beam sweep on each region's benchmark tourist"
+             if any(str(x).startswith("beams=") for x in settings) else "",
+             "active search (★) from the evaluation rows" if "active search" in settings
+             else "", "ILS (×) from the job's ILS results" if "ILS" in set(points.get(
+                 "method", ())) else ""]
+    if not any(parts):
+        return ""
+    text = ", ".join(p for p in parts if p)
+    return f"{text[0].upper()}{text[1:]}; means over the group's regions."
 
 
 def render(data: JobData, figures: dict[str, str | None], groups: list[str],
@@ -228,6 +306,7 @@ def render(data: JobData, figures: dict[str, str | None], groups: list[str],
     """The whole page of the figures (id -> file or ``None``) and the points' tables."""
     t = data.tags
     title = f"optw job report: {data.job_name}"
+    lines = "".join(f'<div class="meta">{escape(x)}</div>' for x in job_lines(data))
     meta = " · ".join(escape(x) for x in [
         f"mode {t.get('mode', '?')}", f"profile {t.get('profile', '?')}",
         f"config {t.get('config_hash', '?')}", f"catalog v{t.get('catalog_version', '?')}",
@@ -264,18 +343,15 @@ def render(data: JobData, figures: dict[str, str | None], groups: list[str],
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         '<link rel="icon" href="data:,">', f"<title>{escape(title)}</title>",
         f"<style>{CSS}</style></head><body>",
-        f"<header><h1>{escape(title)}</h1><div class=\"meta\">{meta}</div></header>",
+        f"<header><h1>{escape(title)}</h1><div class=\"meta\">{meta}</div>{lines}</header>",
         "<nav>" + "".join(f'<a href="#{a}">{text}</a>' for a, text in nav) + "</nav><main>",
-        _curves_section(figures, groups),
+        _curves_section(figures, groups, data.releases()),
         _finetune_section(figures, finetune),
         _section("gaps", "Gaps per region",
                  "Gap = (reference − model) / reference × 100 on the mean score over a "
                  "region's tourists; generated = the catalog's validation tourists; paper = "
                  "the paper's own generated tourists.", *gaps),
-        _section("time", "Score against inference time",
-                 "Beam widths from the job's beam sweep on each region's benchmark tourist, "
-                 "active search from the evaluation rows; means over the group's regions.",
-                 *timing),
+        _section("time", "Score against inference time", time_note(time_points), *timing),
         _section("tables", "Group tables",
                  "Means over regions; 95% bootstrap confidence intervals over regions; p: "
                  "one-sided Wilcoxon signed-rank test (model > ILS).", *tables),

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from optw.evaluate.tables import KIND_LABEL
 from optw.report.data import ChildRun, JobData, group_of, region_groups
@@ -33,20 +33,26 @@ def method_colors(methods: Sequence[str]) -> dict[str, str]:
     return {m: _PALETTE[i % len(_PALETTE)] for i, m in enumerate(dict.fromkeys(methods))}
 
 
-def _legend(fig: Figure, axes, loc: str, ncols: int = 1) -> None:
-    """One legend for the figure: each label of ``axes`` once, in order."""
+def _legend(fig: Figure, axes, loc: str, ncols: int = 1, title: str | None = None) -> None:
+    """One legend for the figure: each label of ``axes`` once, in order. ``title``: the
+    figure's title as the legend's (a legend on top: a suptitle would overlap it)."""
     handles: dict[str, Any] = {}
     for ax in axes:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, h)
     fig.legend(list(handles.values()), list(handles), loc=loc,
-               ncols=min(ncols, len(handles)), fontsize=8, frameon=False)
+               ncols=min(ncols, len(handles)), fontsize=8, frameon=False, title=title,
+               title_fontproperties={"size": 10})
+
+
+def _write(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=DPI, format="png", bbox_inches="tight")
+    return path
 
 
 def _save(fig: Figure, path: Path, title: str, size: int = 10) -> Path:
     fig.suptitle(title, fontsize=size)
-    fig.savefig(path, dpi=DPI, format="png", bbox_inches="tight")
-    return path
+    return _write(fig, path)
 
 
 def has_curve(run: ChildRun, metrics: tuple[str, ...] = ("mean_reward", "val_score")) -> bool:
@@ -111,7 +117,10 @@ def _panel(ax, ylabel: str) -> None:
 
 def finetune_points(children: list[ChildRun], regions: pd.DataFrame | None = None,
                     ) -> pd.DataFrame:
-    """Per fine-tuned region: its validation at epoch 0 and last, and the evaluated gap."""
+    """Per fine-tuned region: its validation at epoch 0 and last (greedy, the run's own
+    tourists) and, from the job's evaluation (beam search), the fine-tuned model's gap and the
+    start model's where the job evaluated that one too."""
+    by_key = {c.key: c for c in children}
     rows = []
     for run in (c for c in children if c.stage == "finetune"):
         for metric in ("val_gap_ils", "val_score"):
@@ -119,80 +128,139 @@ def finetune_points(children: list[ChildRun], regions: pd.DataFrame | None = Non
             if df is None or not (df["step"] == 0).any() or not (df["step"] > 0).any():
                 continue
             last = df[df["step"] > 0].iloc[-1]
+            init = run.params.get("init_from", "")
+            start = by_key.get(init)
+            ev_before, _ = (_evaluated_gap(start, run.key, regions) if start is not None
+                            else (math.nan, math.nan))
+            ev_after, n_eval = _evaluated_gap(run, run.key, regions)
             rows.append({"region": run.key, "group": run.group,
-                         "start": run.params.get("init_from", ""), "metric": metric,
+                         "start": f"release {run.tags['release']}" if run.tags.get("release")
+                         else init, "metric": metric,
                          "before": float(df.loc[df["step"] == 0, "value"].iloc[-1]),
                          "after": float(last["value"]), "after_epoch": int(last["step"]),
-                         "evaluated": _evaluated_gap(run, regions),
+                         "evaluated_before": ev_before, "evaluated": ev_after,
+                         "eval_tourists": n_eval,
                          "val_tourists": run.params.get("train.val_tourists", "")})
             break
     out = pd.DataFrame(rows, columns=["region", "group", "start", "metric", "before", "after",
-                                      "after_epoch", "evaluated", "val_tourists"])
+                                      "after_epoch", "evaluated_before", "evaluated",
+                                      "eval_tourists", "val_tourists"])
     if (out["metric"] == "val_gap_ils").any():  # one measure for the whole chart
         out = out[out["metric"] == "val_gap_ils"]
     return out.reset_index(drop=True)
 
 
-def _evaluated_gap(run: ChildRun, regions: pd.DataFrame | None) -> float:
-    """The evaluated validation gap to ILS of ``run``'s main (beam search) method, or NaN."""
+def _evaluated_gap(run: ChildRun, region: str, regions: pd.DataFrame | None,
+                   ) -> tuple[float, float]:
+    """The evaluated validation gap to ILS on ``region`` of ``run``'s main (beam search)
+    method and its number of tourists, or NaNs."""
     if regions is None or not len(regions) or not run.methods:
-        return math.nan
+        return math.nan, math.nan
     main = [m for m in run.methods if not m.endswith(("_greedy", "_as"))]
-    sub = regions[(regions["region"].astype(str) == run.key)
+    sub = regions[(regions["region"].astype(str) == region)
                   & (regions["kind"] == "validation") & regions["method"].isin(main)]
-    return float(sub["gap_ils"].iloc[0]) if len(sub) else math.nan
+    if not len(sub):
+        return math.nan, math.nan
+    return float(sub["gap_ils"].iloc[0]), _num(sub.iloc[0].get("tourists"))
 
 
-def finetune_chart(points: pd.DataFrame, groups: list[str], path: Path) -> Path | None:
-    """Every fine-tuned region's validation before and after: an arrow per region and group."""
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+#: The fine-tuning chart's markers: "before" a large ring, "after" a smaller filled mark
+#: inside it, so a region whose value did not change shows both (a dot in a ring).
+BEFORE_SIZE, AFTER_SIZE = 90, 26
+
+
+def _pair(ax, y: np.ndarray, before: pd.Series, after: pd.Series, color: str, marker: str,
+          label: str) -> None:
+    """Arrows before → after, the "before" ring and the "after" mark of one comparison."""
+    for yi, b, a in zip(y, before, after, strict=True):
+        if np.isfinite(a) and np.isfinite(b) and a != b:
+            ax.annotate("", xy=(a, yi), xytext=(b, yi),
+                        arrowprops=dict(arrowstyle="->", color=color, alpha=0.5, lw=1.0,
+                                        shrinkA=5, shrinkB=3))
+    ax.scatter(before, y, s=BEFORE_SIZE, marker=marker, facecolors="none", edgecolors=color,
+               linewidths=1.3, zorder=3, label=f"{label}: before (the model it starts from)")
+    ax.scatter(after, y, s=AFTER_SIZE, marker=marker, color=color, zorder=4,
+               label=f"{label}: after (the fine-tuned model)")
+
+
+def _counts(values: pd.Series, what: str) -> str:
+    """``4 validation tourists`` from a column of counts (several: ``4, 8 ...``)."""
+    n = sorted({str(int(float(v))) for v in values if str(v) not in ("", "nan")}, key=int)
+    return f"{', '.join(n)} {what}" if n else what
+
+
+def finetune_figure(points: pd.DataFrame, groups: list[str]) -> Figure | None:
+    """The fine-tuning chart: per group a panel, per region the greedy validation before and
+    after (the same decoder and tourists) and, where the job evaluated the start model too,
+    the beam evaluation before and after; legend on top."""
     if points.empty:
         return None
     gap = points["metric"].iloc[0] == "val_gap_ils"
     present = [g for g in groups if (points["group"] == g).any()]
     present += sorted(set(points["group"]) - set(present))
     longest = max(int((points["group"] == g).sum()) for g in present)
-    fig = Figure(figsize=(4.4 * len(present) + 0.8, max(3.0, 0.24 * longest + 2.0)),
+    both = points[["evaluated_before", "evaluated"]].notna().all(axis=1) & gap
+    fig = Figure(figsize=(4.6 * len(present) + 0.8,
+                          max(3.2, (0.34 if both.any() else 0.26) * longest + 2.4)),
                  layout="constrained")
     axes = fig.subplots(1, len(present), squeeze=False)[0]
+    unit = "%" if gap else ""
+    greedy = f"greedy, {_counts(points['val_tourists'], 'tourists')}"
+    beam = f"beam, {_counts(points.loc[both, 'eval_tourists'], 'tourists')}"
     for ax, g in zip(axes, present, strict=True):
         sub = points[points["group"] == g].sort_values("region")
-        y = np.arange(len(sub))
-        for yi, b, a in zip(y, sub["before"], sub["after"], strict=True):
-            ax.annotate("", xy=(a, yi), xytext=(b, yi),
-                        arrowprops=dict(arrowstyle="->", color="#999999", lw=1.0,
-                                        shrinkA=3, shrinkB=3))
-        ax.scatter(sub["before"], y, s=30, facecolors="white", edgecolors="#555555",
-                   linewidths=1.2, zorder=3, label="before: the model it starts from")
-        ax.scatter(sub["after"], y, s=30, color="#1f77b4", zorder=4,
-                   label="after: the fine-tuned model")
-        ev = sub["evaluated"].to_numpy(float)
-        if gap and np.isfinite(ev).any():
-            ax.scatter(ev, y, marker="x", s=26, color="#ff7f0e", zorder=4,
-                       label="after, evaluated (beam search, evaluation tourists)")
+        sub_both = both[sub.index].to_numpy()
+        y = np.arange(len(sub), dtype=float)
+        _pair(ax, y - 0.17 * sub_both, sub["before"], sub["after"], "#1f4e79", "o", greedy)
+        title = [f"{g} ({len(sub)} region{'s' if len(sub) > 1 else ''})",
+                 f"{greedy}: mean {sub['before'].mean():.2f}{unit} → "
+                 f"{sub['after'].mean():.2f}{unit}"]
+        if sub_both.any():
+            ev = sub[sub_both]
+            _pair(ax, y[sub_both] + 0.17, ev["evaluated_before"], ev["evaluated"], "#c45a00",
+                  "D", beam)
+            title.append(f"{beam}: mean {ev['evaluated_before'].mean():.2f}{unit} → "
+                         f"{ev['evaluated'].mean():.2f}{unit}")
         if gap:
             ax.axvline(0, color="k", lw=0.8)
         ax.set_yticks(y, sub["region"].astype(str))
         ax.set_ylim(len(sub) - 0.5, -0.5)
         ax.tick_params(labelsize=8)
         ax.grid(axis="x", alpha=0.3)
-        mean_b, mean_a = sub["before"].mean(), sub["after"].mean()
-        unit = "%" if gap else ""
-        regions = f"{len(sub)} region{'s' if len(sub) > 1 else ''}"
-        ax.set_title(f"{g} ({regions})\nmean {mean_b:.2f}{unit} → {mean_a:.2f}{unit}",
-                     fontsize=10)
+        ax.set_title("\n".join(title), fontsize=9)
         ax.set_xlabel("gap to ILS [%] (lower is better)" if gap
                       else "mean validation score (higher is better)", fontsize=8)
-    _legend(fig, axes, "outside lower center", 3)
-    n = ", ".join(sorted(set(points["val_tourists"].astype(str)) - {""}))
-    which = f"first {n} validation tourists" if n else "validation tourists"
     what = "gap to ILS" if gap else "mean score"
-    return _save(fig, path, f"Fine-tuning: {what} per region before and after\n(greedy "
-                 f"decoding of each region's {which}, the same tourists before and after)")
+    _legend(fig, axes, "outside upper center", 2, f"Fine-tuning: {what} per region before and "
+            "after (each comparison: the same decoder and tourists before and after)")
+    return fig
+
+
+def finetune_chart(points: pd.DataFrame, groups: list[str], path: Path) -> Path | None:
+    """:func:`finetune_figure` as a PNG file."""
+    fig = finetune_figure(points, groups)
+    return None if fig is None else _write(fig, path)
 
 
 def region_gaps(regions: pd.DataFrame, kind: str, groups: list[str], colors: dict[str, str],
                 path: Path) -> Path | None:
-    """Dot plot per region of each method's gap to ILS and, where known, to best-known."""
+    """:func:`region_gaps_figure` as a PNG file."""
+    fig = region_gaps_figure(regions, kind, groups, colors)
+    return None if fig is None else _write(fig, path)
+
+
+def region_gaps_figure(regions: pd.DataFrame, kind: str, groups: list[str],
+                       colors: dict[str, str]) -> Figure | None:
+    """Dot plot per region of each method's gap to ILS and, where known, to best-known. A
+    row per region makes it tall: the legend, the axis labels and the ticks are on top (and
+    the labels and ticks at the bottom too)."""
     sub = regions[regions["kind"] == kind]
     order = [(g, r) for g in groups
              for r in sorted(sub.loc[sub["group"] == g, "region"].astype(str).unique())]
@@ -220,6 +288,9 @@ def region_gaps(regions: pd.DataFrame, kind: str, groups: list[str], colors: dic
         ax.set_xlabel(title, fontsize=9)
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(labelsize=8)
+        top = ax.secondary_xaxis("top")  # the same scale, read without scrolling down
+        top.set_xlabel(title, fontsize=9)
+        top.tick_params(labelsize=8)
         start = 0
         for i, g in enumerate(groups):  # every other group's rows shaded
             n = sum(1 for gg, _ in order if gg == g)
@@ -228,9 +299,9 @@ def region_gaps(regions: pd.DataFrame, kind: str, groups: list[str], colors: dic
             start += n
     axes[0].set_yticks(range(len(order)), [f"{r} ({g})" for g, r in order])
     axes[0].set_ylim(len(order) - 0.5, -0.5)  # first region on top, no empty margin
-    _legend(fig, axes[-1:], "outside lower center", 4)
-    return _save(fig, path, f"Gap per region, {KIND_LABEL.get(kind, kind)} tourists\n"
-                 "(negative: better than the reference)")
+    _legend(fig, axes, "outside upper center", 4, f"Gap per region, "
+            f"{KIND_LABEL.get(kind, kind)} tourists (negative: better than the reference)")
+    return fig
 
 
 def time_score_points(data: JobData) -> pd.DataFrame:
@@ -266,9 +337,48 @@ def time_score_points(data: JobData) -> pd.DataFrame:
     return out.sort_values(["group", "method", "order"], kind="stable").reset_index(drop=True)
 
 
+def ils_points(data: JobData, points: pd.DataFrame) -> pd.DataFrame:
+    """ILS on the benchmark tourists of each group of ``points``, as a time/score point (its
+    mean score and seconds over the group's regions; gap 0), after the group's other points."""
+    regions = data.tables.get("regions")
+    if points.empty or regions is None or not {"ils", "ils_seconds"} <= set(regions.columns):
+        return points
+    bench = regions[regions["kind"] == "benchmark"].drop_duplicates("region")
+    parts = []
+    for g in dict.fromkeys(points["group"]):
+        parts.append(points[points["group"] == g])
+        sub = bench[bench["group"].astype(str) == g]
+        if len(sub) and sub["ils"].notna().any():
+            parts.append(pd.DataFrame([{
+                "group": g, "method": "ILS", "setting": "heuristic", "order": math.nan,
+                "regions": sub["region"].nunique(), "score": sub["ils"].mean(),
+                "seconds": sub["ils_seconds"].mean(), "gap_ils": 0.0}]))
+    return pd.concat(parts, ignore_index=True)
+
+
+def _log_ticks(ax) -> None:
+    """Readable ticks of a log x axis: plain numbers at 1-2-5 (1…9 within half a decade, powers
+    of ten over more than three decades), no labels on the minor ticks."""
+    lo, hi = sorted(ax.get_xlim())
+    decades = math.log10(hi / lo) if lo > 0 and hi > lo else 1.0
+    subs = (tuple(range(1, 10)) if decades < 0.5 else (1.0, 2.0, 5.0) if decades <= 3
+            else (1.0,))
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def time_score(points: pd.DataFrame, groups: list[str], colors: dict[str, str],
-               ils_seconds: dict[str, float], path: Path) -> Path | None:
-    """The paper's time/score figure: per group, mean gap to ILS (or score) against time."""
+               path: Path) -> Path | None:
+    """:func:`time_score_figure` as a PNG file."""
+    fig = time_score_figure(points, groups, colors)
+    return None if fig is None else _write(fig, path)
+
+
+def time_score_figure(points: pd.DataFrame, groups: list[str], colors: dict[str, str],
+                      ) -> Figure | None:
+    """The paper's time/score figure: per group, mean gap to ILS (or score) against time; the
+    methods' lines over beam widths, active search as ★, ILS (rows ``method == "ILS"``) as ×."""
     if points.empty:
         return None
     use_gap = points["gap_ils"].notna().all()
@@ -281,6 +391,11 @@ def time_score(points: pd.DataFrame, groups: list[str], colors: dict[str, str],
         sub = points[points["group"] == g]
         for m in dict.fromkeys(sub["method"]):
             sm = sub[sub["method"] == m]
+            if m == "ILS":
+                sm = sm[sm["seconds"] > 0]  # a log axis
+                ax.scatter(sm["seconds"], sm[ycol], marker="x", s=40, color="k", label="ILS",
+                           zorder=4)
+                continue
             color = colors.get(m.replace(" + active search", ""), colors.get(m, "#333333"))
             if len(beams := sm[np.isfinite(sm["order"])]):
                 ax.plot(beams["seconds"], beams[ycol], marker="o", ms=4, color=color, label=m)
@@ -291,14 +406,14 @@ def time_score(points: pd.DataFrame, groups: list[str], colors: dict[str, str],
             if len(act := sm[~np.isfinite(sm["order"])]):
                 ax.scatter(act["seconds"], act[ycol], marker="*", s=90, color=color, label=m,
                            zorder=4)
-        if use_gap and g in ils_seconds and ils_seconds[g] > 0:
-            ax.scatter([ils_seconds[g]], [0.0], marker="x", s=40, color="k", label="ILS")
         ax.set_xscale("log")
         ax.set_title(g, fontsize=10)
         ax.set_xlabel("inference time per tourist [s]", fontsize=8)
         ax.grid(alpha=0.3, which="both")
         ax.tick_params(labelsize=7)
+        _log_ticks(ax)
     axes[0].set_ylabel(ylabel, fontsize=8)
     _legend(fig, axes, "outside right upper")
-    return _save(fig, path, "Score against inference time (benchmark tourists; labels: beam "
-                 "width)")
+    fig.suptitle("Score against inference time (benchmark tourists; labels: beam width)",
+                 fontsize=10)
+    return fig
