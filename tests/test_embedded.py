@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from chromium import DevTools, find_chromium, page_target, start_chromium
 from conftest import stop_process
 from test_fresh_machine import fresh_env
 from test_quiet_output import RAY_INTERNALS, ROOT, ray_running, stop_ray, tiny_job
-from test_report import DevTools, find_chromium, page_target, start_chromium
 
 DASHBOARD = "http://127.0.0.1:8265"
 #: the gauges RayReport sets in a training worker, as Ray's metrics agent exports them

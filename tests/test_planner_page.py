@@ -17,15 +17,15 @@ from typing import Any
 
 import pytest
 
-from conftest import copy_catalog, stop_process
-from test_report import (
+from chromium import (
     CHROMIUM_INSTALL,
     DevTools,
-    _errors,
     find_chromium,
+    page_errors,
     page_target,
     start_chromium,
 )
+from conftest import copy_catalog, stop_process
 from test_serve import Service, _check_answer, _post, serve_champions
 from test_serve_latlon import CITY_CSV, check_legs, validate
 
@@ -212,7 +212,7 @@ def test_planner_page_plans_routes_in_headless_chromium(service, output_dir, tmp
             error = _wait(devtools, "document.getElementById('error').textContent",
                           "the error message", timeout=60)
             assert error.startswith("t_end: ") and "outside the day" in error, error
-            assert _errors([e for e in devtools.events if not _is_expected_422(e)]) == []
+            assert page_errors([e for e in devtools.events if not _is_expected_422(e)]) == []
             urls = [e["params"]["request"]["url"] for e in devtools.events
                     if e.get("method") == "Network.requestWillBeSent"]
             assert urls and all(u.startswith((service.url, "data:")) for u in urls), urls
