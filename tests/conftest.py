@@ -68,6 +68,34 @@ def write_tiny_source(root: Path) -> Path:
     return root
 
 
+#: A pretraining profile (``optw pretrain``) for the tiny regions: steps of 8 routes, a curve
+#: point every 2 epochs on t199, a cool-down of at most 2 epochs.
+TINY_PRETRAIN_PROFILE = """
+[train]
+recipe = "fast"
+mix_regions = true
+tourists_per_epoch = 2
+batch_size = 4
+lr = 5e-4
+lr_schedule = "step"
+lr_decay = 1.0
+warmup_epochs = 2
+epochs = 1000
+threads = 1
+
+[pretrain]
+checkpoint_every = 1
+curve_every = 2
+curve_tourists = 3
+beams = 2
+cooldown = 0.5
+cooldown_max = 2
+
+[pretrain.curve_regions]
+gavalas = ["t199"]
+"""
+
+
 #: Modules that start Ray (a local instance, `ray start`, Ray Serve, ILS on Ray workers, a job)
 #: or stop it. RAY_ALONE stop every Ray of the machine (`ray stop`) or start `ray start` heads:
 #: no other Ray module runs meanwhile (:func:`ray_turn`). RAY_SHARED start local Ray instances

@@ -23,8 +23,7 @@ import pandas as pd
 import pytest
 
 from conftest import copy_catalog, local_ray
-from test_serve import _first_plan, _get
-from test_serve_latlon import check_legs, validate
+from planner_service import check_legs, first_plan, get_json, validate_answer
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -186,20 +185,20 @@ def test_planner_plans_a_latlon_trip_with_clock_times(job, custom_catalog, store
     url = start_planner(port=free_port(), catalog=custom_catalog.path, tracking_uri=store,
                         check_interval=30)
     try:
-        status, regions = _get(f"{url}/regions")
+        status, regions = get_json(f"{url}/regions")
         assert status == 200, regions
         for rid in CUSTOM:
             region = custom_catalog.region(rid)
             body = {"region": rid, "start": {"lat": 43.8380, "lon": 10.5060},
                     "t_start": "09:30", "t_end": "17:00", "method": "beam", "beams": 2}
             # the region's first plan: 503 "try again" while its model loads on a busy machine
-            status, ans = _first_plan(f"{url}/plan", body)
+            status, ans = first_plan(f"{url}/plan", body)
             assert status == 200, ans
             assert ans["coords"] == "latlon"
             assert int(ans["model_version"]) == job.registered[rid]  # the job's champion
             assert (ans["t_start_clock"], ans["t_end_clock"]) == ("09:30", "17:00")
             assert ans["visits"] >= 1
-            validate(region, ans)
+            validate_answer(region, ans)
             check_legs(region, ans)
             for s in ans["route"][1:-1]:
                 assert s["name"] == region.names[s["node"]]

@@ -26,8 +26,15 @@ from chromium import (
     start_chromium,
 )
 from conftest import copy_catalog, stop_process
-from test_serve import Service, _check_answer, _post, serve_champions
-from test_serve_latlon import CITY_CSV, check_legs, validate
+from planner_service import (
+    CITY_CSV,
+    Service,
+    check_answer,
+    check_legs,
+    post_json,
+    serve_champions,
+    validate_answer,
+)
 
 CITY = "lisbonette"
 
@@ -146,11 +153,11 @@ def _plan_through_page(devtools: DevTools, svc: Service, rid: str, click: tuple[
     assert f"{ans['visits']} visit(s)" in summary and f"{hours[0]}-{hours[1]}" in summary
 
     # the same request over HTTP: the same itinerary, and the validator accepts it
-    status, direct = _post(f"{svc.url}/plan", req)
+    status, direct = post_json(f"{svc.url}/plan", req)
     assert status == 200
     assert [s["node"] for s in direct["route"]] == [s["node"] for s in ans["route"]]
     assert direct["score"] == ans["score"] and direct["legs"] == ans["legs"]
-    validate(region, ans)
+    validate_answer(region, ans)
     check_legs(region, ans)
     return req, ans
 
@@ -188,7 +195,7 @@ def test_planner_page_plans_routes_in_headless_chromium(service, output_dir, tmp
             req, ans = _plan_through_page(devtools, service, "t199", (0.3, 0.35),
                                           ("09:00", "17:30"))
             assert ans["coords"] == "xy" and ans["route"][0]["x"] == req["start"]["x"]
-            _check_answer(service, req, ans)
+            check_answer(service, req, ans)
             _screenshot(devtools, output_dir / "planner-page-xy.png")
 
             city = service.catalog.region(CITY)

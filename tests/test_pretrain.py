@@ -12,40 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import copy_catalog
+from conftest import TINY_PRETRAIN_PROFILE, copy_catalog
 from optw.catalog import Catalog
-
-TINY_PROFILE = """
-[train]
-recipe = "fast"
-mix_regions = true
-tourists_per_epoch = 2
-batch_size = 4
-lr = 5e-4
-lr_schedule = "step"
-lr_decay = 1.0
-warmup_epochs = 2
-epochs = 1000
-threads = 1
-
-[pretrain]
-checkpoint_every = 1
-curve_every = 2
-curve_tourists = 3
-beams = 2
-cooldown = 0.5
-cooldown_max = 2
-
-[pretrain.curve_regions]
-gavalas = ["t199"]
-"""
 
 
 @pytest.fixture()
 def tiny(tiny_catalog, tmp_path) -> tuple[Catalog, Path]:
     """A private copy of the tiny catalog (ILS results are stored into it) and a profile."""
     profile = tmp_path / "pretrain.toml"
-    profile.write_text(TINY_PROFILE)
+    profile.write_text(TINY_PRETRAIN_PROFILE)
     return Catalog(copy_catalog(tiny_catalog, tmp_path / "catalog")), profile
 
 

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import copy_catalog, local_ray
+from conftest import TINY_PRETRAIN_PROFILE, copy_catalog, local_ray
 from optw.catalog import Catalog
 from optw.distributed import JobProfile
-from test_pretrain import TINY_PROFILE
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +21,7 @@ def released(tiny_catalog, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("released")
     catalog = Catalog(copy_catalog(tiny_catalog, root / "catalog"))
-    (root / "pretrain.toml").write_text(TINY_PROFILE)
+    (root / "pretrain.toml").write_text(TINY_PRETRAIN_PROFILE)
     (root / "releases").mkdir()
     pretrain("gavalas", 1.0, root / "state", root / "pretrain.toml", catalog.path, epochs=2)
     card = make_release("gavalas", root / "state", None, root / "pretrain.toml", catalog.path,

@@ -11,7 +11,6 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_names_field, bad_tourists
-from optw.catalog import Catalog, Tourists, sample_tourists
+from optw.catalog import Catalog, sample_tourists
 from optw.env import check_route
 from optw.serve import (
     MAX_BODY_BYTES,
@@ -29,73 +28,19 @@ from optw.serve import (
     parse_time,
     preference_scores,
 )
+from planner_service import (
+    Service,
+    check_answer,
+    first_plan,
+    get_json,
+    post_json,
+    register_untrained,
+    serve_champions,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 SERVED = ("r199", "t199")  # regions with a champion; pr99 has none
-
-
-@dataclass
-class Service:
-    url: str
-    uri: str
-    catalog: Catalog
-    root: Path
-
-
-def _post(url: str, body: bytes | dict[str, Any], timeout: float = 60) -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
-
-
-def _get(url: str) -> tuple[int, Any]:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
-
-
-def _register(region, root: Path, seed: int, val_score: float, uri: str) -> int:
-    import torch
-
-    from optw.model import ModelConfig, PointerNet, save_model
-    from optw.tracking import register_version, start_job_run
-
-    torch.manual_seed(seed)
-    ckpt = save_model(PointerNet(ModelConfig()), root / f"{region.id}-{seed}.pt")
-    run_id = start_job_run("planner-tests", {"seed": seed}, uri=uri).child("train", region.id)
-    return register_version(region.id, ckpt, run_id, {"val_score": val_score}, uri=uri,
-                            region_data=region)
-
-
-def serve_champions(catalog, regions, root: Path, check_interval: float):
-    """The planner on a free loopback port over ``catalog``, with an untrained champion for
-    each of ``regions`` in a sqlite registry under ``root`` (a generator: the body of a
-    fixture; the planner stops when it resumes)."""
-    from optw.serve import start_planner, stop_planner
-    from optw.tracking import get_client
-    from optw.tracking.server import free_port
-
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MLFLOW_TRACKING_URI", uri)  # set before Ray starts: workers inherit it too
-    get_client(uri)
-    for i, rid in enumerate(regions):
-        _register(catalog.region(rid), root, seed=i, val_score=1.0, uri=uri)
-    try:
-        url = start_planner(port=free_port(), catalog=catalog.path, tracking_uri=uri,
-                            check_interval=check_interval, ray_cpus=2)
-        yield Service(url, uri, catalog, root)
-    finally:
-        stop_planner()
-        mp.undo()
 
 
 @pytest.fixture(scope="module")
@@ -105,70 +50,14 @@ def service(tmp_path_factory, tiny_catalog) -> Service:
     machine), so the tests see the steady state."""
     for svc in serve_champions(tiny_catalog, SERVED, tmp_path_factory.mktemp("planner"), 0.5):
         for rid in SERVED:
-            assert _first_plan(f"{svc.url}/plan", {"region": rid, "method": "greedy"})[0] == 200
+            assert first_plan(f"{svc.url}/plan", {"region": rid, "method": "greedy"})[0] == 200
         yield svc
-
-
-def _first_plan(url: str, body: dict[str, Any]) -> tuple[int, dict]:
-    """POST the first plan of a region to a fresh deployment: it may get 503 while the model
-    loads (longer than the registry timeout on a busy machine); the load goes on in the
-    background and serves a later request, so retry on 503 (a hang guard of 300 s)."""
-    deadline = time.monotonic() + 300
-    while True:
-        status, ans = _post(url, body, 120)
-        if status != 503 or time.monotonic() > deadline:
-            return status, ans
-        time.sleep(0.5)
 
 
 def _champion(rid: str, uri: str) -> int:
     from optw.tracking import champion
 
     return champion(rid, uri=uri).version
-
-
-def _check_answer(svc: Service, body: dict[str, Any], ans: dict[str, Any]) -> None:
-    """The answer's route is feasible for the request's tourist, its score and schedule are the
-    validator's, and its times are consistent (arrive <= start <= leave, travel times)."""
-    region = svc.catalog.region(body["region"])
-    n = region.n_nodes
-    scores = np.zeros(n)
-    if "scores" in body:
-        scores[1:-1] = body["scores"]
-    else:
-        scores[1:-1] = preference_scores(region, body.get("preference", "balanced"))
-    start = (ans["start"]["x"], ans["start"]["y"])
-    tourist = Tourists(region.id, np.zeros(1, dtype=np.int64), "generated",
-                       np.array([start]), np.array([ans["t_start"]]), np.array([ans["t_end"]]),
-                       scores[None])
-    nodes = [s["node"] for s in ans["route"]]
-    check = check_route(region, nodes, tourist, 0, claimed_score=ans["score"])
-    assert check.ok, check.problems
-    assert nodes[0] == 0 and nodes[-1] == n - 1 and ans["visits"] == len(nodes) - 2
-    assert [s["arrival"] for s in ans["route"]] == pytest.approx(check.arrival)
-    assert [s["start"] for s in ans["route"]] == pytest.approx(check.start)
-    assert [s["leave"] for s in ans["route"]] == pytest.approx(check.leave)
-    dist = region.distances(np.array([start]))[0]
-    for prev, s in zip(ans["route"], ans["route"][1:], strict=False):
-        assert prev["leave"] + dist[prev["node"], s["node"]] == pytest.approx(s["arrival"])
-        assert s["arrival"] <= s["start"] + 1e-9 and s["start"] <= s["leave"] + 1e-9
-        if s["kind"] == "visit":
-            assert s["start"] >= region.opening[s["node"]] - 1e-9
-            assert s["leave"] == pytest.approx(s["start"] + region.duration[s["node"]])
-            assert (s["x"], s["y"]) == (region.x[s["node"]], region.y[s["node"]])
-    assert ans["route"][0]["x"] == ans["route"][-1]["x"] == start[0]
-    assert ans["route"][-1]["arrival"] <= ans["t_end"] + 1e-9
-    assert sum(s["score"] for s in ans["route"]) == pytest.approx(ans["score"])
-    # names, clock times and travel legs (benchmark regions have no names: "POI <node>")
-    assert ans["coords"] == "xy" and ans["t_start_clock"] == format_time(ans["t_start"])
-    for s in ans["route"]:
-        assert s["name"] == (f"POI {s['node']}" if s["kind"] == "visit" else s["kind"])
-        assert all(s[f"{k}_clock"] == format_time(s[k]) for k in ("arrival", "start", "leave"))
-    assert len(ans["legs"]) == len(nodes) - 1
-    for leg, a, b in zip(ans["legs"], ans["route"], ans["route"][1:], strict=False):
-        assert (leg["from_node"], leg["to_node"], leg["depart"], leg["arrive"]) == (
-            a["node"], b["node"], a["leave"], b["arrival"])
-        assert leg["travel"] == pytest.approx(dist[a["node"], b["node"]], abs=1e-6)
 
 
 # ----------------------------------------------------------------------------- no server
@@ -363,7 +252,6 @@ def test_reachable_points_are_the_env_first_step_mask(tiny_catalog, catalog):
     """The planner's "can be visited alone" set (the env's mask at the first step) is exactly
     the set of points j whose route [start, j, end] the independent validator accepts, for
     generated tourists of tiny and real regions (short days included)."""
-    from optw.env import check_route
     from optw.serve.request import PlanRequest, reachable
 
     for cat, rid in ((tiny_catalog, "r199"), (tiny_catalog, "t199"), (catalog, "c101"),
@@ -620,17 +508,17 @@ def test_plan_with_unreachable_tracking_server_fails_fast(tmp_path, tiny_catalog
 def test_regions_and_healthz(service):
     """GET /regions lists every catalog region with its points; /regions/{id} the points
     themselves; /healthz answers ok."""
-    status, regions = _get(f"{service.url}/regions")
+    status, regions = get_json(f"{service.url}/regions")
     assert status == 200
     assert {r["region"]: r["points"] for r in regions} == {"r199": 10, "pr99": 14, "t199": 12}
     assert {r["coords"] for r in regions} == {"xy"}
-    status, one = _get(f"{service.url}/regions/t199")
+    status, one = get_json(f"{service.url}/regions/t199")
     assert status == 200 and len(one["points"]) == 12 and set(one["preferences"]) == set(
         PREFERENCES)
     assert one["coords"] == "xy" and one["points"][0]["name"] == "POI 1"
     assert one["points"][0]["opening_clock"] == format_time(one["points"][0]["opening"])
-    assert _get(f"{service.url}/regions/nope")[0] == 404
-    status, health = _get(f"{service.url}/healthz")
+    assert get_json(f"{service.url}/regions/nope")[0] == 404
+    status, health = get_json(f"{service.url}/healthz")
     assert status == 200 and health["status"] == "ok" and health["regions"] == 3
 
 
@@ -649,7 +537,7 @@ def test_planner_page_and_its_script_are_served(service):
         assert resp.headers["Content-Type"].startswith("text/javascript")
         assert "window.planner" in resp.read().decode()
     for path in ("/static/nope.js", "/static/..%2Fapp.py", "/static/"):
-        status, body = _get(f"{service.url}{path}")
+        status, body = get_json(f"{service.url}{path}")
         assert status == 404 and body["field"] == "path", (path, body)
 
 
@@ -661,12 +549,12 @@ def test_plan_returns_valid_itinerary(service, method):
         body = {"region": rid, "start": {"x": 20.0, "y": 30.0}, "method": method}
         if method == "beam":
             body["beams"] = 4
-        status, ans = _post(f"{service.url}/plan", body)
+        status, ans = post_json(f"{service.url}/plan", body)
         assert status == 200, ans
         assert ans["region"] == rid and ans["method"] == method
         assert ans["model_version"] == _champion(rid, service.uri)
         assert ans["solve_ms"] > 0
-        _check_answer(service, body, ans)
+        check_answer(service, body, ans)
 
 
 def test_plan_with_clock_times_scores_and_preferences(service):
@@ -675,21 +563,21 @@ def test_plan_with_clock_times_scores_and_preferences(service):
     region = service.catalog.region("t199")
     base = {"region": "t199", "start": {"x": 50, "y": 50}, "t_start": "09:00",
             "t_end": "17:30"}
-    status, ans = _post(f"{service.url}/plan", base)
+    status, ans = post_json(f"{service.url}/plan", base)
     assert status == 200 and (ans["t_start"], ans["t_end"]) == (540.0, 1050.0) and ans["clock"]
-    _check_answer(service, base, ans)
+    check_answer(service, base, ans)
     for name in PREFERENCES:
         body = {**base, "preference": name}
-        status, ans = _post(f"{service.url}/plan", body)
+        status, ans = post_json(f"{service.url}/plan", body)
         assert status == 200 and ans["preference"] == name
-        _check_answer(service, body, ans)
+        check_answer(service, body, ans)
         if name == "uniform":
             assert ans["score"] == ans["visits"]
     scores = [float(i % 4) for i in range(region.n_points)]
     body = {**base, "scores": scores, "method": "beam", "beams": 8}
-    status, ans = _post(f"{service.url}/plan", body)
+    status, ans = post_json(f"{service.url}/plan", body)
     assert status == 200 and ans["preference"] is None
-    _check_answer(service, body, ans)
+    check_answer(service, body, ans)
 
 
 def test_unreachable_tourist_gets_empty_itinerary(service):
@@ -697,11 +585,11 @@ def test_unreachable_tourist_gets_empty_itinerary(service):
     score 0 and HTTP 200, not an error."""
     for body in ({"region": "r199", "start": {"x": 5000, "y": -5000}},
                  {"region": "t199", "t_start": 600, "t_end": 601, "method": "greedy"}):
-        status, ans = _post(f"{service.url}/plan", body)
+        status, ans = post_json(f"{service.url}/plan", body)
         assert status == 200, ans
         assert [s["kind"] for s in ans["route"]] == ["start", "end"]
         assert ans["score"] == 0 and ans["visits"] == 0
-        _check_answer(service, body, ans)
+        check_answer(service, body, ans)
 
 
 BAD = [
@@ -738,7 +626,7 @@ BAD = [
 def test_bad_request_gets_4xx_naming_the_field(service, body, status, field):
     """Each class of bad input gets its 4xx status and a JSON error whose message names the
     field (unknown region 404, no champion 409, malformed body 400, the rest 422)."""
-    got, ans = _post(f"{service.url}/plan", body)
+    got, ans = post_json(f"{service.url}/plan", body)
     assert got == status, ans
     assert ans["field"] == field and field.split("[")[0] in ans["error"]
 
@@ -747,7 +635,7 @@ def test_bad_tourist_family_over_http_gets_422(service):
     """Over HTTP too, every request of the generated bad-tourist family (NaN and Infinity
     sent as JSON tokens) gets 422 and the JSON {error, field, status} naming the field."""
     for case, body, field in _bad_requests(service.catalog):
-        status, ans = _post(f"{service.url}/plan", json.dumps(body).encode())
+        status, ans = post_json(f"{service.url}/plan", json.dumps(body).encode())
         assert status == 422 and set(ans) == {"error", "field", "status"}, (case, ans)
         assert ans["field"] == field and ans["status"] == 422, (case, ans)
         assert_names_field(ans["error"], field)
@@ -756,24 +644,24 @@ def test_bad_tourist_family_over_http_gets_422(service):
 def test_body_over_size_limit_gets_413(service):
     """A body over 256 KB is refused with 413 before it is parsed."""
     body = b'{"region": "r199", "pad": "' + b"x" * MAX_BODY_BYTES + b'"}'
-    status, ans = _post(f"{service.url}/plan", body)
+    status, ans = post_json(f"{service.url}/plan", body)
     assert status == 413 and "limit" in ans["error"]
 
 
 def test_burst_of_bad_requests_then_good_ones_are_served(service):
     """40 bad requests from 4 concurrent clients all get 4xx, and the same replica (same
     process) then serves good requests."""
-    _, before = _get(f"{service.url}/healthz")
+    _, before = get_json(f"{service.url}/healthz")
     bodies = [b[1] for b in BAD] * 2
     bodies = bodies[:40] + [b"\xff\xfe not json", b'{"region": "r199", "x": ' + b"[" * 5000]
     with ThreadPoolExecutor(4) as pool:
-        codes = list(pool.map(lambda b: _post(f"{service.url}/plan", b)[0], bodies))
+        codes = list(pool.map(lambda b: post_json(f"{service.url}/plan", b)[0], bodies))
     assert all(400 <= c < 500 for c in codes), codes
     with ThreadPoolExecutor(4) as pool:
-        good = list(pool.map(lambda rid: _post(f"{service.url}/plan", {"region": rid}),
+        good = list(pool.map(lambda rid: post_json(f"{service.url}/plan", {"region": rid}),
                              SERVED * 3))
     assert all(status == 200 for status, _ in good)
-    _, after = _get(f"{service.url}/healthz")
+    _, after = get_json(f"{service.url}/healthz")
     assert after["pid"] == before["pid"]
 
 
@@ -782,19 +670,19 @@ def test_new_champion_is_picked_up_without_restart(service):
     version within a few seconds, without a restart."""
     region = service.catalog.region("r199")
     body = {"region": "r199", "method": "greedy"}
-    old = _post(f"{service.url}/plan", body)[1]["model_version"]
-    new = _register(region, service.root, seed=7, val_score=5.0, uri=service.uri)
+    old = post_json(f"{service.url}/plan", body)[1]["model_version"]
+    new = register_untrained(region, service.root, seed=7, val_score=5.0, uri=service.uri)
     assert new != old and _champion("r199", service.uri) == new
     deadline = time.monotonic() + 120  # a hang guard: under load a load can take long
     seen = old
     while seen != new and time.monotonic() < deadline:
         time.sleep(0.3)
-        status, ans = _post(f"{service.url}/plan", body)
+        status, ans = post_json(f"{service.url}/plan", body)
         assert status == 200
         seen = ans["model_version"]
     assert seen == new
-    _check_answer(service, body, ans)
-    assert _get(f"{service.url}/healthz")[1]["models"]["r199"] == new
+    check_answer(service, body, ans)
+    assert get_json(f"{service.url}/healthz")[1]["models"]["r199"] == new
 
 
 def test_cli_plan_in_process(service, tmp_path, capsys):
@@ -817,7 +705,7 @@ def test_cli_plan_in_process(service, tmp_path, capsys):
     assert main([*args, "--checkpoint", str(ckpt), "--json", "--method", "greedy"]) == 0
     ans = json.loads(capsys.readouterr().out)
     assert ans["model_version"] is None and ans["method"] == "greedy"
-    _check_answer(service, {"region": "t199"}, ans)
+    check_answer(service, {"region": "t199"}, ans)
     assert main([*args, "--preference", "nope"]) == 2
     assert "preference" in capsys.readouterr().err
 
@@ -857,7 +745,7 @@ def test_start_planner_refuses_edge_settings_before_deploying(service):
 
     from optw.serve import build_app, start_planner
 
-    _, before = _get(f"{service.url}/healthz")
+    _, before = get_json(f"{service.url}/healthz")
     cat = service.catalog.path
     for kwargs, name in (({"solve_threads": 0}, "solve_threads"),
                          ({"solve_threads": 17}, "solve_threads"),
@@ -877,7 +765,7 @@ def test_start_planner_refuses_edge_settings_before_deploying(service):
         with pytest.raises(ValueError, match=f"^{name}: "):
             start_planner(catalog=cat, tracking_uri=service.uri, **kwargs)
     assert list(serve.status().applications) == ["planner"]
-    _, after = _get(f"{service.url}/healthz")
+    _, after = get_json(f"{service.url}/healthz")
     assert after["pid"] == before["pid"]
 
 
@@ -912,24 +800,24 @@ def test_requests_are_answered_while_the_mlflow_server_hangs_or_is_dead(service,
     try:
         wait_for_server(uri, 120, proc)
         for i, rid in enumerate(SERVED):
-            _register(service.catalog.region(rid), tmp_path, seed=20 + i, val_score=1.0,
-                      uri=uri)
+            register_untrained(service.catalog.region(rid), tmp_path, seed=20 + i,
+                               val_score=1.0, uri=uri)
         serve.run(build_app(service.catalog.path, uri, check_interval=0.0,
                             registry_timeout=2.0), name="planner-dead", route_prefix="/dead")
         deployed = True
-        status, ans = _first_plan(f"{base}/plan", {"region": "r199", "method": "greedy"})
+        status, ans = first_plan(f"{base}/plan", {"region": "r199", "method": "greedy"})
         assert status == 200 and ans["model_version"] == 1, ans
 
         def check_answers(phase: str) -> None:
-            assert _get(f"{base}/healthz")[0] == 200
-            status, ans = _post(f"{base}/plan", {"region": "r199", "method": "greedy"}, 120)
+            assert get_json(f"{base}/healthz")[0] == 200
+            status, ans = post_json(f"{base}/plan", {"region": "r199", "method": "greedy"}, 120)
             assert status == 200 and ans["model_version"] == 1, (phase, ans)
-            status, ans = _post(f"{base}/plan", {"region": "t199"}, 120)
+            status, ans = post_json(f"{base}/plan", {"region": "t199"}, 120)
             assert status == 503 and set(ans) == {"error", "field", "status"}, (phase, ans)
             assert ans["field"] == "region" and "registry" in ans["error"], (phase, ans)
             with ThreadPoolExecutor(6) as pool:
                 got = list(pool.map(
-                    lambda rid: _post(f"{base}/plan", {"region": rid, "method": "greedy"},
+                    lambda rid: post_json(f"{base}/plan", {"region": rid, "method": "greedy"},
                                       120)[0], ["r199", "t199"] * 3))
             assert got == [200, 503] * 3, (phase, got)
 
@@ -963,7 +851,7 @@ def test_healthz_answers_while_more_solves_than_slots_are_in_flight(service):
               name="planner-busy", route_prefix="/busy")
     try:
         # load the model first (the first request of a region waits for the registry)
-        assert _first_plan(f"{base}/plan", {"region": "t199", "method": "greedy"})[0] == 200
+        assert first_plan(f"{base}/plan", {"region": "t199", "method": "greedy"})[0] == 200
         bodies = [{"region": "t199", "method": "active-search", "beams": 2}] + [
             {"region": "t199", "method": "greedy"}] * 19
         with ThreadPoolExecutor(len(bodies)) as pool:
@@ -971,22 +859,22 @@ def test_healthz_answers_while_more_solves_than_slots_are_in_flight(service):
             # all at once, a few greedy plans could take the slot before it, finish at once
             # and never be seen in flight together with the rest
             deadline = time.monotonic() + 300  # a hang guard
-            plans = [pool.submit(_post, f"{base}/plan", bodies[0], 600)]
-            while _get(f"{base}/healthz")[1]["plans_in_flight"] < 1:
+            plans = [pool.submit(post_json, f"{base}/plan", bodies[0], 600)]
+            while get_json(f"{base}/healthz")[1]["plans_in_flight"] < 1:
                 assert not plans[0].done() and time.monotonic() < deadline, plans[0]
                 time.sleep(0.01)
             time.sleep(0.2)  # past the model look-up and into the slot
-            plans += [pool.submit(_post, f"{base}/plan", b, 600) for b in bodies[1:]]
+            plans += [pool.submit(post_json, f"{base}/plan", b, 600) for b in bodies[1:]]
             seen = 0
             while seen < len(bodies) and not all(p.done() for p in plans):
-                status, health = _get(f"{base}/healthz")
+                status, health = get_json(f"{base}/healthz")
                 assert status == 200 and health["status"] == "ok"
                 seen = max(seen, health["plans_in_flight"])
                 assert time.monotonic() < deadline, seen
                 time.sleep(0.05)
             codes = [p.result()[0] for p in plans]
         assert seen == len(bodies) and codes == [200] * len(bodies), (seen, codes)
-        assert _get(f"{base}/healthz")[1]["plans_in_flight"] == 0
+        assert get_json(f"{base}/healthz")[1]["plans_in_flight"] == 0
     finally:
         serve.delete("planner-busy")
 
@@ -1020,7 +908,7 @@ def test_plan_refuses_other_content_types_and_echoes_little(service):
             ("preference", f'{{"region": "r199", "preference": "{big}"}}', "preference"),
             ("beams", '{"region": "r199", "beams": 1' + "0" * 5000 + "}", "beams"),
             ("negative-beams", '{"region": "r199", "beams": -1' + "0" * 5000 + "}", "beams")):
-        status, ans = _post(url, payload.encode())
+        status, ans = post_json(url, payload.encode())
         assert status == 422, (case, ans)
         assert len(json.dumps(ans)) < 1000, (case, len(json.dumps(ans)))
         if field:

@@ -11,29 +11,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 
-from optw.catalog import Region, Tourists, build_custom_region
-from optw.env import check_route
+from optw.catalog import Region, build_custom_region
 from optw.serve import LoadedModel, PlanError, Planner, format_time
 from optw.serve.cli import render_itinerary
+from planner_service import CITY_CSV, check_legs, validate_answer
 
-#: A made-up city: the start place first (its hours are the day), then the POIs.
-CITY_CSV = """name,lat,lon,visit_minutes,opens,closes,score
-Hotel Central,38.7100,-9.1400,0,08:00,20:00,0
-Castle Hill,38.7139,-9.1334,75,09:00,17:30,9
-Old Cathedral,38.7098,-9.1335,30,09:30,18:00,6
-River Square,38.7075,-9.1365,20,08:00,19:00,4
-Tile Museum,38.7247,-9.1136,60,10:00,17:00,7
-Botanic Garden,38.7180,-9.1500,45,09:00,18:00,5
-Viewpoint São Pedro,38.7153,-9.1446,15,08:00,19:30,3
-Market Hall,38.7068,-9.1459,40,08:00,14:00,5
-Tram Museum,38.7035,-9.1700,50,10:00,16:30,4
-Monastery,38.6979,-9.2063,90,10:00,17:00,10
-"""
 LAT0, LON0 = 38.7100, -9.1400  # the start place
 
 
@@ -85,42 +70,6 @@ def planner(city, tiny_catalog) -> Planner:
     return Planner(OneRegionCatalog(city, tiny_catalog.region("t199")), UntrainedModels())
 
 
-def validate(region: Region, ans: dict[str, Any]) -> None:
-    """The answer's route passes the independent validator with the answer's start, times and
-    scores, and its schedule is the validator's."""
-    scores = np.zeros(region.n_nodes)
-    for s in ans["route"]:
-        scores[s["node"]] = s["score"]
-    tourist = Tourists(region.id, np.zeros(1, dtype=np.int64), "generated",
-                       np.array([[ans["start"]["x"], ans["start"]["y"]]]),
-                       np.array([ans["t_start"]]), np.array([ans["t_end"]]), scores[None])
-    nodes = [s["node"] for s in ans["route"]]
-    check = check_route(region, nodes, tourist, 0, claimed_score=ans["score"])
-    assert check.ok, check.problems
-    assert [s["arrival"] for s in ans["route"]] == pytest.approx(check.arrival)
-    assert [s["leave"] for s in ans["route"]] == pytest.approx(check.leave)
-
-
-def check_legs(region: Region, ans: dict[str, Any]) -> None:
-    """One leg per pair of consecutive stops: leave one, travel the region's travel time for
-    this start, arrive at the next; clock strings are the minutes as HH:MM."""
-    route, legs = ans["route"], ans["legs"]
-    assert len(legs) == len(route) - 1
-    dist = region.distances(np.array([[ans["start"]["x"], ans["start"]["y"]]]))[0]
-    for leg, a, b in zip(legs, route, route[1:], strict=False):
-        assert (leg["from"], leg["to"]) == (a["stop"], b["stop"])
-        assert (leg["from_node"], leg["to_node"]) == (a["node"], b["node"])
-        assert (leg["from_name"], leg["to_name"]) == (a["name"], b["name"])
-        assert leg["depart"] == a["leave"] and leg["arrive"] == b["arrival"]
-        assert leg["travel"] == pytest.approx(dist[a["node"], b["node"]], abs=1e-6)
-        assert leg["depart_clock"] == format_time(a["leave"])
-        assert leg["arrive_clock"] == format_time(b["arrival"])
-    for s in route:
-        for key in ("arrival", "start", "leave"):
-            assert s[f"{key}_clock"] == format_time(s[key])
-        assert s["wait"] == pytest.approx(s["start"] - s["arrival"], abs=0.01)
-
-
 def test_latlon_start_gives_named_itinerary_with_clock_times_and_legs(planner, city):
     """A lat/lon region takes {"lat", "lon"} and "HH:MM": the start is converted with the
     region's to_xy, the route passes the validator, every stop has the region's name, lat/lon
@@ -135,7 +84,7 @@ def test_latlon_start_gives_named_itinerary_with_clock_times_and_legs(planner, c
     assert (ans["start"]["x"], ans["start"]["y"]) == pytest.approx((x, y))
     assert (ans["start"]["lat"], ans["start"]["lon"]) == (start["lat"], start["lon"])
     assert ans["visits"] >= 1, "the untrained model should still fit a visit into 10 hours"
-    validate(city, ans)
+    validate_answer(city, ans)
     check_legs(city, ans)
     first, last = ans["route"][0], ans["route"][-1]
     assert (first["name"], last["name"]) == ("start", "end")  # not the hotel: another start
@@ -152,7 +101,7 @@ def test_latlon_region_default_start_is_the_named_start_node(planner, city):
     """Without a start, a lat/lon region's own start (node 0) is used: its name and lat/lon
     appear on the first and last stops."""
     ans = planner.plan({"region": city.id, "method": "greedy"})
-    validate(city, ans)
+    validate_answer(city, ans)
     check_legs(city, ans)
     assert ans["route"][0]["name"] == ans["route"][-1]["name"] == city.start_name \
         == "Hotel Central"
@@ -167,7 +116,7 @@ def test_xy_region_answer_has_poi_names_clock_times_and_legs(planner, tiny_catal
     ans = planner.plan({"region": "t199", "start": {"x": 40, "y": 60}, "t_start": "09:00",
                         "t_end": "18:00", "beams": 4})
     assert ans["coords"] == "xy" and set(ans["start"]) == {"x", "y"}
-    validate(region, ans)
+    validate_answer(region, ans)
     check_legs(region, ans)
     assert [s["name"] for s in ans["route"]] == (
         ["start"] + [f"POI {s['node']}" for s in ans["route"][1:-1]] + ["end"])
@@ -259,7 +208,7 @@ def test_cli_plan_takes_lat_lon_for_a_lat_lon_region(tmp_path, tiny_catalog, cap
     ans = json.loads(capsys.readouterr().out)
     assert (ans["start"]["lat"], ans["start"]["lon"]) == (38.712, -9.137)
     assert ans["visits"] >= 1 and all(s["name"] in out for s in ans["route"])
-    validate(city, ans)
+    validate_answer(city, ans)
     check_legs(city, ans)
     assert main([*args[:4], "95,-9.1", *args[5:]]) == 2
     err = capsys.readouterr().err
@@ -278,7 +227,7 @@ def test_named_xy_custom_region_gets_names_without_latlon(tmp_path):
     planner = Planner(OneRegionCatalog(park), UntrainedModels())
     ans = planner.plan({"region": "park", "beams": 8})
     assert ans["coords"] == "xy" and "lat" not in ans["start"] and ans["visits"] >= 1
-    validate(park, ans)
+    validate_answer(park, ans)
     check_legs(park, ans)
     assert ans["route"][0]["name"] == ans["route"][-1]["name"] == "Gate"
     assert {s["name"] for s in ans["route"][1:-1]} <= {"Pond", "Maze", "Cafe"}
