@@ -178,10 +178,16 @@ def test_bad_invocations_end_in_one_line_naming_the_input(sandbox, capsys):
     assert _files(sandbox["work"]) == []
 
 
-def test_debug_shows_the_traceback(sandbox):
-    """``optw --debug`` lets the error through (for bug reports)."""
-    with pytest.raises(KeyError, match="zz9"):
-        main(["--debug", "catalog", "show", "zz9"])
+def test_debug_shows_the_traceback_and_keeps_the_exit_code(sandbox, capsys):
+    """``optw --debug`` shows a user error's traceback (for bug reports), then its one line,
+    and still exits 2 (`optw --debug train --region nope` exited 1)."""
+    for name, argv in (("catalog show", ["catalog", "show", "zz9"]),
+                       ("train", ["train", "--region", "nope", "--epochs", "1"])):
+        capsys.readouterr()
+        assert main(["--debug", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("Traceback (most recent call last):"), err
+        assert err.splitlines()[-1].startswith(f"optw {name}: error: "), err
 
 
 def test_a_user_error_is_one_line_and_a_bug_says_it_is_one(sandbox, capsys, monkeypatch):
@@ -254,3 +260,24 @@ def test_solve_tourist_file_nested_too_deep_is_one_line_naming_the_file(tmp_path
         with pytest.raises(ValueError, match=f"tourist file {path}") as info:
             read_tourists(path, region)
         assert "\n" not in str(info.value)
+
+
+def test_an_unknown_tracking_scheme_is_a_user_error(sandbox, capsys, monkeypatch):
+    """A tracking URI of a scheme MLflow has no store for (`--tracking-uri bogus://x` of a
+    job, `MLFLOW_TRACKING_URI=bogus://x` of a report) is one line, exit 2, naming the option
+    or the variable and what is accepted (MLflow's exception was an internal error); no Ray,
+    nothing written."""
+    import ray
+
+    assert main(["job", "run", "--regions", "r199", "--tracking-uri", "bogus://x"]) == 2
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "bogus://x")
+    assert main(["report"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    for line, command, source in zip(lines, ("job run", "report"),
+                                     ("--tracking-uri", "$MLFLOW_TRACKING_URI"), strict=True):
+        assert line.startswith(f"optw {command}: error: {source} bogus://x: MLflow has no "
+                               "store for the scheme 'bogus'; give an MLflow server"), line
+        assert "sqlite:///PATH" in line and "internal error" not in line, line
+    assert not ray.is_initialized()
+    assert _files(sandbox["work"]) == []

@@ -857,3 +857,43 @@ def test_a_job_learning_from_demonstrations(ray_cluster, tiny_catalog, store, tm
     for run in runs:
         inputs = run.inputs.dataset_inputs
         assert len(inputs) == 1 and inputs[0].dataset.name == "demonstrations (6)"
+
+
+def test_an_interrupted_job_leaves_no_run_running(ray_cluster, tiny_catalog, store, tmp_path):
+    """SIGTERM to the driver (as `optw job run` takes it: a KeyboardInterrupt, as Ctrl-C)
+    while a model trains: the parent run ends KILLED and so does the child run of the model
+    being trained (it stayed RUNNING for good), the pack in flight is cancelled (its paused
+    Ray Train worker goes away), and the job's --out folder carries the job's marker."""
+    from optw.outdir import marker, read_marker
+    from optw.raylocal import interrupt_on_signals
+    from optw.tracking import get_client
+
+    paused = tmp_path / "paused.pid"
+
+    def interrupter():
+        deadline = time.time() + 150
+        while time.time() < deadline and not paused.exists():
+            time.sleep(0.2)
+        if paused.exists():
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    interrupt_on_signals()
+    threading.Thread(target=interrupter, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _run(tiny_profile("interrupted", regions=["r199"], epochs=6), tiny_catalog, store,
+                 tmp_path, force=True, callbacks={"r199": [PauseAfterCheckpoint(str(paused))]})
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert paused.exists(), "the worker never reached its first checkpoint"
+    client = get_client(store)
+    runs = client.search_runs([client.get_experiment_by_name("interrupted").experiment_id])
+    assert sorted((r.data.tags.get("stage", "job"), r.info.status) for r in runs) == [
+        ("job", "KILLED"), ("scratch", "KILLED")]
+    worker, deadline = int(paused.read_text()), time.time() + 60
+    while time.time() < deadline and Path(f"/proc/{worker}").exists():
+        time.sleep(0.5)
+    assert not Path(f"/proc/{worker}").exists(), "the paused worker still runs"
+    assert read_marker(tmp_path / "out" / marker("job")).name == "interrupted"

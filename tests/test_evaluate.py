@@ -149,15 +149,15 @@ def test_missing_baseline_pairs(cat):
 
 def test_write_tables_all_or_nothing(cat, tmp_path, monkeypatch):
     """A failure while writing leaves the output folder exactly as it was (no partial files,
-    no temporary folder left behind); a second evaluation replaces the folder whole; a folder
-    of other files is refused and left alone."""
+    no temporary folder left behind); a second evaluation replaces its own tables and keeps a
+    file the user put beside them; a folder of other files is refused and left alone."""
     from optw.outdir import OutDirError
 
     res, ils = _case_frames()
     out = evaluate(validate_results(res, cat), ils, pd.Series(BEST_KNOWN))
     dest = tmp_path / "eval"
     write_tables(out, dest)
-    (dest / "stale.md").write_text("old")
+    (dest / "notes.md").write_text("mine")
     before = {p.name: p.read_bytes() for p in dest.iterdir()}
 
     def boom(tables):
@@ -172,7 +172,7 @@ def test_write_tables_all_or_nothing(cat, tmp_path, monkeypatch):
     names = {p.name for p in write_tables(out, dest)}
     assert {"summary.csv", "summary.md", "regions.csv", "pvalues.md",
             "regions_benchmark.md", "regions_generated.md"} <= names
-    assert not (dest / "stale.md").exists()
+    assert (dest / "notes.md").read_text() == "mine"
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "keep.txt").write_text("mine")

@@ -184,6 +184,45 @@ def test_job_run_context_manager_marks_failure(store):
     assert _fresh(store).get_run(job.run_id).info.status == "FAILED"
 
 
+def test_a_stopped_jobs_children_are_not_left_running(store):
+    """A parent run ended KILLED (Ctrl-C, SIGTERM) or FAILED ends its children still RUNNING
+    as KILLED (their workers are gone); finished and failed children keep their status, and a
+    finished job leaves its children alone."""
+    from optw.tracking.runs import end_children
+
+    for status, exc in (("KILLED", KeyboardInterrupt), ("FAILED", RuntimeError)):
+        with pytest.raises(exc), start_job_run(_name("stopped-"), {"a": 1}) as job:
+            running, done, failed = (job.child("train", r) for r in ("a", "b", "c"))
+            get_client(store).set_terminated(done, "FINISHED")
+            get_client(store).set_terminated(failed, "FAILED")
+            raise exc()
+        runs = {r: _fresh(store).get_run(r).info.status for r in (running, done, failed)}
+        assert runs == {running: "KILLED", done: "FINISHED", failed: "FAILED"}
+        assert _fresh(store).get_run(job.run_id).info.status == status
+    job = start_job_run(_name("finished-"), {"a": 1})
+    child = job.child("train", "a")
+    job.finish()
+    assert _fresh(store).get_run(child).info.status == "RUNNING"
+    assert end_children(job.run_id, "KILLED", store) == [child]
+
+
+def test_unknown_tracking_schemes_are_named(store, monkeypatch):
+    """A scheme MLflow has no store for is refused before any client is made, naming the
+    option (or $MLFLOW_TRACKING_URI where it came from there) and what is accepted; MLflow's
+    own schemes (a database's with its driver too) pass the scheme check."""
+    with pytest.raises(TrackingUnavailableError) as exc:
+        check_tracking_uri("bogus://x", option="--tracking-uri")
+    assert str(exc.value).startswith("--tracking-uri bogus://x: MLflow has no store for the "
+                                     "scheme 'bogus'; give an MLflow server (http://HOST:PORT")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "bogus://y")
+    with pytest.raises(TrackingUnavailableError, match=r"^\$MLFLOW_TRACKING_URI bogus://y: "):
+        check_tracking_uri()
+    from optw.tracking.uri import _check_scheme
+
+    for uri in ("postgresql+psycopg2://u@h/db", "mysql://h/db", "file:///tmp/x", "/tmp/x"):
+        _check_scheme(uri, uri.split(":", 1)[0] if "://" in uri else "", "--tracking-uri")
+
+
 # ----------------------------------------------------------------------------- callback
 
 _WORKER = textwrap.dedent("""

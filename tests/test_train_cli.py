@@ -254,3 +254,29 @@ def _tiny_lr(tmp_path):
     cfg = tmp_path / "lr.toml"
     cfg.write_text("[train]\nlr = 1e-12\nlr_min = 1e-12\n")
     return cfg
+
+
+def test_demonstrations_are_announced_and_the_bar_ends_on_the_last_validation(
+        tiny_catalog, tmp_path, capsys):
+    """A run that imitates ILS first says it computes the demonstrations (a line, then a
+    progress bar), and its progress bar ends on the validation score that the last line gives
+    (it showed none, or an older one, when the last epoch's validation came after the bar's
+    update)."""
+    import re
+
+    from conftest import copy_catalog
+
+    cat = copy_catalog(tiny_catalog, tmp_path / "catalog")  # the demonstrations go there
+    cfg = tmp_path / "demos.toml"
+    cfg.write_text("[train]\ndemos = 8\nimitation_epochs = 2\nimitation_batch = 4\n"
+                   "val_every = 0\nval_tourists = 4\n")
+    argv = ["train", "--region", "r199", "--epochs", "1", "--batch-size", "4", "--threads",
+            "1", "--catalog", str(cat), "--config", str(cfg), "--out", str(tmp_path / "run")]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("demonstrations: 8 ILS routes per region (1 region(s)); those the "
+                          "catalog does not store yet are computed now\n"), out
+    assert re.search(r"demonstrations: 100%.* 8/8", err), err
+    final = re.search(r"greedy validation score (-?[\d.]+)", out).group(1)
+    shown = re.findall(r"val=(-?[\d.]+)", err)
+    assert shown and shown[-1] == final, (shown, out)

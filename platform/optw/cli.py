@@ -34,7 +34,8 @@ def _one_line(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command: an OptwError is one line, exit 2; any other error a bug, exit 1."""
+    """Run one command: an OptwError is one line, exit 2; any other error a bug, exit 1
+    (``--debug``: the same exit codes, after the traceback)."""
     args = build_parser().parse_args(argv)
     name = " ".join(filter(None, (args.command, getattr(args, f"{args.command}_command", None))))
     try:
@@ -50,12 +51,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except OptwError as exc:
         if args.debug:
-            raise
+            traceback.print_exc()
         print(f"optw {name}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - anything else is a bug: said so, in one line
         if args.debug:
-            raise
+            raise  # the interpreter's traceback, exit 1
         last = traceback.extract_tb(exc.__traceback__)[-1]
         print(f"optw {name}: internal error (a bug, please report it): {type(exc).__name__}: "
               f"{' '.join(str(exc).split())[:500]} (at {last.filename}:{last.lineno} in "

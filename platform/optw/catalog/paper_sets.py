@@ -200,7 +200,8 @@ OUT_KIND = "paper-sets"
 
 def main(argv: list[str] | None = None) -> int:
     """Write the paper sets of the chosen regions to ``OUT/paper_tourists.parquet`` (``OUT``
-    new, empty or an earlier output of this command, replaced as a whole)."""
+    new, empty or an earlier output of this command, which is replaced; see
+    :mod:`optw.outdir`)."""
     p = argparse.ArgumentParser(prog="python -m optw.catalog.paper_sets",
                                 description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group()
@@ -212,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--groups", action="append", default=None, help="e.g. gavalas")
     p.add_argument("--regions", action="append", default=None, help="e.g. t101,t102")
     p.add_argument("--out", type=Path, required=True,
-                   help="output folder: new, empty or an earlier output (replaced whole)")
+                   help="output folder: new, empty or an earlier output (replaced; other "
+                   "files there stay)")
     args = p.parse_args(argv)
     try:
         device = _device(args.device)

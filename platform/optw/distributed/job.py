@@ -29,6 +29,13 @@ from optw.distributed.plan import (
 from optw.distributed.profile import JobProfile
 from optw.errors import OptwError
 
+#: The kind of a job's output folder (:mod:`optw.outdir`: marker ``.optw-job``, naming the
+#: job) and what a job writes there.
+OUT_KIND = "job"
+OUT_ENTRIES = frozenset({"results.parquet", "models", "report", "ray_train"})
+#: Seconds an interrupted or failed job waits for the packs it cancels to stop.
+STOP_WAIT_S = 15.0
+
 
 class PacksFailedError(OptwError, RuntimeError):
     """Packs of a stage failed: one line each, naming the pack and what failed."""
@@ -211,6 +218,16 @@ def _skip_done(stages: list[list[Member]], config_hash: str,
     return left, skipped
 
 
+def job_out_dir(out: str, name: str, option: str | None) -> Path | None:
+    """The local folder ``out`` when job ``name`` may write there (new, empty, its own or a
+    job folder from before markers; else an :class:`~optw.outdir.OutDirError`); a URI: None,
+    unchecked."""
+    from optw.outdir import check_out_dir
+
+    local = st.local_path(out)
+    return None if local is None else check_out_dir(local, OUT_KIND, OUT_ENTRIES, option, name)
+
+
 def open_job_catalog(location: str | Path | None) -> tuple[str, Catalog]:
     """A catalog location (default ``$OPTW_CATALOG``...) and the catalog open on this node."""
     where = st.normalize(location or paths.catalog_location())
@@ -230,11 +247,15 @@ def run_job(profile: JobProfile, *, catalog_dir: str | Path | None = None,
 
     from optw.baselines import run_ils_baseline
     from optw.distributed.rayenv import warm_train_coordinator
+    from optw.outdir import write_marker
     from optw.tracking import check_tracking_uri, log_tables, start_job_run
     from optw.train.config import check_fits
 
     t0 = time.perf_counter()
     # everything that can be wrong fails first, before anything trains or is created
+    name = profile.job.name
+    out = st.normalize(out_dir) if out_dir else paths.job_output(name)
+    local_out = job_out_dir(out, name, "--out" if out_dir else None)  # never another's folder
     catalog_loc, catalog = open_job_catalog(catalog_dir)
     selected = select_regions(catalog, profile.job.groups, profile.job.regions)
     manifests = job_releases(profile)
@@ -248,8 +269,6 @@ def run_job(profile: JobProfile, *, catalog_dir: str | Path | None = None,
     for m in (m for s in stages for m in s):  # an epoch on its largest region must fit
         check_fits(m.config, int(sizes.loc[m.config.regions].max()), profile.table_of(m.unit))
     uri = check_tracking_uri(tracking_uri)
-    name = profile.job.name
-    out = st.normalize(out_dir) if out_dir else paths.job_output(name)
     # with --out everything the job writes goes there, Ray Train's checkpoints included
     storage = st.normalize(storage) if storage else (st.join(out, "ray_train") if out_dir
                                                      else paths.train_storage())
@@ -258,6 +277,8 @@ def run_job(profile: JobProfile, *, catalog_dir: str | Path | None = None,
     st.prepare_folders(folders, create=False)  # created once Ray is up
     nodes, use_gpu = pf.join_cluster(folders, pf.Setting(pf.CATALOG_SETTING, catalog_loc),
                                      catalog.path, uri, profile, ray_address)
+    if local_out is not None:  # created just now: the job's own
+        write_marker(local_out, OUT_KIND, OUT_ENTRIES, name=name)
     if nodes > 1:
         from optw.tracking import check_artifact_location, experiment_id
 
@@ -395,38 +416,53 @@ def _run_stages(stages: list[list[Member]], ctx: JobContext, capacity: int,
         failed.update(pack.keys)
         errors.append(f"{pack.units[0].stage} {'+'.join(pack.keys)}: {why}")
 
-    while pending or in_flight:
-        for pack in [p for p in pending if any(u.init_from in failed for u in p.units)]:
-            pending.remove(pack)
+    try:
+        while pending or in_flight:
+            for pack in [p for p in pending if any(u.init_from in failed for u in p.units)]:
+                pending.remove(pack)
+                left[pack.units[0].stage] -= len(pack)
+                fail(pack, "not run (the model it starts from failed)")
+            while len(in_flight) < capacity and (pack := next(filter(ready, pending), None)):
+                pending.remove(pack)
+                inits = {u.key: results[u.init_from]["checkpoint"] if u.init_from else None
+                         for u in pack.units}
+                in_flight[remote.remote(pack, ctx, inits)] = pack
+            if not in_flight:
+                if pending:  # cannot happen: the plan starts models only from planned ones
+                    raise RuntimeError(f"packs {[p.keys for p in pending]} start from models "
+                                       "that are not planned")
+                break
+            (ref,), _ = ray.wait(list(in_flight), num_returns=1)
+            pack = in_flight.pop(ref)
+            try:
+                results.update(ray.get(ref))
+            except Exception as exc:  # noqa: BLE001 - reported with the pack's names
+                fail(pack, failure(exc))
+            bar = bars[pack.units[0].stage]
+            bar.update(len(pack))
+            bar.set_postfix_str(pack.keys[-1])
             left[pack.units[0].stage] -= len(pack)
-            fail(pack, "not run (the model it starts from failed)")
-        while len(in_flight) < capacity and (pack := next(filter(ready, pending), None)):
-            pending.remove(pack)
-            inits = {u.key: results[u.init_from]["checkpoint"] if u.init_from else None
-                     for u in pack.units}
-            in_flight[remote.remote(pack, ctx, inits)] = pack
-        if not in_flight:
-            if pending:  # cannot happen: the plan starts models only from planned ones
-                raise RuntimeError(f"packs {[p.keys for p in pending]} start from models "
-                                   "that are not planned")
-            break
-        (ref,), _ = ray.wait(list(in_flight), num_returns=1)
-        pack = in_flight.pop(ref)
-        try:
-            results.update(ray.get(ref))
-        except Exception as exc:  # noqa: BLE001 - reported with the pack's names
-            fail(pack, failure(exc))
-        bar = bars[pack.units[0].stage]
-        bar.update(len(pack))
-        bar.set_postfix_str(pack.keys[-1])
-        left[pack.units[0].stage] -= len(pack)
-        if not left[pack.units[0].stage]:
-            bar.close()
+            if not left[pack.units[0].stage]:
+                bar.close()
+    except BaseException:  # interrupted or failed: no pack goes on training and logging
+        _stop(list(in_flight))
+        raise
     for bar in bars.values():
         bar.close()
     if errors:
         raise PacksFailedError(f"{len(errors)} pack(s) failed:\n  " + "\n  ".join(errors))
     return results
+
+
+def _stop(refs: list[Any]) -> None:
+    """Cancel the packs in flight (their Ray Train runs end with them) and wait a little."""
+    import ray
+
+    for ref in refs:
+        with contextlib.suppress(Exception):
+            ray.cancel(ref, force=True)
+    with contextlib.suppress(Exception):
+        ray.wait(refs, num_returns=len(refs), timeout=STOP_WAIT_S)
 
 
 def failure(exc: BaseException) -> str:

@@ -27,8 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="results table (required unless --against-paper)")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: outputs/evaluate/<results file stem>): new, "
-                   "empty or an earlier evaluation (replaced as a whole); a file or a folder "
-                   "of other files is refused")
+                   "empty or an earlier evaluation's, whose tables are replaced (other files "
+                   "there stay); a file, a folder of other files or of another command's "
+                   "output is refused")
     p.add_argument("--baseline", default="ils", help=f"baseline, one of {list(BASELINES)}")
     p.add_argument("--methods", nargs="+", action="extend", default=None, metavar="NAME",
                    help="only these methods of the results table")

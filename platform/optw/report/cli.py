@@ -23,8 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "sqlite store)")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="output folder (default: runs/<job>/report): new, empty or a previous "
-                   "report (replaced as a whole); a file or a folder of other files is "
-                   "refused")
+                   "report's, which is replaced (other files there stay); a file, a folder "
+                   "of other files or of another command's output is refused")
     p.set_defaults(func=_report)
 
 

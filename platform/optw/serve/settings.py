@@ -99,9 +99,11 @@ def tracking_store(uri: str | None, name: str) -> str:
         word(uri, name, "a tracking URI such as http://127.0.0.1:5000 or sqlite:///PATH")
     label = name if uri else (f"${ENV_URI}" if os.environ.get(ENV_URI) else name)
     try:
-        return check_tracking_uri(resolve(uri), timeout=CHECK_TIMEOUT)
+        return check_tracking_uri(resolve(uri), timeout=CHECK_TIMEOUT, option=label)
     except TrackingUnavailableError as exc:
-        raise TrackingUnavailableError(f"{label}: {exc}") from None
+        text = str(exc)  # an unknown scheme is already named with the label
+        raise TrackingUnavailableError(text if text.startswith(label) else f"{label}: {text}"
+                                       ) from None
 
 
 def local_cpus() -> int:

@@ -183,6 +183,14 @@ class JobRun:
         return run_url(self.tracking_uri, self.experiment_id, self.run_id)
 
     def finish(self, status: str = "FINISHED") -> None:
+        """End the run as ``status``; unless FINISHED, its children still RUNNING end KILLED
+        first (a stopped job's models: their workers are gone)."""
+        if status != "FINISHED":
+            try:
+                end_children(self.run_id, "KILLED", self.tracking_uri)
+            except Exception as exc:  # noqa: BLE001 - the parent's status matters more
+                log.warning("run %s: its running child runs were not ended: %s", self.run_id,
+                            exc)
         end_run(self.run_id, status, self.tracking_uri)
 
     def __enter__(self) -> JobRun:
@@ -248,6 +256,23 @@ def start_child_run(parent: JobRun, stage: str, region: str, config: Any = None,
 def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None) -> None:
     """Mark a run FINISHED, FAILED or KILLED (from any process)."""
     get_client(uri).set_terminated(run_id, status=status)
+
+
+def end_children(parent_run_id: str, status: str = "KILLED",
+                 uri: str | None = None) -> list[str]:
+    """End the child runs of ``parent_run_id`` still RUNNING as ``status``; their ids."""
+    client = get_client(uri)
+    experiment = client.get_run(parent_run_id).info.experiment_id
+    query = f"tags.{PARENT_TAG} = '{parent_run_id}' and attributes.status = 'RUNNING'"
+    ids, token = [], None
+    while True:
+        page = client.search_runs([experiment], query, max_results=1000, page_token=token)
+        ids += [run.info.run_id for run in page]
+        if not (token := page.token):
+            break
+    for run_id in ids:
+        client.set_terminated(run_id, status=status)
+    return ids
 
 
 def log_demonstrations(run_id: str, demos: Mapping[str, Any], source: str,

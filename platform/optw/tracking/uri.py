@@ -60,12 +60,24 @@ def quiet() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+#: URI schemes of the stores MLflow opens itself (tracking and model registry alike; a
+#: database's may name a driver: ``postgresql+psycopg2://``).
+SCHEMES = ("http", "https", "sqlite", "file", "postgresql", "mysql", "mssql", "databricks",
+           "databricks-uc", "uc")
+ACCEPTED = ("an MLflow server (http://HOST:PORT or https://...), sqlite:///PATH, a folder "
+            "(PATH or file:///PATH) or a database (postgresql://, mysql://, mssql://...)")
+
+
 def check_tracking_uri(uri: str | None = None, timeout: float = 3.0,
-                       existing: bool = False) -> str:
-    """The URI, else :class:`TrackingUnavailableError`: a server must answer within ``timeout``,
-    a sqlite or file store must be writable (``existing``: the sqlite file must exist)."""
+                       existing: bool = False, option: str = "--tracking-uri") -> str:
+    """The URI, else :class:`TrackingUnavailableError`: a store MLflow opens (an unknown scheme
+    is named with ``option``, or ``$MLFLOW_TRACKING_URI`` where it came from there); a server
+    must answer within ``timeout``, a sqlite or file store must be writable (``existing``: the
+    sqlite file must exist)."""
+    source = option if uri and uri != os.environ.get(ENV_URI) else f"${ENV_URI}"
     uri = tracking_uri(uri)
     scheme = urllib.parse.urlparse(uri).scheme
+    _check_scheme(uri, scheme, source)
     if scheme in ("http", "https"):
         _check_http(uri, timeout)
     elif scheme == "sqlite" and (db := sqlite_path(uri)) is not None:
@@ -81,6 +93,21 @@ def check_tracking_uri(uri: str | None = None, timeout: float = 3.0,
         path = Path(urllib.parse.urlparse(uri).path if scheme else uri)
         _check_writable(path if path.exists() else path.parent, uri)
     return uri
+
+
+def _check_scheme(uri: str, scheme: str, source: str) -> None:
+    """A scheme of :data:`SCHEMES`, a path, or one an MLflow plugin adds; else one line naming
+    ``source`` and what is accepted."""
+    if len(scheme) <= 1 or scheme.lower().split("+", 1)[0] in SCHEMES:
+        return  # a path (a Windows drive letter too) or MLflow's own
+    from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
+
+    try:
+        get_client(uri)  # MLflow's registries, plugins included
+    except UnsupportedModelRegistryStoreURIException:
+        raise TrackingUnavailableError(
+            f"{source} {uri}: MLflow has no store for the scheme {scheme!r}; give "
+            f"{ACCEPTED}") from None
 
 
 def check_cluster_tracking(uri: str, nodes: int) -> str:

@@ -41,9 +41,11 @@ class Callback:
 
 
 class ProgressBar(Callback):
-    """A tqdm bar: epochs/s, mean reward, last validation score."""
+    """A tqdm bar: epochs/s, mean reward (or imitation loss), the latest validation score (at
+    the end: the run's last, as its result reports it)."""
 
     bar: Any = None
+    post: dict[str, str]
 
     def on_train_start(self, ctx: TrainContext) -> None:
         from tqdm import tqdm
@@ -51,18 +53,25 @@ class ProgressBar(Callback):
         desc = ",".join(ctx.region_ids[:3]) + ("…" if len(ctx.region_ids) > 3 else "")
         self.bar = tqdm(total=ctx.total_epochs, initial=ctx.epoch, desc=desc, unit="epoch",
                         dynamic_ncols=True)
+        self.post = {}
 
-    def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
-        self.bar.n = ctx.epoch
-        post = ({"reward": f"{metrics['mean_reward']:.1f}"} if "mean_reward" in metrics
-                else {"imitation": f"{metrics['imitation_loss']:.3f}"})
+    def _show(self, ctx: TrainContext) -> None:
         if ctx.last_validation:
-            post["val"] = f"{ctx.last_validation['val_score']:.1f}"
-        self.bar.set_postfix(post, refresh=False)
+            self.post["val"] = f"{ctx.last_validation['val_score']:.2f}"
+        self.bar.n = ctx.epoch
+        self.bar.set_postfix(self.post, refresh=False)
         self.bar.refresh()
 
+    def on_epoch_end(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
+        self.post = ({"reward": f"{metrics['mean_reward']:.1f}"} if "mean_reward" in metrics
+                     else {"imitation": f"{metrics['imitation_loss']:.3f}"})
+        self._show(ctx)
+
+    def on_validation(self, ctx: TrainContext, metrics: dict[str, float]) -> None:
+        self._show(ctx)
+
     def on_train_end(self, ctx: TrainContext) -> None:
-        self.bar.n = ctx.epoch
+        self._show(ctx)
         self.bar.close()
 
 

@@ -113,11 +113,24 @@ def _check_device(config, args) -> None:
 KIND, LEGACY = "train", frozenset({"config.json", "last.pt", "best.pt"})
 
 
+def _demonstrations(config, catalog, done: int) -> dict | None:
+    """The run's demonstrations (None when it learns from none), the missing ones computed
+    now with a line and a progress bar saying so (ILS routes: minutes for many)."""
+    from optw.baselines.demos import get_demos
+
+    if not config.demos or (done >= config.imitation_epochs and not config.demo_tourists):
+        return None
+    print(f"demonstrations: {config.demos} ILS routes per region ({len(config.regions)} "
+          "region(s)); those the catalog does not store yet are computed now", flush=True)
+    return get_demos(catalog, config.regions, config.demos, config.seed, config.score_kind,
+                     progress=True)
+
+
 def _train(args) -> int:
     from optw.catalog import open_catalog
     from optw.errors import UserError
     from optw.model import read_checkpoint
-    from optw.outdir import check_out_dir, marker
+    from optw.outdir import check_out_dir, marker, write_marker
     from optw.paths import train_run_dir, write_text_atomic
     from optw.threads import set_torch_threads
     from optw.train.callbacks import Checkpointer, EarlyStopping, ProgressBar
@@ -169,14 +182,15 @@ def _train(args) -> int:
     config_file = out / "config.json"
     had_config = config_file.exists()
     out.mkdir(parents=True, exist_ok=True)
-    (out / marker(KIND)).write_text("optw train\n", encoding="utf-8")
+    write_marker(out, KIND, LEGACY)
     write_text_atomic(config_file, json.dumps(config.to_dict(), indent=2) + "\n")
     checkpointer = Checkpointer(out, every=config.checkpoint_every)
     callbacks = [ProgressBar(), checkpointer]
     if args.patience:
         callbacks.append(EarlyStopping(args.patience))
     try:
-        result = train(config, catalog, callbacks, init=args.init, resume=resume)
+        demos = _demonstrations(config, catalog, done)
+        result = train(config, catalog, callbacks, init=args.init, resume=resume, demos=demos)
     except BaseException:
         # a run that failed before its first checkpoint leaves nothing behind
         if not (out / "last.pt").exists():
