@@ -49,7 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--storage", help="Ray Train storage: a folder or a URI such as "
                    "s3://bucket/prefix (default $OPTW_STORAGE/ray_train or runs/ray_train)")
     r.add_argument("--out", help="models, results and report: a folder or a URI (default "
-                   "$OPTW_STORAGE/NAME or runs/NAME)")
+                   "$OPTW_STORAGE/NAME or runs/NAME); a folder of other files or of another "
+                   "command's or job's output is refused")
     r.add_argument("--worker-resources", metavar="NAME=AMOUNT,...",
                    help="custom Ray resources each region worker asks for (e.g. trainer=1)")
     r.add_argument("--address", help=ADDRESS_HELP)
