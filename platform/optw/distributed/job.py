@@ -234,6 +234,26 @@ def open_job_catalog(location: str | Path | None) -> tuple[str, Catalog]:
     return where, open_catalog(local_catalog(where))
 
 
+@dataclass
+class JobPlan:
+    """What a job's preflight settled, before anything ran: where everything goes, the
+    cluster, and the stages of models with their start models."""
+
+    name: str
+    out: str  # models, results, report: a folder or a URI
+    storage: str  # Ray Train's
+    catalog_loc: str
+    catalog: Catalog
+    selected: list[str]
+    stages: list[list[Member]]
+    releases: dict[str, str]  # group -> release_label(...) of the releases the job starts from
+    config_hash: str
+    tracking_uri: str
+    use_gpu: bool
+    capacity: int  # region workers at a time
+    worker_resources: dict[str, float]
+
+
 def run_job(profile: JobProfile, *, catalog_dir: str | Path | None = None,
             tracking_uri: str | None = None, storage: str | Path | None = None,
             out_dir: str | Path | None = None, force: bool = False, progress: bool = True,
@@ -241,18 +261,78 @@ def run_job(profile: JobProfile, *, catalog_dir: str | Path | None = None,
             worker_resources: dict[str, float] | None = None) -> JobSummary:
     """Run the job described by ``profile`` on the current (or a new local) Ray cluster.
     ``catalog_dir``, ``storage`` and ``out_dir`` are folders or URIs (defaults: ``$OPTW_CATALOG``
-    or ``region_catalog/``; ``ray_train/`` and ``<job>/`` under ``$OPTW_STORAGE`` or ``runs/``)."""
-    import pandas as pd
+    or ``region_catalog/``; ``ray_train/`` and ``<job>/`` under ``$OPTW_STORAGE`` or ``runs/``).
+    The stages: preflight, baselines, models (skipping current ones), results, report."""
     import ray
 
-    from optw.baselines import run_ils_baseline
-    from optw.distributed.rayenv import warm_train_coordinator
-    from optw.outdir import write_marker
-    from optw.tracking import check_tracking_uri, log_tables, start_job_run
-    from optw.train.config import check_fits
+    from optw.tracking import start_job_run
 
     t0 = time.perf_counter()
-    # everything that can be wrong fails first, before anything trains or is created
+    jp = preflight(profile, catalog_dir, tracking_uri, storage, out_dir, ray_address,
+                   worker_resources, progress)
+    timings = {"ils": baselines(jp, progress)}
+    stages, skipped = jp.stages, []
+    if not force:
+        stages, skipped = _skip_done(stages, jp.config_hash, jp.tracking_uri)
+        if skipped:
+            more = "…" if len(skipped) > 8 else ""
+            _say(progress, f"{len(skipped)} region(s) already have a champion from this config "
+                 f"and catalog: skipped ({', '.join(skipped[:8])}{more})")
+    if not any(stages):  # every region is current: the summary points at the earlier run
+        from optw.report import find_parent_run
+
+        parent = ""
+        with contextlib.suppress(LookupError):
+            parent = find_parent_run(jp.name, jp.tracking_uri)
+        return JobSummary(jp.name, parent, jp.tracking_uri, [], skipped,
+                          _shown(st.join(jp.out, "results.parquet")), {},
+                          time.perf_counter() - t0, {},
+                          _shown(st.join(jp.out, "report", "index.html")), releases=jp.releases)
+    t_demos = time.perf_counter()
+    if demos := _demonstrations(stages, jp.catalog, jp.catalog_loc, progress):
+        push_baselines(jp.catalog.path, jp.catalog_loc)  # a catalog URI gets them too
+        timings["demos"] = time.perf_counter() - t_demos
+    job = start_job_run(jp.name, profile.to_dict(), tags={
+        "mode": profile.job.mode, "profile": profile.profile, "config_hash": jp.config_hash,
+        "catalog_version": CATALOG_VERSION, "regions": len(jp.selected),
+        **({"releases": "; ".join(jp.releases.values())} if jp.releases else {})},
+        uri=jp.tracking_uri)
+    ctx = JobContext(job, jp.tracking_uri, jp.catalog_loc, jp.storage, st.join(jp.out, "models"),
+                     profile, jp.config_hash, jp.use_gpu,
+                     {k: tuple(v) for k, v in (callbacks or {}).items()}, jp.worker_resources,
+                     ray.put(demos) if demos else None, jp.releases)
+    try:
+        results = PackScheduler(stages, ctx, jp.capacity, progress).run()
+        results_path, tables = write_results(results, jp, job.run_id)
+        job.finish("FINISHED")
+    except BaseException as exc:
+        job.finish("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        raise
+    # after finish(), so the report shows the run's final status and end time
+    t_report = time.perf_counter()
+    report = _report(job.run_id, jp.out, jp.tracking_uri, progress)
+    timings["report"] = time.perf_counter() - t_report
+    for part in ("startup", "training", "evaluation", "logging"):
+        timings[part] = sum(r.get(part, 0.0) for r in results.values())
+    timings["wall"] = time.perf_counter() - t0
+    registered = {r["key"]: r["version"] for r in results.values() if r.get("version")}
+    trained = [m.unit.key for s in stages for m in s]
+    return JobSummary(jp.name, job.run_id, jp.tracking_uri, trained, skipped,
+                      _shown(results_path), tables, time.perf_counter() - t0, registered, report,
+                      timings, jp.releases)
+
+
+def preflight(profile: JobProfile, catalog_dir: str | Path | None, tracking_uri: str | None,
+              storage: str | Path | None, out_dir: str | Path | None, ray_address: str | None,
+              worker_resources: dict[str, float] | None, progress: bool) -> JobPlan:
+    """Everything that can be wrong fails here, before anything trains or is created: the out
+    folder, the catalog and regions, the releases, each model's memory, the tracking store,
+    then Ray's cluster (devices, worker size, locations every node reaches)."""
+    from optw.distributed.rayenv import warm_train_coordinator
+    from optw.outdir import write_marker
+    from optw.tracking import check_tracking_uri
+    from optw.train.config import check_fits
+
     name = profile.job.name
     out = st.normalize(out_dir) if out_dir else paths.job_output(name)
     local_out = job_out_dir(out, name, "--out" if out_dir else None)  # never another's folder
@@ -264,7 +344,6 @@ def run_job(profile: JobProfile, *, catalog_dir: str | Path | None = None,
                             list(manifests))]
     used = sorted({m.unit.init_from.removeprefix(RELEASE_PREFIX) for s in stages for m in s
                    if (m.unit.init_from or "").startswith(RELEASE_PREFIX)})
-    releases = {g: release_label(manifests[g]) for g in used}
     sizes = catalog.regions_table["nodes"]
     for m in (m for s in stages for m in s):  # an epoch on its largest region must fit
         check_fits(m.config, int(sizes.loc[m.config.regions].max()), profile.table_of(m.unit))
@@ -291,70 +370,45 @@ def run_job(profile: JobProfile, *, catalog_dir: str | Path | None = None,
     _say(progress, f"job {name}: mode {profile.job.mode}, {len(selected)} regions, "
          f"{sum(len(s) for s in stages)} models, {capacity} at a time "
          f"({where}{'GPU' if use_gpu else 'CPU'}); tracking {uri}; storage {st.shown(storage)}")
+    return JobPlan(name, out, storage, catalog_loc, catalog, selected, stages,
+                   {g: release_label(manifests[g]) for g in used},
+                   profile.config_hash({g: manifests[g]["sha256"] for g in used}), uri, use_gpu,
+                   capacity, extra)
 
-    eval_regions = sorted({r for s in stages for m in s for r in m.unit.eval_regions})
-    t_ils = time.perf_counter()
-    if eval_regions:
-        # each task mirrors a catalog URI on its own node (one that joined after the check too)
-        run_ils_baseline(catalog.path, regions=eval_regions, tourists="all", progress=progress,
-                         task_catalog=catalog_loc, localize=local_catalog)
-        push_baselines(catalog.path, catalog_loc)  # a catalog URI gets the new results
-    timings = {"ils": time.perf_counter() - t_ils}
-    config_hash = profile.config_hash({g: manifests[g]["sha256"] for g in used})
-    skipped: list[str] = []
-    if not force:
-        stages, skipped = _skip_done(stages, config_hash, uri)
-        if skipped:
-            more = "…" if len(skipped) > 8 else ""
-            _say(progress, f"{len(skipped)} region(s) already have a champion from this config "
-                 f"and catalog: skipped ({', '.join(skipped[:8])}{more})")
-    if not any(stages):  # every region is current: the summary points at the earlier run
-        from optw.report import find_parent_run
 
-        parent = ""
-        with contextlib.suppress(LookupError):
-            parent = find_parent_run(name, uri)
-        return JobSummary(name, parent, uri, [], skipped,
-                          _shown(st.join(out, "results.parquet")), {}, time.perf_counter() - t0,
-                          {}, _shown(st.join(out, "report", "index.html")), releases=releases)
-    t_demos = time.perf_counter()
-    if demos := _demonstrations(stages, catalog, catalog_loc, progress):
-        push_baselines(catalog.path, catalog_loc)  # a catalog URI gets them too
-        timings["demos"] = time.perf_counter() - t_demos
-    job = start_job_run(name, profile.to_dict(), tags={
-        "mode": profile.job.mode, "profile": profile.profile, "config_hash": config_hash,
-        "catalog_version": CATALOG_VERSION, "regions": len(selected),
-        **({"releases": "; ".join(releases.values())} if releases else {})}, uri=uri)
-    ctx = JobContext(job, uri, catalog_loc, storage, st.join(out, "models"), profile,
-                     config_hash, use_gpu, {k: tuple(v) for k, v in (callbacks or {}).items()},
-                     extra, ray.put(demos) if demos else None, releases)
-    try:
-        results = _run_stages(stages, ctx, capacity, progress)
-        rows = [row for r in results.values() for row in r["rows"]]
-        results_path, tables = None, {}
-        if rows:
-            df = pd.DataFrame(rows)
-            results_path = st.join(out, "results.parquet")
-            st.write_bytes(results_path, df.to_parquet())  # whole: never half-written
-            tables = _tables(df, catalog)
-            if sweep := [row for r in results.values() for row in r["sweep"]]:
-                tables["beam_sweep"] = pd.DataFrame(sweep)
-            log_tables(job.run_id, tables, uri=uri)
-        job.finish("FINISHED")
-    except BaseException as exc:
-        job.finish("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
-        raise
-    # after finish(), so the report shows the run's final status and end time
-    t_report = time.perf_counter()
-    report = _report(job.run_id, out, uri, progress)
-    timings["report"] = time.perf_counter() - t_report
-    for part in ("startup", "training", "evaluation", "logging"):
-        timings[part] = sum(r.get(part, 0.0) for r in results.values())
-    timings["wall"] = time.perf_counter() - t0
-    registered = {r["key"]: r["version"] for r in results.values() if r.get("version")}
-    trained = [m.unit.key for s in stages for m in s]
-    return JobSummary(name, job.run_id, uri, trained, skipped, _shown(results_path),
-                      tables, time.perf_counter() - t0, registered, report, timings, releases)
+def baselines(jp: JobPlan, progress: bool) -> float:
+    """The ILS results the evaluation compares with, computed where missing (Ray tasks, each
+    mirroring a catalog URI on its own node); returns the seconds it took."""
+    from optw.baselines import run_ils_baseline
+
+    t0 = time.perf_counter()
+    regions = sorted({r for s in jp.stages for m in s for r in m.unit.eval_regions})
+    if regions:
+        run_ils_baseline(jp.catalog.path, regions=regions, tourists="all", progress=progress,
+                         task_catalog=jp.catalog_loc, localize=local_catalog)
+        push_baselines(jp.catalog.path, jp.catalog_loc)  # a catalog URI gets the new results
+    return time.perf_counter() - t0
+
+
+def write_results(results: dict[str, dict[str, Any]], jp: JobPlan, run_id: str,
+                  ) -> tuple[str | None, dict[str, Any]]:
+    """The evaluation rows of every model as ``results.parquet`` (written whole) and the
+    paper's tables, logged to the parent run."""
+    import pandas as pd
+
+    from optw.tracking import log_tables
+
+    rows = [row for r in results.values() for row in r["rows"]]
+    if not rows:
+        return None, {}
+    df = pd.DataFrame(rows)
+    path = st.join(jp.out, "results.parquet")
+    st.write_bytes(path, df.to_parquet())  # whole: never half-written
+    tables = _tables(df, jp.catalog)
+    if sweep := [row for r in results.values() for row in r["sweep"]]:
+        tables["beam_sweep"] = pd.DataFrame(sweep)
+    log_tables(run_id, tables, uri=jp.tracking_uri)
+    return path, tables
 
 
 def _demonstrations(stages: list[list[Member]], catalog: Any, catalog_loc: str,
@@ -379,79 +433,110 @@ def _shown(location: str | None) -> Path | str | None:
     return st.local_path(location) or st.shown(location)
 
 
-def _run_stages(stages: list[list[Member]], ctx: JobContext, capacity: int,
-                progress: bool) -> dict[str, dict[str, Any]]:
-    """Run every stage's packs, at most ``capacity`` in flight, each once its start models are
-    done; a later stage's pack starts during an earlier one only on a free core (a global
-    model's time cap is wall clock). A failed pack fails the job once the others are done."""
-    import ray
-    from tqdm import tqdm
+class PackScheduler:
+    """Runs a job's stages of packs on Ray: at most ``capacity`` in flight, each once the
+    models it starts from are done (a release is done from the start); a later stage's pack
+    starts during an earlier one only on a free core (a global model's time cap is wall clock).
+    A failed pack fails the job once the others are done; an interrupt cancels those in
+    flight."""
 
-    remote = ray.remote(num_cpus=0, max_retries=0)(run_pack)
-    resources = ctx.profile.resources
-    pending = [p for stage in stages for p in packs(
-        stage, resources.regions_per_worker, capacity, resources.pack_mode)]
-    left = {s[0].unit.stage: len(s) for s in stages if s}  # models left per stage
-    bars = {name: tqdm(total=n, desc=f"stage {name}", unit="model", disable=not progress)
-            for name, n in left.items()}
-    in_flight: dict[Any, PackSpec] = {}
-    # a release is a finished start model (resolved where it trains: ray_train.train_worker)
-    results: dict[str, dict[str, Any]] = {
-        release_key(g): {"key": release_key(g), "stage": "release", "checkpoint": release_key(g),
-                         "rows": [], "sweep": []} for g in ctx.releases}
-    failed: set[str] = set()
-    errors: list[str] = []
-    order = {name: i for i, name in enumerate(left)}
-    cores = ray.cluster_resources().get("CPU", capacity)
+    def __init__(self, stages: list[list[Member]], ctx: JobContext, capacity: int,
+                 progress: bool):
+        import ray
+        from tqdm import tqdm
 
-    def threads(pack: PackSpec) -> int:
+        self.ctx, self.capacity = ctx, capacity
+        self.remote = ray.remote(num_cpus=0, max_retries=0)(run_pack)
+        resources = ctx.profile.resources
+        self.pending = [p for stage in stages for p in packs(
+            stage, resources.regions_per_worker, capacity, resources.pack_mode)]
+        self.left = {s[0].unit.stage: len(s) for s in stages if s}  # models left per stage
+        self.order = {name: i for i, name in enumerate(self.left)}
+        self.bars = {name: tqdm(total=n, desc=f"stage {name}", unit="model",
+                                disable=not progress) for name, n in self.left.items()}
+        self.in_flight: dict[Any, PackSpec] = {}
+        # a release is a finished start model (resolved where it trains: train_worker)
+        self.results: dict[str, dict[str, Any]] = {
+            release_key(g): {"key": release_key(g), "stage": "release",
+                             "checkpoint": release_key(g), "rows": [], "sweep": []}
+            for g in ctx.releases}
+        self.failed: set[str] = set()
+        self.errors: list[str] = []
+        self.cores = ray.cluster_resources().get("CPU", capacity)
+
+    def run(self) -> dict[str, dict[str, Any]]:
+        """Every pack's results by model key (a :class:`PacksFailedError` if any failed)."""
+        try:
+            while self.pending or self.in_flight:
+                self._drop_orphans()
+                while len(self.in_flight) < self.capacity and (
+                        pack := next(filter(self._ready, self.pending), None)):
+                    self._launch(pack)
+                if not self.in_flight:
+                    if self.pending:  # cannot happen: the plan starts models from planned ones
+                        raise RuntimeError(f"packs {[p.keys for p in self.pending]} start from "
+                                           "models that are not planned")
+                    break
+                self._collect_one()
+        except BaseException:  # interrupted or failed: no pack goes on training and logging
+            _stop(list(self.in_flight))
+            raise
+        finally:
+            for bar in self.bars.values():
+                bar.close()
+        if self.errors:
+            raise PacksFailedError(f"{len(self.errors)} pack(s) failed:\n  "
+                                   + "\n  ".join(self.errors))
+        return self.results
+
+    @staticmethod
+    def _threads(pack: PackSpec) -> int:
         return pack.members[0].config.threads or 1
 
-    def ready(pack: PackSpec) -> bool:
-        return all(u.init_from is None or u.init_from in results for u in pack.units) and (
-            not any(left[s] for s in left if order[s] < order[pack.units[0].stage])
-            or sum(threads(p) for p in in_flight.values()) + threads(pack) <= cores)
+    def _ready(self, pack: PackSpec) -> bool:
+        earlier_left = any(self.left[s] for s in self.left
+                           if self.order[s] < self.order[pack.units[0].stage])
+        busy = sum(self._threads(p) for p in self.in_flight.values())
+        return all(u.init_from is None or u.init_from in self.results for u in pack.units) and (
+            not earlier_left or busy + self._threads(pack) <= self.cores)
 
-    def fail(pack: PackSpec, why: str) -> None:
-        failed.update(pack.keys)
-        errors.append(f"{pack.units[0].stage} {'+'.join(pack.keys)}: {why}")
+    def _launch(self, pack: PackSpec) -> None:
+        self.pending.remove(pack)
+        inits = {u.key: self.results[u.init_from]["checkpoint"] if u.init_from else None
+                 for u in pack.units}
+        self.in_flight[self.remote.remote(pack, self.ctx, inits)] = pack
 
-    try:
-        while pending or in_flight:
-            for pack in [p for p in pending if any(u.init_from in failed for u in p.units)]:
-                pending.remove(pack)
-                left[pack.units[0].stage] -= len(pack)
-                fail(pack, "not run (the model it starts from failed)")
-            while len(in_flight) < capacity and (pack := next(filter(ready, pending), None)):
-                pending.remove(pack)
-                inits = {u.key: results[u.init_from]["checkpoint"] if u.init_from else None
-                         for u in pack.units}
-                in_flight[remote.remote(pack, ctx, inits)] = pack
-            if not in_flight:
-                if pending:  # cannot happen: the plan starts models only from planned ones
-                    raise RuntimeError(f"packs {[p.keys for p in pending]} start from models "
-                                       "that are not planned")
-                break
-            (ref,), _ = ray.wait(list(in_flight), num_returns=1)
-            pack = in_flight.pop(ref)
-            try:
-                results.update(ray.get(ref))
-            except Exception as exc:  # noqa: BLE001 - reported with the pack's names
-                fail(pack, failure(exc))
-            bar = bars[pack.units[0].stage]
-            bar.update(len(pack))
-            bar.set_postfix_str(pack.keys[-1])
-            left[pack.units[0].stage] -= len(pack)
-            if not left[pack.units[0].stage]:
-                bar.close()
-    except BaseException:  # interrupted or failed: no pack goes on training and logging
-        _stop(list(in_flight))
-        raise
-    for bar in bars.values():
-        bar.close()
-    if errors:
-        raise PacksFailedError(f"{len(errors)} pack(s) failed:\n  " + "\n  ".join(errors))
-    return results
+    def _drop_orphans(self) -> None:
+        """Packs whose start model failed are failed without running."""
+        for pack in [p for p in self.pending if any(u.init_from in self.failed
+                                                    for u in p.units)]:
+            self.pending.remove(pack)
+            self._done(pack)
+            self._fail(pack, "not run (the model it starts from failed)")
+
+    def _collect_one(self) -> None:
+        import ray
+
+        (ref,), _ = ray.wait(list(self.in_flight), num_returns=1)
+        pack = self.in_flight.pop(ref)
+        try:
+            self.results.update(ray.get(ref))
+        except Exception as exc:  # noqa: BLE001 - reported with the pack's names
+            self._fail(pack, failure(exc))
+        bar = self.bars[pack.units[0].stage]
+        bar.update(len(pack))
+        bar.set_postfix_str(pack.keys[-1])
+        self._done(pack)
+
+    def _done(self, pack: PackSpec) -> None:
+        stage = pack.units[0].stage
+        self.left[stage] -= len(pack)
+        if not self.left[stage]:
+            self.bars[stage].close()
+
+    def _fail(self, pack: PackSpec, why: str) -> None:
+        self.failed.update(pack.keys)
+        self.errors.append(f"{pack.units[0].stage} {'+'.join(pack.keys)}: {why}")
 
 
 def _stop(refs: list[Any]) -> None:
