@@ -362,8 +362,10 @@ def test_devices_are_checked_against_where_a_run_trains():
                         (TrainConfig(rollout="graph"), "rollout"),
                         (TrainConfig(rollout="graph", device="cpu"), "rollout")):
         with pytest.raises(ConfigError, match=f"p.toml \\[train\\]: {key} = ") as e:
-            check_devices(config, cuda=False, where="p.toml [train]")
+            check_devices(config, 0, where="p.toml [train]")
         assert e.value.key == key
-    check_devices(TrainConfig(rollout="graph", device="cuda"), cuda=True)
+    check_devices(TrainConfig(rollout="graph", device="cuda"), 1)
     with pytest.raises(ConfigError, match="rollout"):
-        check_devices(TrainConfig(rollout="graph", device="cpu"), cuda=True)
+        check_devices(TrainConfig(rollout="graph", device="cpu"), 1)
+    with pytest.raises(ConfigError, match="device = 'cuda:2'.*2 CUDA device"):
+        check_devices(TrainConfig(device="cuda:2"), 2)

@@ -185,11 +185,11 @@ def test_rollout_option_is_logged_and_graph_needs_cuda(tiny_catalog, tmp_path, c
         pytest.skip("CUDA is available: graph would run")
     refused = tmp_path / "refused"
     assert main(_train(tiny_catalog, refused, "--rollout", "graph")) == 2
-    assert "--rollout graph replays CUDA graphs" in _one_line(capsys)
+    assert "--rollout graph: rollout = 'graph' replays CUDA graphs" in _one_line(capsys)
     cfg = tmp_path / "cfg.toml"
     cfg.write_text("[train]\nrollout = 'graph'\n")
     assert main(_train(tiny_catalog, refused, "--config", str(cfg))) == 2
-    assert f"rollout = 'graph' in {cfg}" in _one_line(capsys)
+    assert f"{cfg}: rollout = 'graph' replays CUDA graphs" in _one_line(capsys)
     assert not refused.exists()
 
 

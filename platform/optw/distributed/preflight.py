@@ -126,7 +126,7 @@ def join_cluster(folders: list[Setting], catalog: Setting, mirror: str | Path,
         connect(address)  # a bad --address: refused in seconds, nothing created yet
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     for table, config in profile.configs():  # before any worker starts
-        check_devices(config, use_gpu, f"{profile.profile} {table}")
+        check_devices(config, int(use_gpu), f"{profile.profile} {table}")
     res = profile.resources
     check_worker_fits(res.cpus_per_region, res.gpu_fraction if use_gpu else None,
                       where=f"{profile.profile} [resources]")

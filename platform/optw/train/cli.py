@@ -84,28 +84,18 @@ def _config(args, base: dict | None = None):
 
 
 def _check_device(config, args) -> None:
-    """A CUDA device that this machine has, and one for the ``graph`` rollout (before
-    anything is written)."""
+    """The run's device and rollout against this machine's CUDA devices (before anything is
+    written), naming the option or the file that asked for them."""
     import torch
 
-    from optw.errors import ConfigError, UserError
+    from optw.train.config import check_devices
 
-    device, cuda = config.device, torch.cuda.is_available()
-    if not device.startswith("cuda"):
-        if config.rollout == "graph" and (device == "cpu" or not cuda):
-            named = "--rollout graph" if args.rollout else f"rollout = 'graph' in {args.config}"
-            raise UserError(f"{named} replays CUDA graphs, but this run's device is the CPU; "
-                            "use a CUDA device or another rollout")
-        return
-    named = ("--device" if args.device is not None
-             else f"device in {args.config or 'the checkpoint'}")
-    if not cuda:
-        raise ConfigError(f"{named}: {device} asked for, but CUDA is not available on this "
-                          "machine; use cpu or auto", "device")
-    index = int(device[5:]) if device.startswith("cuda:") else 0
-    if index >= torch.cuda.device_count():
-        raise ConfigError(f"{named}: {device} asked for, but this machine has "
-                          f"{torch.cuda.device_count()} CUDA device(s)", "device")
+    asked = {"device": args.device, "rollout": args.rollout}
+    given = next((k for k in ("device", "rollout") if asked[k] is not None), None)
+    where = (f"--{given} {asked[given]}" if given else
+             str(args.config) if args.config else "the checkpoint")
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    check_devices(config, cuda, where)
 
 
 #: The marker of an ``optw train`` folder (:mod:`optw.outdir`); and what such a folder held

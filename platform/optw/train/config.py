@@ -265,13 +265,18 @@ def check_fits(config: TrainConfig, n_nodes: int, where: str = "config") -> None
                 f"{lower}", key)
 
 
-def check_devices(config: TrainConfig, cuda: bool, where: str = "config") -> None:
+def check_devices(config: TrainConfig, cuda_devices: int, where: str = "config") -> None:
     """A :class:`ConfigError` naming ``device`` or ``rollout`` when ``config`` cannot train
-    where it will run (``cuda``: whether its workers have a CUDA device)."""
-    if config.device.startswith("cuda") and not cuda:
-        raise ConfigError(f"{where}: device = {config.device!r}: the run's workers have no "
-                          "CUDA device; use cpu or auto", "device")
-    if config.rollout == "graph" and (config.device == "cpu" or not cuda):
+    where it will run, with ``cuda_devices`` CUDA devices there (a job's worker: 1 on a
+    cluster with GPUs, else 0); ``where`` names the source (a file and table, or an option)."""
+    device = config.device
+    if device.startswith("cuda"):
+        index = int(device[5:]) if device.startswith("cuda:") else 0
+        if index >= cuda_devices:
+            has = "no CUDA device" if not cuda_devices else f"{cuda_devices} CUDA device(s)"
+            raise ConfigError(f"{where}: device = {device!r}: where it trains there is {has}; "
+                              "use cpu or auto", "device")
+    if config.rollout == "graph" and (device == "cpu" or not cuda_devices):
         raise ConfigError(f"{where}: rollout = 'graph' replays CUDA graphs, but this run "
                           "trains on the CPU; use auto, compact or static, or a CUDA device",
                           "rollout")
