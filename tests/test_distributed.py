@@ -117,7 +117,7 @@ def test_shipped_profiles_and_bad_profiles(tmp_path):
     assert paper.train.epochs == 500_000 and paper.finetune.epochs == 50_000
     assert paper.finetune.learning_rate(10**6) == 1e-5
     assert {n: load_profile(n).config_hash() for n in ("smoke", "quick", "paper")} == {
-        "smoke": "8a282eb3902f809e", "quick": "1ceb050b7564fc60", "paper": "4aef5a32097ad703"}
+        "smoke": "8a282eb3902f809e", "quick": "e7048f564578babc", "paper": "4aef5a32097ad703"}
     assert paper.evaluate.beams == 128 and smoke.job.groups == ["solomon", "cordeau", "gavalas"]
     assert smoke.config_hash() != paper.config_hash()
     bad = tmp_path / "bad.toml"
