@@ -237,3 +237,15 @@ def test_instances_validate_and_mark_unreachable_nodes(catalog):
     full = make_instances(region, tourists)
     base = torch.as_tensor(np.rint(region.distances() * 100).astype(np.int32))
     assert torch.equal(full.dist_u[0, 1:-1, 1:-1], base[1:-1, 1:-1])
+
+
+def test_the_validator_refuses_nodes_out_of_range_at_either_end(tiny_catalog):
+    """A route whose first or last node is outside the region is refused with a problem that
+    names it (it once raised IndexError scheduling it)."""
+    from optw.env import check_route
+
+    region = tiny_catalog.region("t199")
+    n = region.n_nodes
+    for route, word in (([0, 3, 999], "ends at node 999"), ([-5, 3, n - 1], "starts at node -5")):
+        check = check_route(region, route)
+        assert not check.ok and any(word in p for p in check.problems), check.problems

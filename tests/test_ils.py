@@ -411,3 +411,16 @@ def test_ray_workers(tmp_catalog):
                           open_catalog(tmp_catalog).validation("t101"), indices=[0, 5])
     df = run.results.set_index(["region", "tourist"])
     assert [list(df.at[("t101", t), "route"]) for t in (1, 6)] == [r.route for r in ref]
+
+
+def test_all_tourists_of_a_custom_region_in_a_catalog_with_paper_sets(tmp_path):
+    """`--tourists all` in a catalog with the paper's sets solves a custom region's benchmark
+    and validation tourists (a custom region has no paper set) instead of refusing it."""
+    from conftest import write_tiny_source
+    from optw.catalog.store import add_region, build_catalog
+
+    cat = tmp_path / "catalog"
+    build_catalog(write_tiny_source(tmp_path / "src"), cat, paper_sets=True, device="cpu")
+    add_region("grid", PROJECT_ROOT / "tests" / "fixtures" / "custom" / "grid.csv", catalog=cat)
+    run = run_ils_baseline(cat, regions=["grid"], tourists="all", workers=1, progress=False)
+    assert run.computed == 65 and set(run.results["kind"]) == {"benchmark", "validation"}

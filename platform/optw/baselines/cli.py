@@ -1,4 +1,4 @@
-"""``optw baseline ils``: compute and store the ILS baseline."""
+"""``optw baseline ils|clear``: compute and store the ILS baseline; clear the stores."""
 
 from __future__ import annotations
 
@@ -38,6 +38,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     ils.add_argument("--force", action="store_true", help="recompute stored pairs too")
     ils.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     ils.set_defaults(func=_ils)
+
+    clear = bsub.add_parser(
+        "clear", help="clear stored ILS results and/or demonstrations",
+        description="Remove the stores of <catalog>/baselines/ (ils: ils.parquet and "
+        "ils_paper.parquet; demos: demos.parquet), or with --regions only those regions' rows; "
+        "what they held is computed again when next needed. An unreadable store can only be "
+        "cleared whole. Nothing else in the folder is touched.",
+    )
+    clear.add_argument("--store", choices=("ils", "demos", "all"), default="all",
+                       help="which store (default: all)")
+    clear.add_argument("--regions", nargs="+", action="extend", default=None, metavar="ID",
+                       help="only these regions' rows (default: the whole store)")
+    clear.add_argument("--catalog", type=Path, default=None,
+                       help="catalog folder (default: $OPTW_CATALOG or region_catalog/)")
+    clear.set_defaults(func=_clear)
 
 
 def _record(row: dict, cached: bool) -> dict:
@@ -86,4 +101,19 @@ def _ils(args) -> int:
               f"approximation ({' '.join(approx[:6])}{' …' if len(approx) > 6 else ''})")
     print(f"\n{run.computed} computed, {run.cached} already stored; {run.seconds:.1f} s; "
           f"store {', '.join(map(str, run.paths))}")
+    return 0
+
+
+def _clear(args) -> int:
+    from optw.baselines.store import STORES, clear_stores
+    from optw.catalog.store import open_catalog
+
+    cat = open_catalog(args.catalog)  # a catalog folder, not any folder
+    stores = tuple(STORES) if args.store == "all" else (args.store,)
+    done = clear_stores(cat.path, stores, _names(args.regions))
+    for path, rows in done:
+        print(f"removed {path}" if rows is None else f"removed {rows} row(s) of "
+              f"{', '.join(_names(args.regions) or [])} from {path}")
+    if not done:
+        print(f"nothing to clear in {cat.path / 'baselines'}")
     return 0

@@ -1,5 +1,6 @@
 """Demonstrations for imitation (docs/recipes.md): ILS routes of generated training tourists
-from a stream of their own, none a validation or benchmark tourist, stored in the catalog."""
+from a stream of their own, none a validation or benchmark tourist, stored in the catalog with
+their region's content hash, checked when read back."""
 
 from __future__ import annotations
 
@@ -10,36 +11,40 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from optw.baselines.ils import ILS_VERSION, solve_ils
-from optw.baselines.store import map_tasks
+from optw.baselines.store import (
+    DEMO_SCHEMA,
+    StoreError,
+    map_tasks,
+    read_demos_table,
+    region_sha256,
+)
 from optw.catalog.generator import sample_tourists
 from optw.catalog.region import Region, Tourists
-from optw.catalog.store import open_catalog
+from optw.catalog.store import (
+    BASELINES_DIR,
+    DEMO_FILE,
+    Catalog,
+    open_catalog,
+    write_parquet_atomic,
+)
 from optw.env.demos import Demonstrations
 from optw.env.validate import check_route
-from optw.paths import replace_atomic
+from optw.errors import UserError
 
-DEMO_FILE = "demos.parquet"
 #: Tag of the demonstrations' random stream (the validation sets' seeds have no tag).
 DEMO_STREAM = 0x44454D4F
 BLOCK = 64
 FIRST_ID = 1_000_000
 KEY = ("region", "seed", "score_kind", "ils_version", "index")
-SCHEMA = pa.schema([
-    ("region", pa.string()), ("seed", pa.int64()), ("score_kind", pa.string()),
-    ("ils_version", pa.int64()), ("index", pa.int64()), ("tourist", pa.int64()),
-    ("start_x", pa.float64()), ("start_y", pa.float64()), ("t_start", pa.float64()),
-    ("t_end", pa.float64()), ("scores", pa.list_(pa.float64())), ("route", pa.list_(pa.int32())),
-    ("score", pa.float64()), ("seconds", pa.float64()),
-])
+SCHEMA = DEMO_SCHEMA
 
 
 def demos_path(catalog_dir: Path | str) -> Path:
     """The demonstrations' store of the catalog at ``catalog_dir``."""
-    return Path(catalog_dir) / "baselines" / DEMO_FILE
+    return Path(catalog_dir) / BASELINES_DIR / DEMO_FILE
 
 
 def _key(t: Tourists, i: int) -> bytes:
@@ -83,40 +88,41 @@ def solve_block(catalog: str, region_id: str, start: int, stop: int, seed: int,
             "tourist": int(tourists.tourist_id[i]), "start_x": float(tourists.start_xy[i, 0]),
             "start_y": float(tourists.start_xy[i, 1]), "t_start": float(tourists.t_start[i]),
             "t_end": float(tourists.t_end[i]), "scores": tourists.scores[i].tolist(),
-            "route": list(res.route), "score": res.score, "seconds": res.seconds})
+            "route": list(res.route), "score": res.score, "seconds": res.seconds,
+            "region_sha256": region_sha256(region)})
     return rows
 
 
-def _read(path: Path) -> pd.DataFrame:
-    if not path.is_file():
-        return pd.DataFrame({name: pd.Series(dtype=object) for name in SCHEMA.names})
-    return pq.read_table(path).to_pandas()
-
-
-def _write(path: Path, stored: pd.DataFrame, rows: list[dict]) -> pd.DataFrame:
-    """The store with ``rows`` added (new rows win per key), written atomically."""
+def _write(path: Path, stored: pd.DataFrame, rows: list[dict],
+           stale: pd.Series) -> pd.DataFrame:
+    """The store without its ``stale`` rows, with ``rows`` added (new rows win per key),
+    written atomically."""
     new = pd.DataFrame(rows, columns=SCHEMA.names)
-    both = pd.concat([df for df in (stored, new) if len(df)], ignore_index=True)
+    both = pd.concat([df for df in (stored[~stale], new) if len(df)], ignore_index=True)
     both = both.drop_duplicates(list(KEY), keep="last").sort_values(list(KEY))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pandas(both.reset_index(drop=True), schema=SCHEMA,
-                                 preserve_index=False)
-    replace_atomic(path, lambda tmp: pq.write_table(table, tmp))
+    write_parquet_atomic(pa.Table.from_pandas(both.reset_index(drop=True), schema=SCHEMA,
+                                              preserve_index=False), path)
     return both
 
 
-def get_demos(catalog, region_ids: Sequence[str], n: int, seed: int,
+def get_demos(catalog: Catalog, region_ids: Sequence[str], n: int, seed: int,
               score_kind: str | None = None, *, workers: int = 1, progress: bool = False,
               task_catalog: str | None = None, localize: Callable[[str], str] | None = None,
               task_resources: Mapping[str, float] | None = None,
               ) -> dict[str, Demonstrations]:
-    """``n`` demonstrations of each region of the open ``catalog``, the missing ones computed."""
+    """``n`` demonstrations of each region of the open ``catalog``, the missing ones and those
+    of a region whose content changed computed; each stored one is checked (a
+    :class:`~optw.baselines.store.StoreError` naming the file, region and tourist)."""
+    def fresh(df: pd.DataFrame) -> pd.Series:  # of a region as it is now
+        return df["region_sha256"] == df["region"].map(digests)
+
     def ours(df: pd.DataFrame) -> pd.DataFrame:
         return df[(df["seed"] == seed) & (df["score_kind"] == (score_kind or "default"))
-                  & (df["ils_version"] == ILS_VERSION)] if len(df) else df
+                  & (df["ils_version"] == ILS_VERSION) & fresh(df)]
 
     path = demos_path(catalog.path)
-    stored = _read(path)
+    stored = read_demos_table(path).to_pandas()
+    digests = {rid: region_sha256(catalog.region(rid)) for rid in region_ids}
     mine = ours(stored)
     have = mine.groupby("region")["index"].apply(set).to_dict() if len(mine) else {}
     jobs = []
@@ -131,16 +137,31 @@ def get_demos(catalog, region_ids: Sequence[str], n: int, seed: int,
             for got in map_tasks(solve_block, jobs, workers, task_resources, localize=localize):
                 rows += got
                 bar.update(len(got))
-        mine = ours(_write(path, stored, rows))
-    return {rid: _demonstrations(rid, mine[(mine["region"] == rid) & (mine["index"] < n)]
-                                 .sort_values("index")) for rid in region_ids}
+        mine = ours(_write(path, stored, rows, stored["region"].isin(digests) & ~fresh(stored)))
+    out = {}
+    for rid in region_ids:
+        rows_of = mine[(mine["region"] == rid) & (mine["index"] < n)].sort_values("index")
+        out[rid] = _demonstrations(path, catalog.region(rid), rows_of)
+    return out
 
 
-def _demonstrations(region_id: str, df: pd.DataFrame) -> Demonstrations:
+def _demonstrations(path: Path, region: Region, df: pd.DataFrame) -> Demonstrations:
+    """The rows ``df`` of ``region`` as demonstrations, each checked
+    (:meth:`Demonstrations.check`): a :class:`StoreError` naming the file, region and
+    tourist."""
+    n = region.n_nodes
+    if bad := [int(t) for t, s in zip(df["tourist"], df["scores"], strict=True) if len(s) != n]:
+        raise StoreError(path, f"holds a bad row: demonstration of {region.id} tourist {bad[0]} "
+                         f"has scores of another length than the region's {n} nodes", region.id)
     tourists = Tourists(
-        region_id, df["tourist"].to_numpy(np.int64), "generated",
+        region.id, df["tourist"].to_numpy(np.int64), "generated",
         df[["start_x", "start_y"]].to_numpy(np.float64), df["t_start"].to_numpy(np.float64),
         df["t_end"].to_numpy(np.float64),
-        np.array(df["scores"].tolist(), dtype=np.float64).reshape(len(df), -1))
-    return Demonstrations(tourists, [list(map(int, r)) for r in df["route"]],
-                          df["score"].to_numpy(np.float64))
+        np.array(df["scores"].tolist(), dtype=np.float64).reshape(len(df), n))
+    demos = Demonstrations(tourists, [list(map(int, r)) for r in df["route"]],
+                           df["score"].to_numpy(np.float64))
+    try:
+        demos.check(region)
+    except UserError as exc:
+        raise StoreError(path, f"holds a bad row: {exc}", region.id) from None
+    return demos

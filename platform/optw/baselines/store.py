@@ -1,8 +1,12 @@
 """Stored ILS results (docs/ils.md), filled incrementally and in parallel; a store's metadata
-holds the hash of its tourists' catalog file: rows of another ILS version or build are stale."""
+holds the hash of its tourists' catalog file and of each region's content: rows of another ILS
+version, build or region content are stale. Every store of ``baselines/`` is read through
+:func:`read_store`, which checks it."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -13,13 +17,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from optw.baselines.ils import ILS_VERSION, solve_ils, warm_up
+from optw.catalog.region import Region
 from optw.catalog.store import (
+    BASELINES_DIR,
+    DEMO_FILE,
+    ILS_FILE,
+    ILS_TOURISTS_META,
+    PAPER_ILS_FILE,
     TOURIST_KINDS,
+    Catalog,
     CatalogError,
+    clear_command,
     default_catalog_dir,
     open_catalog,
     write_parquet_atomic,
@@ -28,17 +41,149 @@ from optw.env.validate import check_route
 from optw.errors import UserError
 from optw.raylocal import ensure_token
 
-ILS_FILE = "ils.parquet"
-PAPER_ILS_FILE = "ils_paper.parquet"
 #: kind -> its store; store -> the catalog file its tourists come from
 _STORE_OF = {"benchmark": ILS_FILE, "validation": ILS_FILE, "paper": PAPER_ILS_FILE}
 _SOURCE_OF = {ILS_FILE: "tourists.parquet", PAPER_ILS_FILE: "paper_tourists.parquet"}
-_META_KEY = b"optw.catalog_tourists_sha256"
+_META_KEY = ILS_TOURISTS_META
+#: Schema-metadata key of the ILS stores: ``{region: region_sha256}`` of the regions they hold.
+_REGIONS_KEY = b"optw.region_sha256"
 SCHEMA = pa.schema([
     ("region", pa.string()), ("tourist", pa.int64()), ("kind", pa.string()),
     ("score", pa.float64()), ("route", pa.list_(pa.int32())), ("seconds", pa.float64()),
     ("iterations", pa.int64()), ("ils_version", pa.int64()),
 ])
+#: The demonstrations' store (:mod:`optw.baselines.demos`): a row per demonstration, with
+#: the :func:`region_sha256` of its region.
+DEMO_SCHEMA = pa.schema([
+    ("region", pa.string()), ("seed", pa.int64()), ("score_kind", pa.string()),
+    ("ils_version", pa.int64()), ("index", pa.int64()), ("tourist", pa.int64()),
+    ("start_x", pa.float64()), ("start_y", pa.float64()), ("t_start", pa.float64()),
+    ("t_end", pa.float64()), ("scores", pa.list_(pa.float64())), ("route", pa.list_(pa.int32())),
+    ("score", pa.float64()), ("seconds", pa.float64()), ("region_sha256", pa.string()),
+])
+#: The stores of ``baselines/`` that ``optw baseline clear --store`` names.
+STORES = {"ils": (ILS_FILE, PAPER_ILS_FILE), "demos": (DEMO_FILE,)}
+
+
+class StoreError(UserError):
+    """A store of ``<catalog>/baselines/`` that cannot be used as it is (unreadable, another
+    file, a bad row); the message names the file and the command that clears it."""
+
+    def __init__(self, path: Path, problem: str, region: str | None = None):
+        super().__init__(f"{path} {problem}; clear it with `{clear_command(path, region)}` "
+                         "(what it held is computed again when next needed)")
+        self.path = path
+
+
+def _same_kind(actual: pa.DataType, expected: pa.DataType) -> bool:
+    """Whether a column of type ``actual`` holds what ``expected`` holds (any width)."""
+    if pa.types.is_list(expected):
+        return ((pa.types.is_list(actual) or pa.types.is_large_list(actual))
+                and _same_kind(actual.value_type, expected.value_type))
+    if pa.types.is_string(expected):
+        return pa.types.is_string(actual) or pa.types.is_large_string(actual)
+    for kind in (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean):
+        if kind(expected):
+            return kind(actual)
+    return actual.equals(expected)
+
+
+def read_store(path: Path, schema: pa.Schema, what: str,
+               defaults: Mapping[str, Any] | None = None) -> pa.Table | None:
+    """The store at ``path`` cast to ``schema`` with its metadata (None: no store yet), once its
+    columns are ``schema``'s (a column of ``defaults`` may be missing: an older store's, filled
+    with its default) of the same kinds without nulls; else a :class:`StoreError`."""
+    if not path.exists():
+        return None
+    try:
+        if not path.is_file():
+            raise StoreError(path, "is not a file")
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        why = str(exc).splitlines()[0].split(f"'{path}': ")[-1]
+        raise StoreError(path, f"cannot be read as {what} ({why})") from None
+    meta, names = table.schema.metadata, set(table.column_names)
+    if missing := [n for n in schema.names if n not in names and n not in (defaults or {})]:
+        raise StoreError(path, f"is not {what}: it lacks column(s) {', '.join(missing)}"
+                         f"{' (it holds ' + ', '.join(sorted(names)) + ')' if names else ''}")
+    if extra := sorted(names - set(schema.names)):
+        raise StoreError(path, f"is not {what}: it has other column(s) {', '.join(extra)}")
+    for name, value in (defaults or {}).items():
+        if name not in names:
+            field = schema.field(name)
+            table = table.append_column(field, pa.array([value] * len(table), field.type))
+    wrong = [f"{f.name} is {table[f.name].type}, not {f.type}" for f in schema
+             if not _same_kind(table[f.name].type, f.type)]
+    if wrong:
+        raise StoreError(path, f"is not {what}: {'; '.join(wrong)}")
+    for f in schema:
+        col = table[f.name]
+        inner = pc.list_flatten(col).null_count if pa.types.is_list(f.type) else 0
+        if col.null_count or inner:
+            raise StoreError(path, f"has null values in column {f.name}")
+    try:
+        return table.select(schema.names).cast(schema).replace_schema_metadata(meta)
+    except (pa.ArrowException, ValueError) as exc:
+        raise StoreError(path, f"does not fit {what} ({str(exc).splitlines()[0]})") from None
+
+
+def region_sha256(region: Region) -> str:
+    """SHA-256 of what a region's ILS results and demonstrations depend on: its group, times,
+    nodes and travel (not its id or names): a region removed and added again with other points
+    has another."""
+    head = [region.group, region.n_nodes, region.t_start, region.t_end, region.decimals,
+            region.coords, region.metric, region.speed_kmh, region.origin,
+            region.travel is not None]
+    h = hashlib.sha256(json.dumps(head).encode())
+    for a in (region.x, region.y, region.duration, region.opening, region.closing,
+              region.score, region.travel):
+        if a is not None:
+            h.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
+    return h.hexdigest()
+
+
+def region_digests(cat: Catalog, region_ids: Iterable[str]) -> dict[str, str | None]:
+    """:func:`region_sha256` of each region id (None: not in the catalog)."""
+    return {rid: region_sha256(cat.region(rid)) if rid in cat else None
+            for rid in set(region_ids)}
+
+
+def clear_stores(catalog_dir: Path | str | None, stores: Iterable[str],
+                 regions: Iterable[str] | None = None) -> list[tuple[Path, int | None]]:
+    """Clear the ``stores`` (keys of :data:`STORES`) of a catalog: remove their files, or only
+    the rows of ``regions`` (rewritten atomically); (file, rows removed or None: the whole
+    file) of each store there was. Nothing but the stores' own files is touched."""
+    folder = Path(catalog_dir or default_catalog_dir()) / BASELINES_DIR
+    regions = set(regions or ())
+    done: list[tuple[Path, int | None]] = []
+    for name in (n for s in stores for n in STORES[s]):
+        path = folder / name
+        if not path.is_file():
+            continue
+        if not regions:
+            path.unlink()
+            done.append((path, None))
+            continue
+        table = _read_table(path)
+        kept = table.filter(pc.invert(pc.is_in(table["region"], pa.array(sorted(regions)))))
+        if len(kept) < len(table):
+            write_parquet_atomic(kept, path)
+        done.append((path, len(table) - len(kept)))
+    return done
+
+
+def _read_table(path: Path) -> pa.Table:
+    """The checked store at ``path`` (a file of :data:`STORES`), as a table."""
+    if path.name == DEMO_FILE:
+        return read_demos_table(path)
+    return _read_ils_table(path)
+
+
+def read_demos_table(path: Path) -> pa.Table:
+    """The checked demonstrations' store at ``path`` (empty if none); an older store without
+    region hashes reads as stale rows (hash "")."""
+    table = read_store(path, DEMO_SCHEMA, "a demonstrations store", {"region_sha256": ""})
+    return DEMO_SCHEMA.empty_table() if table is None else table
 
 
 def ils_store_path(catalog_dir: Path | str | None = None, kind: str = "validation") -> Path:
@@ -47,29 +192,55 @@ def ils_store_path(catalog_dir: Path | str | None = None, kind: str = "validatio
 
 
 def _store_path(catalog_dir: Path | str | None, store: str) -> Path:
-    return Path(catalog_dir or default_catalog_dir()) / "baselines" / store
+    return Path(catalog_dir or default_catalog_dir()) / BASELINES_DIR / store
 
 
-def _catalog_hash(catalog_dir: Path | str | None, store: str) -> str | None:
-    """Hash of the catalog file the store's tourists come from (None: the catalog has none)."""
-    return open_catalog(catalog_dir).manifest["files"].get(_SOURCE_OF[store])
+def _read_ils_table(path: Path) -> pa.Table:
+    """The checked ILS store at ``path`` (empty if none): :data:`SCHEMA`, and kinds of its own."""
+    table = read_store(path, SCHEMA, "an ILS results store")
+    if table is None:
+        return SCHEMA.empty_table()
+    if bad := sorted(set(table["kind"].to_pylist()) - {k for k, s in _STORE_OF.items()
+                                                       if s == path.name}):
+        raise StoreError(path, f"holds rows of kind {', '.join(bad)}, which belong in another "
+                         "store (a file copied over it?)")
+    return table
 
 
-def _read(path: Path) -> tuple[pd.DataFrame, str | None]:
-    if not path.exists():
-        return SCHEMA.empty_table().to_pandas(), None
-    table = pq.read_table(path)
-    sha = (table.schema.metadata or {}).get(_META_KEY)
-    return table.to_pandas(), sha.decode() if sha else None
+def _read(path: Path) -> tuple[pd.DataFrame, str | None, dict[str, str]]:
+    """The rows of an ILS store (checked), the tourists hash it was written for, and the
+    content hashes of its regions (none recorded: an older store, its rows trusted)."""
+    table = _read_ils_table(path)
+    meta = table.schema.metadata or {}
+    try:
+        regions = json.loads(meta.get(_REGIONS_KEY, b"{}"))
+    except ValueError:
+        regions = None
+    if not isinstance(regions, dict):
+        raise StoreError(path, "has unreadable region hashes in its metadata")
+    sha = meta.get(_META_KEY)
+    return table.to_pandas(), sha.decode() if sha else None, regions
+
+
+def _current(cat: Catalog, store: str, df: pd.DataFrame, sha: str | None,
+             regions: Mapping[str, str]) -> np.ndarray:
+    """Which rows of a store are current: of this catalog's tourists, ILS version and regions
+    (a region's recorded content hash equal to its own)."""
+    if not len(df) or sha is None or sha != cat.manifest["files"].get(_SOURCE_OF[store]):
+        return np.zeros(len(df), dtype=bool)
+    now = region_digests(cat, df["region"])
+    fresh = {r: h is not None and regions.get(r, h) == h for r, h in now.items()}
+    return (df["region"].map(fresh).to_numpy(bool)
+            & (df["ils_version"] == ILS_VERSION).to_numpy())
 
 
 def load_ils_results(catalog_dir: Path | str | None = None) -> pd.DataFrame:
     """The current (not stale) stored ILS results of both stores, by region and tourist."""
+    cat = open_catalog(catalog_dir)
     parts = []
     for store in _SOURCE_OF:
-        df, sha = _read(_store_path(catalog_dir, store))
-        if sha is not None and sha == _catalog_hash(catalog_dir, store):
-            parts.append(df[df["ils_version"] == ILS_VERSION])
+        df, sha, regions = _read(_store_path(catalog_dir, store))
+        parts.append(df[_current(cat, store, df, sha, regions)])
     if not (parts := [df for df in parts if len(df)]):
         return SCHEMA.empty_table().to_pandas()
     df = pd.concat(parts, ignore_index=True)
@@ -77,21 +248,27 @@ def load_ils_results(catalog_dir: Path | str | None = None) -> pd.DataFrame:
 
 
 def write_ils_results(catalog_dir: Path | str | None, rows: pd.DataFrame) -> Path:
-    """Merge ``rows`` into their stores (new rows win); returns the last store written."""
+    """Merge ``rows`` into their stores (new rows win, stale ones go); returns the last store
+    written."""
     path = ils_store_path(catalog_dir)
+    cat = open_catalog(catalog_dir)
     for store, part in rows.groupby(rows["kind"].map(_STORE_OF), sort=False):
         path = _store_path(catalog_dir, store)
-        sha = _catalog_hash(catalog_dir, store)
+        sha = cat.manifest["files"].get(_SOURCE_OF[store])  # the tourists' file
         if sha is None:
             raise CatalogError(f"the catalog at {catalog_dir} has no {_SOURCE_OF[store]} to "
                                "store ILS results for")
-        old, old_sha = _read(path)
-        df = pd.concat([old, part], ignore_index=True) if len(old) and old_sha == sha else part
+        old, old_sha, regions = _read(path)
+        old = old[_current(cat, store, old, old_sha, regions)]
+        df = pd.concat([old, part], ignore_index=True) if len(old) else part
         df = df.drop_duplicates(["region", "tourist"], keep="last")
         df = df.sort_values(["region", "tourist"]).reset_index(drop=True)
         df["route"] = [np.asarray(r, dtype=np.int32) for r in df["route"]]
+        digests = region_digests(cat, df["region"])
         table = pa.Table.from_pandas(df[SCHEMA.names], schema=SCHEMA, preserve_index=False)
-        write_parquet_atomic(table.replace_schema_metadata({_META_KEY: sha.encode()}), path)
+        write_parquet_atomic(table.replace_schema_metadata({
+            _META_KEY: sha.encode(),
+            _REGIONS_KEY: json.dumps(dict(sorted(digests.items()))).encode()}), path)
     return path
 
 
@@ -165,7 +342,8 @@ def run_ils_baseline(catalog_dir: Path | str | None = None,
     for r in regions:
         cat.region(r)  # an unknown region is an error naming it, with a suggestion
     selection = [(rid, kind, [int(t) for t in cat.tourists(rid, kind).tourist_id])
-                 for rid in ids for kind in kinds]
+                 for rid in ids for kind in kinds  # "all": no paper set for a custom region
+                 if not (tourists == "all" and kind == "paper" and cat.is_custom(rid))]
     if not selection:
         raise UserError(f"no region matches --regions {regions} within --groups {groups}")
     stored = pd.DataFrame() if force else load_ils_results(catalog_dir)

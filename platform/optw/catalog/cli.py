@@ -63,7 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ad.add_argument("--json", action="store_true", help="print the summary as JSON")
     ad.set_defaults(func=_add)
 
-    rm = csub.add_parser("remove", help="remove a custom region")
+    rm = csub.add_parser("remove", help="remove a custom region (its stored ILS results and "
+                         "demonstrations too)")
     rm.add_argument("region")
     rm.add_argument("--catalog", type=Path, default=None)
     rm.set_defaults(func=_remove)

@@ -49,7 +49,11 @@ FILES = tuple(SCHEMAS)
 #: Folder of the custom regions' source files (one sub-folder per region) and spec file name.
 CUSTOM_DIR = "custom"
 CUSTOM_SPEC = "region.json"
-#: Schema-metadata key of the ILS stores (``baselines/*.parquet``): the tourist file's hash.
+#: Folder of the stores computed from the catalog (``optw.baselines``) and their files: ILS
+#: results, ILS results of the paper's sets, demonstrations.
+BASELINES_DIR = "baselines"
+ILS_FILE, PAPER_ILS_FILE, DEMO_FILE = "ils.parquet", "ils_paper.parquet", "demos.parquet"
+#: Schema-metadata key of the ILS stores: the hash of their tourists' catalog file.
 ILS_TOURISTS_META = b"optw.catalog_tourists_sha256"
 TOURIST_KINDS = ("benchmark", "validation", PAPER_KIND)
 #: Named sets of generated tourists a model is evaluated on (ours: the default).
@@ -190,20 +194,40 @@ def _custom_regions(catalog_dir: Path) -> tuple[list[Region], dict[str, dict]]:
     return regions, specs
 
 
+def clear_command(store_file: Path, region: str | None = None) -> str:
+    """The command that clears the store ``<catalog>/baselines/<name>`` (`optw baseline
+    clear`), or only the rows of ``region``."""
+    store = "demos" if store_file.name == DEMO_FILE else "ils"
+    only = f" --regions {region}" if region else ""
+    return f"optw baseline clear --store {store}{only} --catalog {store_file.parent.parent}"
+
+
 def _restamp_baselines(path: Path, old_files: dict, new_files: dict, stale: str,
                        tmp: Path) -> list[tuple[Path, Path]]:
-    """(temporary file, destination) pairs of the stored ILS results re-stamped for the new
-    files, without the ``stale`` region's rows; stores stamped for no current file stay stale."""
+    """(temporary file, destination) pairs of the stores of ``baselines/`` without the ``stale``
+    region's rows, the ILS results re-stamped for the new files (stores stamped for no current
+    file stay stale); an unreadable store is a :class:`CatalogError` naming it."""
     by_sha = {sha: name for name, sha in old_files.items()}
     moves = []
-    for f in sorted((path / "baselines").glob("*.parquet")):
-        table = pq.read_table(f)
+    for name in (ILS_FILE, PAPER_ILS_FILE, DEMO_FILE):
+        f = path / BASELINES_DIR / name
+        if not f.is_file():
+            continue
+        try:
+            table = pq.read_table(f)
+        except (pa.ArrowException, OSError) as exc:
+            why = str(exc).splitlines()[0].split(f"'{f}': ")[-1]
+            raise CatalogError(f"{f} cannot be read ({why}); clear it with "
+                               f"`{clear_command(f)}` and run this again; nothing was "
+                               "changed") from None
         meta = dict(table.schema.metadata or {})
         sha = meta.get(ILS_TOURISTS_META, b"").decode()
-        if sha not in by_sha or "region" not in table.column_names:
-            continue
-        meta[ILS_TOURISTS_META] = new_files[by_sha[sha]].encode()
-        dst = tmp / f"baselines-{f.name}"
+        ours = "region" in table.column_names and pa.types.is_string(table["region"].type)
+        if not ours or (name != DEMO_FILE and sha not in by_sha):
+            continue  # not a store of ours, or stale as a whole: its reader says so
+        if sha in by_sha:
+            meta[ILS_TOURISTS_META] = new_files[by_sha[sha]].encode()
+        dst = tmp / f"baselines-{name}"
         pq.write_table(table.filter(pc.not_equal(table["region"], stale))
                        .replace_schema_metadata(meta), dst, compression="zstd")
         moves.append((dst, f))
@@ -259,7 +283,8 @@ def add_region(region_id: str, points: Path | str, travel_times: Path | str | No
                speed_kmh: float | None = None, group: str = CUSTOM_GROUP,
                catalog: Path | str | None = None, replace: bool = False) -> Region:
     """Add a custom region with its validation tourists and source files (``optw catalog add``),
-    atomically; replacing one needs ``replace`` and drops its stored ILS results."""
+    atomically; replacing one needs ``replace`` and drops its stored ILS results and
+    demonstrations."""
     cat = Catalog(catalog)
     check_region_id(region_id, group, cat.groups)  # benchmark region ids are refused here
     if group in cat:
@@ -291,8 +316,8 @@ def add_region(region_id: str, points: Path | str, travel_times: Path | str | No
 
 
 def remove_region(region_id: str, catalog: Path | str | None = None) -> None:
-    """Remove a custom region, its source files and stored ILS results (``optw catalog
-    remove``), atomically."""
+    """Remove a custom region, its source files, stored ILS results and demonstrations (``optw
+    catalog remove``), atomically."""
     cat = Catalog(catalog)
     if region_id not in cat:
         customs = [r for r in cat.list_regions() if cat.is_custom(r)]

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from optw.catalog.region import Tourists
+from optw.catalog.region import Region, Tourists
+from optw.env.validate import check_route
+from optw.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,28 @@ class Demonstrations:
 
     def __len__(self) -> int:
         return len(self.routes)
+
+    def check(self, region: Region, where: str = "") -> None:
+        """A :class:`UserError` naming region and tourist for the first demonstration whose
+        scores are not one per node of ``region`` or whose route the route validator refuses
+        (a node out of range, repeated, too late; another score); ``where`` ends the message."""
+        n, ids = region.n_nodes, self.tourists.tourist_id
+        if len(self) and self.tourists.scores.shape[1] != n:
+            raise UserError(f"demonstration of {region.id} tourist {int(ids[0])} has "
+                            f"{self.tourists.scores.shape[1]} scores, expected one per node "
+                            f"({n}){where}")
+        for i, (route, tid) in enumerate(zip(self.routes, ids, strict=True)):
+            what = f"demonstration of {region.id} tourist {int(tid)}"
+            if bad := [int(v) for v in route if not 0 <= v < n]:
+                raise UserError(f"{what} visits nodes {bad}, outside the region's 0..{n - 1}"
+                                f"{where}")
+            try:
+                res = check_route(region, route, self.tourists, i,
+                                  claimed_score=float(self.scores[i]))
+            except UserError as exc:  # a time that is not finite
+                raise UserError(f"{what}: {exc}{where}") from None
+            if not res.ok:
+                raise UserError(f"{what} is not admissible: {'; '.join(res.problems)}{where}")
 
     def take(self, idx: np.ndarray) -> Demonstrations:
         """The demonstrations ``idx`` (an index array), in that order."""

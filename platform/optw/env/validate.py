@@ -57,6 +57,7 @@ def check_route(region: Region, route, tourists: Tourists | None = None, index: 
     bad = [v for v in inner if not 1 <= v <= n - 2]
     if bad:
         problems.append(f"nodes {bad} are not points of interest (valid: 1..{n - 2})")
+    if bad or not (0 <= route[0] < n and 0 <= route[-1] < n):  # nothing to schedule
         return RouteCheck(False, 0.0, problems)
     dups = sorted(v for v, count in Counter(inner).items() if count > 1)
     if dups:

@@ -329,4 +329,5 @@ def _demos(config: TrainConfig, catalog: Catalog, regions: list[Region],
             raise UserError(f"demos = {config.demos}: {region.id} has "
                             f"{0 if have is None else len(have)} demonstrations")
         out[region.id] = have.take(np.arange(config.demos))
+        out[region.id].check(region)  # given ones too: every route admissible
     return out
