@@ -29,7 +29,8 @@ from optw.train.callbacks import Callback, TrainContext
 DEFAULT_PROFILE = Path(__file__).with_name("profiles") / "pretrain.toml"
 #: Where each group's pretraining state (``last.pt``, ``curve.csv``, ``progress.json``) lives.
 PRETRAIN_DIR = PROJECT_ROOT / "pretraining"
-CURVE_FIELDS = ("epoch", "routes", "cpu_hours", "lr", "greedy_above_ils", "beam_above_ils")
+#: Validation tourists decoded at once by a curve point or a release's evaluation.
+EVAL_CHUNK = 16
 
 
 @dataclass
@@ -90,15 +91,20 @@ def gaps_above_ils(model: Any, catalog: Any, regions: list[str], ils: dict[str, 
                    tourists: int, beams: int) -> dict[str, dict[str, float]]:
     """Per region: greedy and beam mean on its first ``tourists`` validation tourists, in %
     above the ILS mean on the same tourists (negative: below ILS)."""
+    from optw.allocator import release_free_memory
     from optw.decode import solve
 
     out = {}
     for rid in regions:
         region, val = catalog.region(rid), catalog.validation(rid)[:tourists]
-        greedy = solve(model, region, val, "greedy")
-        beam = solve(model, region, val, "beam", beams=beams, greedy=greedy)
+        greedy, beam = [], []
+        for k in range(0, len(val), EVAL_CHUNK):  # a few GB at most on the largest regions
+            part = val[k:k + EVAL_CHUNK]
+            greedy += (g := solve(model, region, part, "greedy"))
+            beam += solve(model, region, part, "beam", beams=beams, greedy=g)
         out[rid] = {name: 100.0 * (float(np.mean([s.score for s in sols])) / ils[rid] - 1.0)
                     for name, sols in (("greedy", greedy), ("beam", beam))}
+    release_free_memory()  # a long run keeps no evaluation's peak
     return out
 
 
@@ -162,6 +168,7 @@ class PretrainProgress(Callback):
             self.aside += time.process_time() - t
 
     def _checkpoint(self, ctx: TrainContext) -> None:
+        from optw.allocator import release_free_memory
         from optw.model import write_checkpoint
 
         progress = {"epoch": ctx.epoch, "cpu_s": round(self.cpu_s, 1),
@@ -173,6 +180,7 @@ class PretrainProgress(Callback):
             ctx.last_checkpoint = self.out / "last.pt"
         self._aside(write)
         write_text_atomic(self.out / "progress.json", json.dumps(progress, indent=1) + "\n")
+        release_free_memory()  # epochs of varying shapes leave the heap fragmented
 
     def _curve_point(self, ctx: TrainContext) -> None:
         from optw.model import ModelConfig, PointerNet
