@@ -281,3 +281,14 @@ def test_an_unknown_tracking_scheme_is_a_user_error(sandbox, capsys, monkeypatch
         assert "sqlite:///PATH" in line and "internal error" not in line, line
     assert not ray.is_initialized()
     assert _files(sandbox["work"]) == []
+
+
+def test_a_job_with_nothing_left_to_train_names_no_empty_run():
+    """The summary of a job whose every region was skipped (no parent run) says so, instead of
+    naming a parent run with an empty id."""
+    from optw.distributed.cli import format_summary
+    from optw.distributed.job import JobSummary
+
+    text = format_summary(JobSummary("j", "", "sqlite:///x.db", [], ["c101"], None, {}, 1.0))
+    assert "parent run  in" not in text and "no run of this job" in text
+    assert "1 region(s) skipped" in text
