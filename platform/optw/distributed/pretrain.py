@@ -329,7 +329,7 @@ def make_release(group: str, state: Path | None = None, regions: list[str] | Non
     n = cooldown_epochs(int(done["epoch"]), settings)
     branch = state / f"cooldown-{done['epoch']}"
     config = TrainConfig.from_dict({
-        **table, "lr_schedule": "cosine", "lr": table["lr"], "epochs": max(n, 1),
+        **table, "lr_schedule": "cosine", "epochs": max(n, 1),
         "warmup_epochs": min(20, n // 5), "val_every": 0, "checkpoint_every": 0,
         "val_tourists": 4}, source=f"cooldown of {state / 'last.pt'}")
     cool = {"epoch": 0, "cpu_s": 0.0}
