@@ -89,13 +89,11 @@ class JobSummary:
 def job_releases(profile: JobProfile) -> dict[str, dict[str, Any]]:
     """The manifests of the releases a ``[job] releases = true`` job may start from (each
     weights file checked against its manifest's sha256), by group."""
-    from optw.model.release import release_file, release_groups, release_manifest
+    from optw.model.release import checked_release, release_groups
 
     if not profile.job.releases:
         return {}
-    for group in (groups := release_groups()):
-        release_file(group)
-    return {g: release_manifest(g) for g in groups}
+    return {g: checked_release(g)[1] for g in release_groups()}
 
 
 def release_label(manifest: dict[str, Any]) -> str:

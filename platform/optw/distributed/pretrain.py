@@ -310,7 +310,7 @@ def make_release(group: str, state: Path | None = None, regions: list[str] | Non
 
     from optw.catalog import open_catalog
     from optw.model import read_checkpoint, save_model
-    from optw.model.release import release_file, release_groups, release_manifest
+    from optw.model.release import release_groups, release_manifest
     from optw.paths import releases_dir
     from optw.tracking.runs import git_commit
     from optw.train import TrainConfig, train
@@ -383,7 +383,6 @@ def make_release(group: str, state: Path | None = None, regions: list[str] | Non
             "regions": {rid: {m: round(v, 4) for m, v in g.items()} for rid, g in gaps.items()}},
     }
     write_text_atomic(folder / f"{group}.json", json.dumps(manifest, indent=1) + "\n")
-    release_file(group, folder)  # the checksum it now carries
     if tracking_uri != "":
         from optw.tracking import register_release
 

@@ -1,7 +1,7 @@
 """Released global models: one weights file and one JSON manifest per benchmark group, in
 ``optw/model/releases/`` (they ship with the package; ``$OPTW_RELEASES`` names another folder;
-docs/releases.md). The platform makes them
-itself (``optw release make``); :func:`load_release` is the one way to load them.
+docs/releases.md). The platform makes them itself (``optw release make``); :func:`load_release`
+is the one way to load them.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from optw.model.checkpoint import CheckpointError, load_model, read_checkpoint
+from optw.model.checkpoint import CheckpointError, load_model
 from optw.model.config import ModelConfig
 from optw.model.network import PointerNet
 from optw.paths import file_sha256, releases_dir
@@ -41,8 +41,8 @@ def release_manifest(group: str, folder: Path | None = None) -> dict[str, Any]:
     return manifest
 
 
-def release_file(group: str, folder: Path | None = None) -> Path:
-    """The group's weights file, its sha256 checked against the manifest."""
+def checked_release(group: str, folder: Path | None = None) -> tuple[Path, dict[str, Any]]:
+    """The group's weights file, its sha256 checked against the manifest, and the manifest."""
     folder = folder or releases_dir()
     manifest = release_manifest(group, folder)
     path = folder / str(manifest.get("file", f"{group}.pt"))
@@ -52,18 +52,23 @@ def release_file(group: str, folder: Path | None = None) -> Path:
         raise ReleaseError(f"release {group}: {path} has sha256 {digest[:16]}…, its manifest "
                            f"{manifest.get('sha256', '?')[:16]}…; the file was altered or "
                            "replaced: restore both from git")
-    return path
+    return path, manifest
+
+
+def release_file(group: str, folder: Path | None = None) -> Path:
+    """The group's weights file, its sha256 checked against the manifest."""
+    return checked_release(group, folder)[0]
 
 
 def load_release(group: str, folder: Path | None = None) -> tuple[PointerNet, dict[str, Any]]:
     """The group's released model (eval mode) and its manifest, after checking the file's
     sha256 and that its architecture is the manifest's."""
-    path = release_file(group, folder)
-    manifest = release_manifest(group, folder)
-    have = read_checkpoint(path).get("config", {})
+    path, manifest = checked_release(group, folder)
+    model = load_model(path)
+    have = model.cfg.to_dict()
     want = ModelConfig.from_dict(dict(manifest.get("architecture", {}))).to_dict()
-    if ModelConfig.from_dict(dict(have)).to_dict() != want:
+    if have != want:
         diff = sorted(k for k in want if have.get(k) != want[k])
         raise ReleaseError(f"release {group}: {path} holds another architecture than its "
                            f"manifest ({', '.join(diff)})")
-    return load_model(path), manifest
+    return model, manifest
