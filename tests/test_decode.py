@@ -540,3 +540,20 @@ def test_decoder_lean_step_and_feature_table_match_the_environment(catalog, untr
         route, node = full.mask.nonzero(as_tuple=True)
         want = dynamic_features(inst, full)[route, node]
         assert torch.equal(lean.inputs(full, node, route)[2], want)
+
+
+def test_normalised_advantages_weigh_every_tourist_alike():
+    """Guards ``advantage = "normalised"``: each tourist's advantages are divided by its
+    rewards' spread, so a tourist whose scores are ten times larger pulls no harder, a tourist
+    whose routes all score alike adds nothing, and ``mean`` stays the paper's loss."""
+    from optw.decode.reinforce import reinforce_loss
+
+    log_prob = torch.randn(12, requires_grad=True)
+    reward = torch.tensor([1.0, 2.0, 4.0, 1.0] + [10.0, 20.0, 40.0, 10.0] + [5.0] * 4)
+    entropy = torch.zeros(12)
+    loss = reinforce_loss(reward, log_prob, entropy, 4, normalise=True).loss
+    (grad,) = torch.autograd.grad(loss, log_prob)
+    assert torch.allclose(grad[:4], grad[4:8]) and bool((grad[8:] == 0).all())
+    plain = reinforce_loss(reward, log_prob, entropy, 4).loss
+    centred = reward.view(3, 4) - reward.view(3, 4).mean(1, keepdim=True)
+    assert torch.allclose(plain, -(centred.view(-1) * log_prob).mean())

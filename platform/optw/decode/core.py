@@ -375,6 +375,63 @@ def _forced_slots(fr: Frontier, owner: torch.Tensor, live: torch.Tensor, want: t
     return (mask.cumsum(1).gather(1, col).squeeze(1) - 1)
 
 
+class Greedy:
+    """A rollout's choice: each route's most likely next node."""
+
+    def finished(self, done: torch.Tensor, live: torch.Tensor, col: int) -> None:
+        """Routes ``done`` (of ``live``) end at step ``col``: nothing to check."""
+
+    def pick(self, logits: torch.Tensor, prob: torch.Tensor, owner: torch.Tensor,
+             fr: Frontier, live: torch.Tensor, col: int) -> torch.Tensor:
+        return logits.argmax(1).index_select(0, owner)
+
+
+class Sampled(Greedy):
+    """A rollout's choice: each route's next node drawn from the policy with ``generator`` (a
+    pack's: one generator per member, each drawing what its member's model draws alone)."""
+
+    def __init__(self, generator: torch.Generator | list[torch.Generator] | None,
+                 member: torch.Tensor | None = None):
+        self.generator, self.member = generator, member
+
+    def pick(self, logits: torch.Tensor, prob: torch.Tensor, owner: torch.Tensor,
+             fr: Frontier, live: torch.Tensor, col: int) -> torch.Tensor:
+        with torch.no_grad():
+            probs = prob.detach().index_select(0, owner)
+            if self.member is not None:
+                return _sample_members(probs, owner, fr, self.member, list(self.generator))
+            return torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+
+
+class Forced(Greedy):
+    """A rollout's choice (teacher forcing): route r follows ``actions[r]`` (0, its nodes, the
+    end, padded with -1); a row of -1 is chosen by ``draw`` (drawn first for every route, so
+    its random stream is the one it has without forcing)."""
+
+    def __init__(self, actions: torch.Tensor, end: int, draw: Greedy | None):
+        self.actions, self.end, self.draw = actions, end, draw
+
+    def finished(self, done: torch.Tensor, live: torch.Tensor, col: int) -> None:
+        """A given route that does not end at step ``col`` where its state must: an error."""
+        if col < self.actions.shape[1]:
+            rows = self.actions.index_select(0, live)
+            bad = done & (rows[:, 0] >= 0) & (rows[:, col] != self.end)
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0, 0])
+                raise ForcedActionError(int(live[i]), col, int(self.actions[live[i], col]))
+
+    def pick(self, logits: torch.Tensor, prob: torch.Tensor, owner: torch.Tensor,
+             fr: Frontier, live: torch.Tensor, col: int) -> torch.Tensor:
+        rows = self.actions.index_select(0, live)
+        given = (rows[:, 0] >= 0).nonzero().squeeze(1)
+        want = rows[given, col] if col < self.actions.shape[1] else torch.full_like(given, -1)
+        slot = _forced_slots(fr, owner.index_select(0, given), live.index_select(0, given),
+                             want, col)
+        if self.draw is None:
+            return slot
+        return self.draw.pick(logits, prob, owner, fr, live, col).index_copy(0, given, slot)
+
+
 def rollout(model: PointerNet, instances: Instances, ids: torch.Tensor | None = None,
             greedy: bool = False,
             generator: torch.Generator | list[torch.Generator] | None = None,
@@ -392,14 +449,17 @@ def rollout(model: PointerNet, instances: Instances, ids: torch.Tensor | None = 
     if ids is None:
         ids = torch.arange(instances.n_tourists, device=dev)
     ids = ids.to(device=dev, dtype=torch.long)
-    forcing, drawing = actions is not None, True
-    if forcing:
+    drawing = True
+    if actions is not None:
         actions = actions.to(device=dev, dtype=torch.long)
         if actions.shape[0] != ids.shape[0]:
             raise ValueError("actions: one route per entry of ids, on the compacted decoder")
         given = actions[:, 0] >= 0  # the others are drawn
-        forcing, drawing = bool(given.any()), not bool(given.all())
-    if isinstance(model, StackedPointerNet):
+        drawing = not bool(given.all())
+        if not bool(given.any()):
+            actions = None
+    stacked = isinstance(model, StackedPointerNet)
+    if stacked:
         if member is None or not (isinstance(generator, (list, tuple)) or greedy
                                   or not drawing):
             raise ValueError("a pack's rollout needs member (per tourist) and a list of "
@@ -411,7 +471,16 @@ def rollout(model: PointerNet, instances: Instances, ids: torch.Tensor | None = 
             raise ValueError("a pack's routes must be in tourist order")
     else:
         dec = Decoder(model, instances)
-    n, end = dec.n, dec.end
+    choice: Greedy = Greedy() if greedy else Sampled(generator, dec.member if stacked else None)
+    if actions is not None:
+        choice = Forced(actions, dec.end, choice if drawing or greedy else None)
+    return walk(dec, instances, ids, choice)
+
+
+def walk(dec: Decoder, instances: Instances, ids: torch.Tensor, choice: Greedy) -> Rollout:
+    """The routes of :func:`rollout`, step by step: the live routes' distinct states are
+    decoded once each, ``choice`` picks every live route's next node, finished routes leave."""
+    dev, n, end = instances.device, dec.n, dec.end
     r = ids.shape[0]
     routes = torch.full((r, n + 1), -1, dtype=torch.long, device=dev)
     routes[:, 0] = 0
@@ -422,14 +491,9 @@ def rollout(model: PointerNet, instances: Instances, ids: torch.Tensor | None = 
     col = 1
     while live.numel():
         forced = fr.forced()
-        if bool(forced.any()):
+        if bool(forced.any()):  # states whose only move is the end: their routes end
             done = forced.index_select(0, owner)
-            if forcing and col < actions.shape[1]:
-                rows = actions.index_select(0, live)
-                bad = done & (rows[:, 0] >= 0) & (rows[:, col] != end)
-                if bool(bad.any()):
-                    i = int(bad.nonzero()[0, 0])
-                    raise ForcedActionError(int(live[i]), col, int(actions[live[i], col]))
+            choice.finished(done, live, col)
             routes[live[done], col] = end
             renumber = torch.cumsum((~forced).long(), 0) - 1
             live, owner = live[~done], renumber.index_select(0, owner[~done])
@@ -439,23 +503,7 @@ def rollout(model: PointerNet, instances: Instances, ids: torch.Tensor | None = 
         p = dec.evaluate(fr)
         logp = torch.log_softmax(p.logits, dim=1)
         prob = logp.exp()  # one exp for the draw and the entropy
-        if greedy:
-            slot = p.logits.argmax(1).index_select(0, owner)
-        elif drawing:
-            with torch.no_grad():
-                probs = prob.detach().index_select(0, owner)
-                if isinstance(dec, StackedDecoder):
-                    slot = _sample_members(probs, owner, fr, dec.member, list(generator))
-                else:
-                    slot = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-        if forcing:
-            rows = actions.index_select(0, live)
-            pick = (rows[:, 0] >= 0).nonzero().squeeze(1)
-            want = rows[pick, col] if col < actions.shape[1] else torch.full_like(pick, -1)
-            forced_slot = _forced_slots(fr, owner.index_select(0, pick),
-                                        live.index_select(0, pick), want, col)
-            slot = (forced_slot if not drawing and not greedy
-                    else slot.index_copy(0, pick, forced_slot))
+        slot = choice.pick(p.logits, prob, owner, fr, live, col)
         entropy = -(prob * logp.masked_fill(p.logits == float("-inf"), 0.0)).sum(1)
         steps_idx.append(live)
         steps_lp.append(logp[owner, slot])
@@ -477,7 +525,7 @@ def rollout(model: PointerNet, instances: Instances, ids: torch.Tensor | None = 
         log_prob = zero.index_add(0, idx, torch.cat(steps_lp))
         entropy = zero.index_add(0, idx, torch.cat(steps_ent))
     else:  # every route was forced: nothing to learn, but keep the training loop's backward valid
-        grad = torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())
+        grad = torch.is_grad_enabled() and any(p.requires_grad for p in dec.model.parameters())
         log_prob, entropy = (torch.zeros(r, device=dev, requires_grad=grad) for _ in range(2))
     return Rollout.of(instances, ids, routes, log_prob, entropy)
 

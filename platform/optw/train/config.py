@@ -62,6 +62,8 @@ class TrainConfig:
     finetune: bool = False  # fixed lr = finetune_lr, no decay
     finetune_lr: float = 1e-5
     beta: float = 0.01  # entropy bonus
+    #: each tourist's advantages: mean (R - its mean, the paper) | normalised (also / its std)
+    advantage: str = "mean"
     max_grad_norm: float = 1.0
     seed: int = 2925
     #: None: the region's default (uniform / correlated for the benchmark groups,
@@ -130,6 +132,7 @@ class TrainConfig:
         need(number(self.lr_decay) and 0 < self.lr_decay <= 1, "lr_decay", "must be in (0, 1]")
         need(number(self.beta) and 0 <= self.beta <= MAX_BETA, "beta",
              f"must be a number in 0..{MAX_BETA:g}")
+        need(self.advantage in ADVANTAGES, "advantage", f"must be one of {list(ADVANTAGES)}")
         need(self.lr_schedule in LR_SCHEDULES, "lr_schedule",
              f"must be one of {list(LR_SCHEDULES)}")
         need(self.recipe in RECIPES, "recipe", f"must be one of {sorted(RECIPES)}")
@@ -209,6 +212,7 @@ class TrainConfig:
 
 
 LR_SCHEDULES = ("step", "cosine", "cosine_time", "cosine_budget")
+ADVANTAGES = ("mean", "normalised")
 #: Named presets of training settings (``[train] recipe = "..."``; keys given beside it win).
 #: ``paper``: the defaults above. ``fast``: more, cheaper and larger steps, which learn sooner
 #: per sampled route; docs/recipes.md says how each departs from the paper, and what it gives.
@@ -223,7 +227,8 @@ RECIPES: dict[str, dict[str, Any]] = {
 
 #: Settings added after the first release; their field defaults keep the paper's behaviour.
 ADDED = ("mix_regions", "lr_schedule", "warmup_epochs", "recipe", "max_minutes", "rollout",
-         "demos", "imitation_epochs", "imitation_batch", "imitation_lr", "demo_tourists")
+         "demos", "imitation_epochs", "imitation_batch", "imitation_lr", "demo_tourists",
+         "advantage")
 #: Those settings with their defaults (left out of a config's hash while at them).
 ADDED_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrainConfig)
                                   if f.name in ADDED}

@@ -108,7 +108,8 @@ class GraphedStep:
         routes, log_prob, entropy = static_rollout(self.model, instances, self.ids,
                                                    sampling="free", steps=steps)
         return routes, reinforce_loss(route_reward(instances, self.ids, routes), log_prob,
-                                      entropy, self.config.batch_size, self.config.beta)
+                                      entropy, self.config.batch_size, self.config.beta,
+                                      self.config.advantage == "normalised")
 
     def _inputs(self, instances: Instances) -> Instances:
         """The static buffers for this node count, holding ``instances``' tensors."""

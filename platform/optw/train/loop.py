@@ -17,7 +17,7 @@ import torch
 
 from optw.catalog import Catalog, Region, Tourists, sample_tourists
 from optw.decode import solve
-from optw.env import make_instances, stack_instances
+from optw.env import Instances, make_instances, stack_instances
 from optw.env.demos import Demonstrations
 from optw.errors import ConfigError, UserError
 from optw.model import ModelConfig, PointerNet, checkpoint_dict, load_model, read_checkpoint
@@ -73,23 +73,91 @@ def validate(model: PointerNet, regions: list[Region], validation: dict[str, Tou
             "val_seconds": time.perf_counter() - t0, **out}
 
 
-def end_epoch(model: Callable[[], PointerNet], regions: list[Region],
-              validation: dict[str, Tourists], benchmark: dict[str, Tourists],
-              ctx: TrainContext, callbacks: Sequence[Callback], metrics: dict[str, float],
-              last: bool) -> None:
-    """The end of an epoch (``ctx.epoch`` already counts it), for :func:`train` and each pack
-    member: the callbacks get ``metrics``; every ``val_every`` epochs and after the ``last``
-    one, the greedy validation of ``model()`` (called only then: a pack member's is a copy)
-    goes into ``ctx`` and to the callbacks."""
-    for cb in callbacks:
-        cb.on_epoch_end(ctx, metrics)
-    c = ctx.config
-    if not ((c.val_every and ctx.epoch % c.val_every == 0) or last):
-        return
-    val = ctx.last_validation = validate(model(), regions, validation, benchmark)
+@dataclass
+class Run:
+    """One model's run in :func:`run_epochs` (:func:`train` has one, a pack one per member):
+    its settings, regions, callbacks, context, RNG streams, validation tourists and ``model()``,
+    the current network (called only to validate it: a pack member's is a copy)."""
+
+    config: TrainConfig
+    regions: list[Region]
+    callbacks: Sequence[Callback]
+    ctx: TrainContext
+    np_rng: np.random.Generator
+    gen: torch.Generator
+    model: Callable[[], PointerNet]
+    validation: dict[str, Tourists]
+    benchmark: dict[str, Tourists]
+    fine_tuning: bool = False  # it starts from a model file: validated before epoch 1
+    index: int = 0  # its place in a pack
+    result: TrainResult | None = None  # set when it has finished
+
+
+class EpochClock:
+    """Training time: the epochs' steps, not their callbacks and validations."""
+
+    def __init__(self) -> None:
+        self.train_s, self.rate, self.t_last = 0.0, None, time.perf_counter()
+        self.t_run = self.t_last
+
+    def tick(self) -> float:
+        """An epoch's step has ended: its time counts; returns the smoothed epochs per second."""
+        now = time.perf_counter()
+        inst_rate = 1.0 / max(now - self.t_last, 1e-9)
+        self.rate = inst_rate if self.rate is None else 0.9 * self.rate + 0.1 * inst_rate
+        self.train_s += now - self.t_last
+        return self.rate
+
+    def resume(self) -> None:
+        """The callbacks and validations are done: training time runs again."""
+        self.t_last = time.perf_counter()
+
+
+#: An epoch's learning step: the runs still training and the clock in, each run's metrics out.
+EpochStep = Callable[[list[Run], EpochClock], list[dict[str, float]]]
+
+
+def run_epochs(runs: list[Run], step: EpochStep, clock: EpochClock) -> list[TrainResult]:
+    """The epoch loop of :func:`train` and of a pack: ``step`` learns one epoch of every run
+    still training and returns their metrics (``loss``, ``grad_norm`` and ``lr`` among them);
+    then each run counts the epoch, checks it is finite, hands its metrics to its callbacks,
+    validates every ``val_every`` epochs and at its end (its epochs, its ``max_minutes`` of
+    training, or a callback's stop) and finishes."""
+    for run in runs:
+        begin_run(run)
+    for run in runs:
+        if run.ctx.epoch >= run.ctx.total_epochs:
+            finish_run(run, clock)
+    clock.resume()  # the starting validations are not training time
+    while active := [run for run in runs if run.result is None]:
+        metrics = step(active, clock)
+        rate = clock.tick()
+        for run, m in zip(active, metrics, strict=True):
+            ctx, c = run.ctx, run.config
+            ctx.epoch += 1
+            m["epochs_per_s"] = rate
+            check_finite(m, ctx.epoch, m["lr"])
+            out_of_time = bool(c.max_minutes) and clock.train_s >= 60 * c.max_minutes
+            last = ctx.epoch == ctx.total_epochs or out_of_time
+            for cb in run.callbacks:
+                cb.on_epoch_end(ctx, m)
+            if (c.val_every and ctx.epoch % c.val_every == 0) or last:
+                validate_run(run)
+            if ctx.stop or last:
+                finish_run(run, clock)
+        clock.resume()
+    return [run.result for run in runs]  # type: ignore[misc]
+
+
+def validate_run(run: Run) -> None:
+    """The greedy validation of ``run.model()``, kept in its context and handed to its
+    callbacks."""
+    ctx = run.ctx
+    val = ctx.last_validation = validate(run.model(), run.regions, run.validation,
+                                         run.benchmark)
     if ctx.best_validation is None or val["val_score"] > ctx.best_validation:
         ctx.best_validation = val["val_score"]
-    for cb in callbacks:
+    for cb in run.callbacks:
         cb.on_validation(ctx, val)
 
 
@@ -166,27 +234,28 @@ def start_run(config: TrainConfig, region_ids: list[str], device: torch.device,
     return model, state, ctx, np_rng, gen
 
 
-def begin_run(ctx: TrainContext, callbacks: Sequence[Callback], model: Callable[[], PointerNet],
-              regions: list[Region], validation: dict[str, Tourists],
-              benchmark: dict[str, Tourists], fine_tuning: bool) -> None:
-    """The callbacks' start; a run ``fine_tuning`` a model file validates ``model()`` first
-    (the starting model on these regions, for comparison; as in :func:`end_epoch`)."""
-    for cb in callbacks:
-        cb.on_train_start(ctx)
-    if fine_tuning and ctx.epoch == 0:
-        ctx.last_validation = validate(model(), regions, validation, benchmark)
-        for cb in callbacks:
+def begin_run(run: Run) -> None:
+    """The callbacks' start; a run fine-tuning a model file validates it first (the starting
+    model on these regions, for comparison)."""
+    for cb in run.callbacks:
+        cb.on_train_start(run.ctx)
+    ctx = run.ctx
+    if run.fine_tuning and ctx.epoch == 0:  # a comparison, not a candidate for the best
+        ctx.last_validation = validate(run.model(), run.regions, run.validation, run.benchmark)
+        for cb in run.callbacks:
             cb.on_validation(ctx, ctx.last_validation)
 
 
-def finish_run(ctx: TrainContext, callbacks: Sequence[Callback], model: PointerNet,
-               t_run: float) -> TrainResult:
-    """The callbacks' end and the run's result (``model`` put in eval mode)."""
-    for cb in callbacks:
+def finish_run(run: Run, clock: EpochClock) -> None:
+    """The callbacks' end and the run's result (its model put in eval mode)."""
+    ctx = run.ctx
+    for cb in run.callbacks:
         cb.on_train_end(ctx)
-    return TrainResult(model=model.eval(), epochs=ctx.epoch, last_validation=ctx.last_validation,
-                       best_validation=ctx.best_validation,
-                       seconds=time.perf_counter() - t_run, checkpoint=ctx.last_checkpoint)
+    run.result = TrainResult(model=run.model().eval(), epochs=ctx.epoch,
+                             last_validation=ctx.last_validation,
+                             best_validation=ctx.best_validation,
+                             seconds=time.perf_counter() - clock.t_run,
+                             checkpoint=ctx.last_checkpoint)
 
 
 def training_snapshot(model: PointerNet, config: TrainConfig, ctx: TrainContext,
@@ -229,8 +298,8 @@ def train(config: TrainConfig, catalog: Catalog,
     optimizer = make_optimizer(model, config.learning_rate(0))
     if state is not None:
         optimizer.load_state_dict(state["train"]["optimizer"])
-    imitation, total, start_epoch = config.imitation_epochs, config.total_epochs, ctx.epoch
-    if start_epoch < imitation or config.demo_tourists:
+    imitation = config.imitation_epochs
+    if ctx.epoch < imitation or config.demo_tourists:
         demos = _demos(config, catalog, regions, demos)
 
     validation = {r.id: catalog.validation(r.id)[: config.val_tourists] for r in regions}
@@ -238,14 +307,16 @@ def train(config: TrainConfig, catalog: Catalog,
 
     ctx.snapshot = lambda: training_snapshot(model, config, ctx, optimizer.state_dict(), np_rng,
                                              gen)
-    begin_run(ctx, callbacks, lambda: model, regions, validation, benchmark, init is not None)
-
+    run = Run(config, regions, callbacks, ctx, np_rng, gen, lambda: model, validation, benchmark,
+              fine_tuning=init is not None)
     B, K = config.batch_size, config.tourists_per_epoch
     ids = torch.arange(K, device=device).repeat_interleave(B)  # route r -> tourist r // B
     graphed = None
-    t_run, rate, t_last = time.perf_counter(), None, time.perf_counter()
-    train_s, limit_s, imitation_s = 0.0, (config.max_minutes or 0.0) * 60, 0.0
-    for epoch in range(start_epoch, total):
+    imitation_s = 0.0  # training time before REINFORCE began (cosine_time's start)
+
+    def step(active: list[Run], clock: EpochClock) -> list[dict[str, float]]:
+        nonlocal graphed, imitation_s
+        epoch = ctx.epoch
         if epoch < imitation:
             # 1.-3. (imitation) demonstrations of the regions, their log-likelihood, one step
             lr = config.imitation_lr
@@ -253,64 +324,50 @@ def train(config: TrainConfig, catalog: Catalog,
                                            device)
             with diverging(model, epoch + 1, lr):
                 loss, grad_norm = imitation_step(model, optimizer, inst, acts, names, config)
-            metrics = {"imitation_loss": float(loss.detach())}
+            return [{"imitation_loss": float(loss.detach()), "loss": float(loss.detach()),
+                     "grad_norm": float(grad_norm), "lr": lr}]
+        if epoch == imitation:
+            imitation_s = clock.train_s
+        # 1. a region and K tourists for it (or, mixing regions, a region per tourist;
+        # or K demonstrations, whose routes join the samples)
+        acts, route_ids, names = None, ids, []
+        if config.demo_tourists:
+            instances, demo_acts, names = demo_batch(demos, regions, K, np_rng, device)
+            route_ids = torch.arange(K, device=device).repeat_interleave(B + 1)
+            acts = torch.full((K * (B + 1), demo_acts.shape[1]), -1, dtype=torch.long,
+                              device=device)
+            acts[:: B + 1] = demo_acts
+        elif config.mix_regions and len(regions) > 1:
+            picks = np.bincount(np_rng.integers(len(regions), size=K), minlength=len(regions))
+            instances = stack_instances([tourist_batch(regions[i], int(k), np_rng, config, device)
+                                         for i, k in enumerate(picks) if k])
         else:
-            # 1. a region and K tourists for it (or, mixing regions, a region per tourist;
-            # or K demonstrations, whose routes join the samples)
-            acts, route_ids, names = None, ids, []
-            if config.demo_tourists:
-                instances, demo_acts, names = demo_batch(demos, regions, K, np_rng, device)
-                route_ids = torch.arange(K, device=device).repeat_interleave(B + 1)
-                acts = torch.full((K * (B + 1), demo_acts.shape[1]), -1, dtype=torch.long,
-                                  device=device)
-                acts[:: B + 1] = demo_acts
-            elif config.mix_regions and len(regions) > 1:
-                picks = np.bincount(np_rng.integers(len(regions), size=K),
-                                    minlength=len(regions))
-                instances = stack_instances([
-                    make_instances(regions[i], sample_tourists(regions[i], int(k), np_rng,
-                                                               config.score_kind), device)
-                    for i, k in enumerate(picks) if k])
-            else:
-                region = (regions[int(np_rng.integers(len(regions)))] if len(regions) > 1
-                          else regions[0])
-                tourists = sample_tourists(region, K, np_rng, config.score_kind)
-                instances = make_instances(region, tourists, device)
+            region = (regions[int(np_rng.integers(len(regions)))] if len(regions) > 1
+                      else regions[0])
+            instances = tourist_batch(region, K, np_rng, config, device)
 
-            # 2.-3. B sampled routes per tourist, REINFORCE, one Adam step
-            lr = config.learning_rate(epoch - imitation, train_s, imitation_s)
-            mode = "compact" if acts is not None else choose_rollout(  # given routes: compact
-                config.rollout, device.type, ids.shape[0] * instances.n_nodes)
-            if mode == "graph" and graphed is None:  # replayed as a CUDA graph (opt-in)
-                from optw.train.graphed import GraphedStep  # CUDA only
+        # 2.-3. B sampled routes per tourist, REINFORCE, one Adam step
+        lr = config.learning_rate(epoch - imitation, clock.train_s, imitation_s)
+        mode = "compact" if acts is not None else choose_rollout(  # given routes: compact
+            config.rollout, device.type, ids.shape[0] * instances.n_nodes)
+        if mode == "graph" and graphed is None:  # replayed as a CUDA graph (opt-in)
+            from optw.train.graphed import GraphedStep  # CUDA only
 
-                graphed = GraphedStep(model, optimizer, config, ids)
-            with diverging(model, epoch + 1, lr), named_demos(names, B + 1):
-                rl, grad_norm = (graphed(instances, lr) if mode == "graph" else reinforce_step(
-                    model, optimizer, instances, route_ids, gen, config, lr, mode, acts))
-            loss = rl.loss
-            metrics = {"mean_reward": float(rl.reward.mean()),
-                       "entropy": float(rl.entropy.detach())}
+            graphed = GraphedStep(model, optimizer, config, ids)
+        with diverging(model, epoch + 1, lr), named_demos(names, B + 1):
+            rl, grad_norm = (graphed(instances, lr) if mode == "graph" else reinforce_step(
+                model, optimizer, instances, route_ids, gen, config, lr, mode, acts))
+        return [{"mean_reward": float(rl.reward.mean()), "entropy": float(rl.entropy.detach()),
+                 "loss": float(rl.loss.detach()), "grad_norm": float(grad_norm), "lr": lr}]
 
-        # 4. report, validate, hand over to callbacks
-        ctx.epoch = epoch + 1
-        now = time.perf_counter()
-        inst_rate = 1.0 / max(now - t_last, 1e-9)
-        rate = inst_rate if rate is None else 0.9 * rate + 0.1 * inst_rate
-        train_s += now - t_last
-        if ctx.epoch == imitation:
-            imitation_s = train_s
-        metrics.update({"loss": float(loss.detach()), "grad_norm": float(grad_norm), "lr": lr,
-                        "epochs_per_s": rate})
-        check_finite(metrics, ctx.epoch, lr)
-        out_of_time = bool(limit_s) and train_s >= limit_s
-        last = ctx.epoch == total or out_of_time
-        end_epoch(lambda: model, regions, validation, benchmark, ctx, callbacks, metrics, last)
-        t_last = time.perf_counter()  # callbacks and validation are not training time
-        if ctx.stop or out_of_time:
-            break
+    # 4. each epoch: report, validate, hand over to callbacks (run_epochs)
+    return run_epochs([run], step, EpochClock())[0]
 
-    return finish_run(ctx, callbacks, model, t_run)
+
+def tourist_batch(region: Region, k: int, rng: np.random.Generator, config: TrainConfig,
+                  device: torch.device) -> Instances:
+    """``k`` training tourists of ``region`` drawn with ``rng``, as instances."""
+    return make_instances(region, sample_tourists(region, k, rng, config.score_kind), device)
 
 
 def _demos(config: TrainConfig, catalog: Catalog, regions: list[Region],

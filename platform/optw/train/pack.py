@@ -10,34 +10,31 @@ member's snapshot is an ordinary training checkpoint; a finished member leaves t
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from optw.catalog import Catalog, Region, Tourists, sample_tourists
+from optw.catalog import Catalog
 from optw.decode import rollout
 from optw.decode.reinforce import reinforce_loss
-from optw.env import make_instances, stack_instances
+from optw.env import stack_instances
 from optw.model import PointerNet
 from optw.model.stacked import StackedPointerNet
-from optw.train.callbacks import Callback, TrainContext
+from optw.train.callbacks import Callback
 from optw.train.config import TrainConfig
 from optw.train.loop import (
+    EpochClock,
+    Run,
     TrainResult,
-    begin_run,
-    end_epoch,
-    finish_run,
     resolve_device,
+    run_epochs,
     start_run,
+    tourist_batch,
     training_snapshot,
 )
 from optw.train.rollouts import PACK_ROLLOUTS
-from optw.train.step import check_finite
 
 #: Adam's defaults, as :func:`optw.train.train` uses them.
 BETAS, EPS = (0.9, 0.999), 1e-8
@@ -109,22 +106,6 @@ def clip_members(params: Sequence[torch.nn.Parameter], max_norms: Sequence[float
     return norms
 
 
-@dataclass
-class _Member:
-    """One member's own training state."""
-
-    index: int
-    config: TrainConfig
-    region: Region
-    callbacks: list[Callback]
-    ctx: TrainContext
-    np_rng: np.random.Generator
-    gen: torch.Generator
-    validation: dict[str, Tourists]
-    benchmark: dict[str, Tourists]
-    result: TrainResult | None = None  # set when the member has finished
-
-
 def train_pack(configs: Sequence[TrainConfig], catalog: Catalog,
                callbacks: Sequence[Sequence[Callback]] | None = None,
                inits: Sequence[str | Path | None] | None = None,
@@ -157,7 +138,7 @@ def train_pack(configs: Sequence[TrainConfig], catalog: Catalog,
     if configs[0].threads:
         torch.set_num_threads(configs[0].threads)
 
-    members: list[_Member] = []
+    members: list[Run] = []
     models: list[PointerNet] = []
     states: list[dict[str, Any] | None] = []
     for i, config in enumerate(configs):
@@ -165,50 +146,39 @@ def train_pack(configs: Sequence[TrainConfig], catalog: Catalog,
         model, state, ctx, np_rng, gen = start_run(config, [region.id], device, inits[i],
                                                    resumes[i], f"pack member {i}'s checkpoint")
         models.append(model)
-        members.append(_Member(
-            i, config, region, callbacks[i], ctx, np_rng, gen,
-            {region.id: catalog.validation(region.id)[: config.val_tourists]},
-            {region.id: catalog.benchmark(region.id)}))
         states.append(state)
+        members.append(Run(
+            config, [region], callbacks[i], ctx, np_rng, gen,
+            lambda i=i: stacked.member(i),  # a copy of member i's network
+            {region.id: catalog.validation(region.id)[: config.val_tourists]},
+            {region.id: catalog.benchmark(region.id)}, fine_tuning=inits[i] is not None,
+            index=i))
 
     stacked = StackedPointerNet(models).to(device).train()
     optimizer = StackedAdam(stacked.weights, n)
     for i, state in enumerate(states):
         if state is not None:
             optimizer.load_member(i, state["train"]["optimizer"])
+    clock = EpochClock()
 
-    train_s = 0.0  # training time so far (the snapshot's lr under cosine_time)
-
-    def snapshot_of(mb: _Member):
+    def snapshot_of(mb: Run):
         def snapshot() -> dict:
             model = stacked.member(mb.index)
-            lr = mb.config.learning_rate(max(mb.ctx.epoch - 1, 0), train_s)
+            lr = mb.config.learning_rate(max(mb.ctx.epoch - 1, 0), clock.train_s)
             return training_snapshot(model, mb.config, mb.ctx,
                                      optimizer.member_state(mb.index, model, lr),
                                      mb.np_rng, mb.gen)
         return snapshot
 
-    t_run = time.perf_counter()
-
-    def finish(mb: _Member) -> None:
-        mb.result = finish_run(mb.ctx, mb.callbacks, stacked.member(mb.index), t_run)
-
     for mb in members:
         mb.ctx.snapshot = snapshot_of(mb)
-        begin_run(mb.ctx, mb.callbacks, lambda mb=mb: stacked.member(mb.index), [mb.region],
-                  mb.validation, mb.benchmark, inits[mb.index] is not None)
-    for mb in members:
-        if mb.ctx.epoch >= mb.config.epochs:
-            finish(mb)
 
-    rate, t_last = None, time.perf_counter()
-    while active := [mb for mb in members if mb.result is None]:
+    def step(active: list[Run], clock: EpochClock) -> list[dict[str, float]]:
         # 1. each member's K tourists (its own generator), one padded batch in member order
         parts, ids, member = [], [], []  # member: each tourist's member
         for mb in active:
             c, k = mb.config, mb.config.tourists_per_epoch
-            tourists = sample_tourists(mb.region, k, mb.np_rng, c.score_kind)
-            parts.append(make_instances(mb.region, tourists, device))
+            parts.append(tourist_batch(mb.regions[0], k, mb.np_rng, c, device))
             ids.append(torch.arange(len(member), len(member) + k, device=device)
                        .repeat_interleave(c.batch_size))
             member += [mb.index] * k
@@ -229,35 +199,19 @@ def train_pack(configs: Sequence[TrainConfig], catalog: Catalog,
             if bool((out.lengths[sl] > 2).any()):
                 stepped.append(mb.index)
             rls.append(reinforce_loss(out.reward[sl], out.log_prob[sl], out.entropy[sl],
-                                      c.batch_size, c.beta))
+                                      c.batch_size, c.beta, c.advantage == "normalised"))
         for w in stacked.weights:
             w.grad = None
-        lrs = [mb.config.learning_rate(mb.ctx.epoch, train_s) for mb in members]
+        lrs = [mb.config.learning_rate(mb.ctx.epoch, clock.train_s) for mb in members]
         total = torch.stack([rl.loss for rl in rls]).sum()
         if total.requires_grad:
             total.backward()
         norms = clip_members(stacked.weights, [mb.config.max_grad_norm for mb in members])
         if stepped:
             optimizer.step(lrs, stepped)
+        return [{"mean_reward": float(rl.reward.mean()), "loss": float(rl.loss.detach()),
+                 "entropy": float(rl.entropy.detach()), "grad_norm": float(norms[mb.index]),
+                 "lr": lrs[mb.index]} for mb, rl in zip(active, rls, strict=True)]
 
-        # 4. each member reports, validates and hands over to its callbacks
-        now = time.perf_counter()
-        train_s += now - t_last  # the pack's training time is each member's
-        inst_rate = 1.0 / max(now - t_last, 1e-9)
-        rate = inst_rate if rate is None else 0.9 * rate + 0.1 * inst_rate
-        for mb in active:
-            mb.ctx.epoch += 1
-        for mb, rl in zip(active, rls, strict=True):
-            ctx, c = mb.ctx, mb.config
-            metrics = {"mean_reward": float(rl.reward.mean()), "loss": float(rl.loss.detach()),
-                       "entropy": float(rl.entropy.detach()), "grad_norm": float(norms[mb.index]),
-                       "lr": lrs[mb.index], "epochs_per_s": rate}
-            check_finite(metrics, ctx.epoch, lrs[mb.index])
-            last = ctx.epoch == c.epochs or bool(c.max_minutes and train_s >= 60 * c.max_minutes)
-            end_epoch(lambda mb=mb: stacked.member(mb.index), [mb.region], mb.validation,
-                      mb.benchmark, ctx, mb.callbacks, metrics, last)
-            if ctx.stop or last:
-                finish(mb)
-        t_last = time.perf_counter()  # validation and callbacks are not training time
-
-    return [mb.result for mb in members]  # type: ignore[misc]
+    # 4. each member reports, validates and hands over to its callbacks (run_epochs)
+    return run_epochs(members, step, clock)
