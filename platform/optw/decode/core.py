@@ -383,6 +383,7 @@ class Greedy:
 
     def pick(self, logits: torch.Tensor, prob: torch.Tensor, owner: torch.Tensor,
              fr: Frontier, live: torch.Tensor, col: int) -> torch.Tensor:
+        """Each live route's next slot (row of its state's table ``logits[owner]``)."""
         return logits.argmax(1).index_select(0, owner)
 
 
