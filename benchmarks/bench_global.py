@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from optw.baselines.demos import get_demos
     from optw.catalog import open_catalog
-    from optw.decode import solve
+    from optw.distributed.pretrain import gaps_above_ils
     from optw.evaluate.protocol import ils_validation_means
     from optw.train import TrainConfig, train
 
@@ -66,13 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.process_time()
     result = train(config, catalog, demos=demos)
     train_s = time.process_time() - t0
-    gaps = {}
-    for rid in evals:
-        region, val = catalog.region(rid), catalog.validation(rid)
-        greedy = solve(result.model, region, val, "greedy")
-        beam = solve(result.model, region, val, "beam", beams=8, greedy=greedy)
-        gaps[rid] = {m: 100 * (float(np.mean([s.score for s in sols])) / ils[rid] - 1)
-                     for m, sols in (("greedy", greedy), ("beam", beam))}
+    gaps = gaps_above_ils(result.model, catalog, evals, ils, 64, 8)
     print(json.dumps({"group": args.group, "variant": args.variant, "demo_s": demo_s,
                       "train_s": train_s, "epochs": result.epochs, "gaps": gaps,
                       "median_beam": float(np.median([g["beam"] for g in gaps.values()])),

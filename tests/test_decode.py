@@ -551,7 +551,7 @@ def test_normalised_advantages_weigh_every_tourist_alike():
     log_prob = torch.randn(12, requires_grad=True)
     reward = torch.tensor([1.0, 2.0, 4.0, 1.0] + [10.0, 20.0, 40.0, 10.0] + [5.0] * 4)
     entropy = torch.zeros(12)
-    loss = reinforce_loss(reward, log_prob, entropy, 4, normalise=True).loss
+    loss = reinforce_loss(reward, log_prob, entropy, 4, advantage="normalised").loss
     (grad,) = torch.autograd.grad(loss, log_prob)
     assert torch.allclose(grad[:4], grad[4:8]) and bool((grad[8:] == 0).all())
     plain = reinforce_loss(reward, log_prob, entropy, 4).loss

@@ -4,8 +4,10 @@ not off glibc, with ``MALLOC_MMAP_THRESHOLD_`` set or with ``OPTW_MALLOC=0``."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
 
@@ -23,12 +25,18 @@ def reuse_large_blocks() -> bool:
     return _applied
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library (``find_library`` runs a subprocess: looked up once per process)."""
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
 def _apply() -> bool:
     if (os.environ.get("OPTW_MALLOC", "1").strip() == "0" or "MALLOC_MMAP_THRESHOLD_" in
             os.environ or not sys.platform.startswith("linux")):
         return False
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+        mallopt = _libc().mallopt
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
@@ -39,8 +47,5 @@ def release_free_memory() -> None:
     """Hand the heap's free memory back to the system (glibc's ``malloc_trim``): a long-lived
     process keeps the peak of an evaluation otherwise, as the raised threshold leaves large
     blocks on the heap. A no-op off glibc."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    with contextlib.suppress(OSError, AttributeError):
+        _libc().malloc_trim(0)

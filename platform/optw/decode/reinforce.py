@@ -1,9 +1,9 @@
 """The REINFORCE loss on a rollout's outputs, written once for training, packs and active
 search: each tourist's mean reward is its routes' baseline (the paper's Algorithms 1 and 2) and an
 entropy bonus is subtracted, ``-((R - mean_tourist R) · log p).mean() - beta · entropy.mean()``.
-With ``normalise``, each tourist's advantages are divided by the standard deviation of its
-routes' rewards, so that every tourist (and region) of a mixed batch weighs alike whatever the
-scale of its scores (RouteFinder's per-variant reward normalisation).
+With ``advantage = "normalised"``, each tourist's advantages are divided by the standard
+deviation of its routes' rewards, so that every tourist (and region) of a mixed batch weighs
+alike whatever the scale of its scores (RouteFinder's per-variant reward normalisation).
 """
 
 from __future__ import annotations
@@ -23,15 +23,14 @@ class ReinforceLoss:
 
 
 def reinforce_loss(reward: torch.Tensor, log_prob: torch.Tensor, entropy: torch.Tensor,
-                   routes_per_tourist: int, beta: float = 0.0, normalise: bool = False,
+                   routes_per_tourist: int, beta: float = 0.0, advantage: str = "mean",
                    ) -> ReinforceLoss:
     """REINFORCE over routes grouped by tourist (``routes_per_tourist`` consecutive routes each;
     ``reward``, ``log_prob``, ``entropy`` [R], as a :class:`~optw.decode.core.Rollout` gives)."""
     per_tourist = reward.view(-1, routes_per_tourist)
     centred = per_tourist - per_tourist.mean(dim=1, keepdim=True)
-    if normalise:  # a tourist whose routes all score alike keeps its zero advantages
+    if advantage == "normalised":  # a tourist whose routes all score alike keeps its zeros
         centred = centred / (centred.std(dim=1, keepdim=True) + 1e-8)
-    advantage = centred.view(-1)
-    policy_loss = -(advantage.detach() * log_prob).mean()
+    policy_loss = -(centred.view(-1).detach() * log_prob).mean()
     mean_entropy = entropy.mean()
     return ReinforceLoss(policy_loss - beta * mean_entropy, per_tourist, mean_entropy)

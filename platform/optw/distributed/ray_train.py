@@ -23,7 +23,7 @@ from optw.env.demos import Demonstrations
 from optw.errors import OptwError
 from optw.evaluate.protocol import gap_to_ils, ils_validation_means
 from optw.model import write_checkpoint
-from optw.model.release import release_file
+from optw.model.release import checked_release
 from optw.raylogs import quiet_train_worker, train_log_level
 from optw.train.callbacks import Callback, TrainContext
 from optw.train.config import TrainConfig
@@ -205,9 +205,10 @@ def train_worker(pack: WorkerPack, error_file: str) -> None:
     try:
         with contextlib.ExitStack() as stack:
             local = functools.cache(local_catalog)  # each catalog mirrored once
+            release = functools.cache(lambda g: checked_release(g)[0])  # checked once
             specs = []
             for spec in pack.specs:
-                init = (None if not spec.init else release_file(spec.init[len(RELEASE_PREFIX):])
+                init = (None if not spec.init else release(spec.init[len(RELEASE_PREFIX):])
                         if spec.init.startswith(RELEASE_PREFIX)  # this node's copy, checked
                         else stack.enter_context(st.local_file(spec.init)))
                 specs.append(replace(spec, catalog=local(spec.catalog), init=init and str(init)))

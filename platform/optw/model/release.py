@@ -55,11 +55,6 @@ def checked_release(group: str, folder: Path | None = None) -> tuple[Path, dict[
     return path, manifest
 
 
-def release_file(group: str, folder: Path | None = None) -> Path:
-    """The group's weights file, its sha256 checked against the manifest."""
-    return checked_release(group, folder)[0]
-
-
 def load_release(group: str, folder: Path | None = None) -> tuple[PointerNet, dict[str, Any]]:
     """The group's released model (eval mode) and its manifest, after checking the file's
     sha256 and that its architecture is the manifest's."""

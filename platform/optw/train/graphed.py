@@ -109,7 +109,7 @@ class GraphedStep:
                                                    sampling="free", steps=steps)
         return routes, reinforce_loss(route_reward(instances, self.ids, routes), log_prob,
                                       entropy, self.config.batch_size, self.config.beta,
-                                      self.config.advantage == "normalised")
+                                      self.config.advantage)
 
     def _inputs(self, instances: Instances) -> Instances:
         """The static buffers for this node count, holding ``instances``' tensors."""

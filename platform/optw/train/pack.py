@@ -199,7 +199,7 @@ def train_pack(configs: Sequence[TrainConfig], catalog: Catalog,
             if bool((out.lengths[sl] > 2).any()):
                 stepped.append(mb.index)
             rls.append(reinforce_loss(out.reward[sl], out.log_prob[sl], out.entropy[sl],
-                                      c.batch_size, c.beta, c.advantage == "normalised"))
+                                      c.batch_size, c.beta, c.advantage))
         for w in stacked.weights:
             w.grad = None
         lrs = [mb.config.learning_rate(mb.ctx.epoch, clock.train_s) for mb in members]

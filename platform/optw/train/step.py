@@ -65,7 +65,7 @@ def reinforce_step(model: PointerNet, optimizer: torch.optim.Optimizer, instance
         out = rollout(model, instances, ids, generator=generator, actions=actions)
     per_tourist = int(ids.shape[0] // instances.n_tourists)
     rl = reinforce_loss(out.reward, out.log_prob, out.entropy, per_tourist, config.beta,
-                        config.advantage == "normalised")
+                        config.advantage)
     return rl, descend(model, optimizer, rl.loss, lr, config.max_grad_norm)
 
 
