@@ -149,6 +149,18 @@ def lstm_step(x: torch.Tensor, h: torch.Tensor, c: torch.Tensor, w_ih: torch.Ten
     return torch.sigmoid(go) * torch.tanh(c), c
 
 
+def _chosen(logits: torch.Tensor, ok: torch.Tensor, ch: torch.Tensor, enc: torch.Tensor,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step's log-probability of the chosen nodes ``ch[R]`` under the admissible mask
+    ``ok[R, n]``, its entropy, and the chosen nodes' encodings ``enc[R, n, d]`` (next LSTM
+    input)."""
+    logp = torch.log_softmax(logits.masked_fill(~ok, float("-inf")), dim=1)
+    d = enc.shape[2]
+    return (logp.gather(1, ch.unsqueeze(1)).squeeze(1),
+            -(logp.exp() * logp.masked_fill(~ok, 0.0)).sum(1),
+            enc.gather(1, ch.view(-1, 1, 1).expand(-1, 1, d)).squeeze(1))
+
+
 def plain_decode(p: Params, cfg: ModelConfig, eps: float, static: torch.Tensor,
                  tid: torch.Tensor, dyn: torch.Tensor, bias: torch.Tensor,
                  allowed: torch.Tensor, choice: torch.Tensor, math_attention: bool = False,
@@ -185,12 +197,9 @@ def plain_decode(p: Params, cfg: ModelConfig, eps: float, static: torch.Tensor,
         h, c = lstm_step(lstm_in, h, c, w_ih, w_hh, b_ih, b_hh)
         u = torch.tanh(F.linear(enc, w_ref).reshape(r, n, d) + F.linear(h, w_q, b_q).unsqueeze(1))
         logits = cfg.clip * torch.tanh(torch.matmul(u, v).squeeze(2))
-        ok = allowed[s]
-        logp = torch.log_softmax(logits.masked_fill(~ok, float("-inf")), dim=1)
-        ch = choice[s]
-        lps.append(logp.gather(1, ch.unsqueeze(1)).squeeze(1))
-        ents.append(-(logp.exp() * logp.masked_fill(~ok, 0.0)).sum(1))
-        lstm_in = enc.reshape(r, n, d).gather(1, ch.view(r, 1, 1).expand(r, 1, d)).squeeze(1)
+        lp, ent, lstm_in = _chosen(logits, allowed[s], choice[s], enc.reshape(r, n, d))
+        lps.append(lp)
+        ents.append(ent)
         prev = enc
     return torch.stack(lps).sum(0), torch.stack(ents).sum(0)
 
@@ -226,13 +235,10 @@ def net_decode(net: PointerNet, static: torch.Tensor, tid: torch.Tensor, dyn: to
     for s in range(choice.shape[0]):
         enc = net.encode_dense(net.embed(static_rows, dyn[s + 1]), prev, bias[s + 1])
         h, c = net.lstm(lstm_in, (h, c))
-        ok = allowed[s]
-        logp = torch.log_softmax(net.pointer(enc, h, row_route).reshape(r, n)
-                                 .masked_fill(~ok, float("-inf")), dim=1)
-        ch = choice[s]
-        lps.append(logp.gather(1, ch.unsqueeze(1)).squeeze(1))
-        ents.append(-(logp.exp() * logp.masked_fill(~ok, 0.0)).sum(1))
-        lstm_in = enc.reshape(r, n, d).gather(1, ch.view(r, 1, 1).expand(r, 1, d)).squeeze(1)
+        lp, ent, lstm_in = _chosen(net.pointer(enc, h, row_route).reshape(r, n), allowed[s],
+                                   choice[s], enc.reshape(r, n, d))
+        lps.append(lp)
+        ents.append(ent)
         prev = enc
     return torch.stack(lps).sum(0), torch.stack(ents).sum(0)
 
