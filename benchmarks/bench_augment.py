@@ -17,15 +17,32 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the eight isometries of the square, as (swap x and y, sign of x, sign of y)
 SYMMETRIES = [(swap, sx, sy) for swap in (False, True) for sx in (1, -1) for sy in (1, -1)]
+
+
+def route_totals(score: Any, found: list[list[int]]) -> list[float]:
+    """Each tourist's route score (``score[K, n]`` of the instances, routes in tourist order)."""
+    return [float(score[k, r].sum()) for k, r in enumerate(found)]
+
+
+def validated(region: Any, tourists: Any, found: list[list[int]], claimed: Any) -> None:
+    """Every route through the route validator, its claimed score checked too."""
+    from optw.env.validate import check_route
+
+    for k, (r, c) in enumerate(zip(found, claimed, strict=True)):
+        check = check_route(region, r, tourists, k, claimed_score=float(c))
+        if not check.ok:
+            raise SystemExit(f"{region.id} tourist {k}: invalid route: {check.problems}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     from optw.decode.core import greedy_routes
     from optw.distributed.pretrain import ils_means, load_pretrain_profile
     from optw.env.instances import make_instances
-    from optw.env.validate import check_route
     from optw.model.release import load_release
 
     torch.set_num_threads(1)
@@ -65,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         inst = make_instances(region, val)
         xy = inst.static[..., :2]
         centre = (xy.amin(dim=(0, 1)) + xy.amax(dim=(0, 1))) / 2
+        score = inst.scores.double()
+        totals = functools.partial(route_totals, score)
+        validate = functools.partial(validated, region, val)
         best = {m: np.full((len(SYMMETRIES), len(val)), -np.inf) for m in ("greedy", "beam")}
         routes: dict[str, list[list[list[int]]]] = {"greedy": [], "beam": []}
         seconds = np.zeros(len(SYMMETRIES))
@@ -79,31 +98,27 @@ def main(argv: list[str] | None = None) -> int:
             g = greedy_routes(model, aug)
             b = beam_search(model, aug, args.beams).routes
             seconds[a] = time.process_time() - t0
-            score = inst.scores.double()
-            g_score = [float(score[k, r].sum()) for k, r in enumerate(g)]
-            b_score = [float(score[k, r].sum()) for k, r in enumerate(b)]
-            keep = [bs if bs >= gs else gs for bs, gs in zip(b_score, g_score, strict=True)]
-            best["greedy"][a], best["beam"][a] = g_score, keep
+            g_score, b_score = totals(g), totals(b)
+            best["greedy"][a] = g_score
+            best["beam"][a] = np.maximum(b_score, g_score)  # the beam keeps a better greedy
             routes["greedy"].append(g)
             routes["beam"].append([br if bs >= gs else gr for br, gr, bs, gs
                                    in zip(b, g, b_score, g_score, strict=True)])
         row = {"region": rid}
         for m in ("greedy", "beam"):
-            pick = best[m].argmax(0)
-            for k, a in enumerate(pick):  # every kept route, through the validator
-                check = check_route(region, routes[m][a][k], val, k,
-                                    claimed_score=best[m][a, k])
-                if not check.ok:
-                    raise SystemExit(f"{rid} tourist {k}: invalid route: {check.problems}")
+            pick = best[m].argmax(0)  # every kept route, through the validator
+            validate([routes[m][a][k] for k, a in enumerate(pick)],
+                     [best[m][a, k] for k, a in enumerate(pick)])
             row[m] = 100 * (best[m][0].mean() / ils[rid] - 1)
             row[f"{m}_x8"] = 100 * (best[m].max(0).mean() / ils[rid] - 1)
         row["s"], row["s_x8"] = seconds[0], seconds.sum()
         t0 = time.process_time()
         wide = beam_search(model, inst, 8 * args.beams).routes
         row["s_wide"] = time.process_time() - t0
-        wide_score = [max(float(inst.scores.double()[k, r].sum()), best["greedy"][0, k])
-                      for k, r in enumerate(wide)]
-        row["beam_wide"] = 100 * (np.mean(wide_score) / ils[rid] - 1)
+        wide_score = totals(wide)
+        validate(wide, wide_score)
+        wide_kept = np.maximum(wide_score, best["greedy"][0])
+        row["beam_wide"] = 100 * (wide_kept.mean() / ils[rid] - 1)
         rows.append(row)
         print(f"{rid:>8}: greedy {row['greedy']:+.2f} -> {row['greedy_x8']:+.2f} %, "
               f"beam {row['beam']:+.2f} -> {row['beam_x8']:+.2f} %, "
