@@ -71,7 +71,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "platform"))
 
 from optw.catalog import Catalog, open_catalog  # noqa: E402
-from optw.decode import rollout  # noqa: E402
 from optw.decode.core import route_reward  # noqa: E402
 from optw.decode.reinforce import reinforce_loss  # noqa: E402
 from optw.decode.static import static_rollout  # noqa: E402
@@ -83,7 +82,7 @@ from optw.model.network import Bucket, Layout, graph_bias  # noqa: E402
 from optw.model.stacked import Groups, StackedPointerNet  # noqa: E402
 from optw.train.config import TrainConfig  # noqa: E402
 from optw.train.loop import tourist_batch  # noqa: E402
-from optw.train.pack import StackedAdam, clip_members  # noqa: E402
+from optw.train.pack import StackedAdam, pack_step  # noqa: E402
 from optw.train.step import make_optimizer, reinforce_step  # noqa: E402
 
 #: 14 Solomon regions (all 102 nodes: 100 points, start, end), a mix of the six classes.
@@ -520,7 +519,6 @@ class Epochs(Way):
         self.regions = [catalog.region(r) for r in regions]
         self.rngs = [np.random.default_rng(c.seed) for c in self.configs]
         self.gens = [torch.Generator().manual_seed(c.seed) for c in self.configs]
-        self.lengths: list[torch.Tensor] = []
 
     def tourists(self, i: int) -> Instances:
         """Member ``i``'s tourists of this epoch (its own generator)."""
@@ -541,27 +539,14 @@ class StackedEpoch(Epochs):
         self.ids = torch.cat([torch.arange(i * tourists, (i + 1) * tourists)
                               .repeat_interleave(batch) for i in range(p)])
         self.member = torch.arange(p).repeat_interleave(tourists)
+        self.lengths: list[torch.Tensor] = []  # the sampled routes' node counts, every epoch
 
     def run(self) -> Outputs:
         instances = stack_instances([self.tourists(i) for i in range(len(self.configs))])
-        out = rollout(self.model, instances, self.ids, greedy=False, generator=self.gens,
-                      member=self.member)
-        per = out.reward.shape[0] // len(self.configs)
-        rls, stepped = [], []
-        for i, c in enumerate(self.configs):
-            sl = slice(i * per, (i + 1) * per)
-            if bool((out.lengths[sl] > 2).any()):  # as train_pack: no step without a gradient
-                stepped.append(i)
-            rls.append(reinforce_loss(out.reward[sl], out.log_prob[sl], out.entropy[sl],
-                                      c.batch_size, c.beta, c.advantage))
-        for w in self.model.weights:
-            w.grad = None
-        total = torch.stack([rl.loss for rl in rls]).sum()
-        if total.requires_grad:
-            total.backward()
-        clip_members(self.model.weights, [c.max_grad_norm for c in self.configs])
-        if stepped:
-            self.optimizer.step([c.learning_rate(0) for c in self.configs], stepped)
+        members = range(len(self.configs))
+        out, rls, _ = pack_step(self.model, self.optimizer, instances, self.ids, self.member,
+                                self.gens, self.configs, members,
+                                [c.learning_rate(0) for c in self.configs])
         self.lengths.append(out.lengths)
         return (torch.stack([rl.reward.reshape(-1) for rl in rls]),
                 torch.stack([rl.loss.detach() for rl in rls]))

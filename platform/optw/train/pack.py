@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from optw.catalog import Catalog
-from optw.decode import rollout
-from optw.decode.reinforce import reinforce_loss
-from optw.env import stack_instances
+from optw.decode import Rollout, rollout
+from optw.decode.reinforce import ReinforceLoss, reinforce_loss
+from optw.env import Instances, stack_instances
 from optw.model import PointerNet
 from optw.model.stacked import StackedPointerNet
 from optw.train.callbacks import Callback
@@ -106,6 +106,41 @@ def clip_members(params: Sequence[torch.nn.Parameter], max_norms: Sequence[float
     return norms
 
 
+def pack_step(stacked: StackedPointerNet, optimizer: StackedAdam, instances: Instances,
+              ids: torch.Tensor, member: torch.Tensor, generators: Sequence[torch.Generator],
+              configs: Sequence[TrainConfig], active: Sequence[int], lrs: Sequence[float],
+              ) -> tuple[Rollout, list[ReinforceLoss], torch.Tensor]:
+    """One epoch's REINFORCE step of the ``active`` members, each as
+    :func:`~optw.train.step.reinforce_step` would take it alone: ``instances`` holds their
+    tourists in ``active``'s order (``member``: each tourist's member; ``ids``: each route's
+    tourist, ``tourists_per_epoch * batch_size`` routes per member); ``generators``, ``configs``
+    and ``lrs`` are every member's. One rollout samples every route; the sum of the members'
+    losses puts each member's gradient in its own slice. Returns the rollout, the active members'
+    losses and every member's gradient norm before clipping."""
+    out = rollout(stacked, instances, ids, greedy=False, generator=list(generators),
+                  member=member)
+    rls, stepped, start = [], [], 0
+    for p in active:
+        c = configs[p]
+        sl = slice(start, start + c.tourists_per_epoch * c.batch_size)
+        start = sl.stop
+        # a member whose every route was forced (start -> end) gets no gradient: alone, Adam
+        # would leave its parameters, moments and step count untouched
+        if bool((out.lengths[sl] > 2).any()):
+            stepped.append(p)
+        rls.append(reinforce_loss(out.reward[sl], out.log_prob[sl], out.entropy[sl],
+                                  c.batch_size, c.beta, c.advantage))
+    for w in stacked.weights:
+        w.grad = None
+    total = torch.stack([rl.loss for rl in rls]).sum()
+    if total.requires_grad:
+        total.backward()
+    norms = clip_members(stacked.weights, [c.max_grad_norm for c in configs])
+    if stepped:
+        optimizer.step(lrs, stepped)
+    return out, rls, norms
+
+
 def train_pack(configs: Sequence[TrainConfig], catalog: Catalog,
                callbacks: Sequence[Sequence[Callback]] | None = None,
                inits: Sequence[str | Path | None] | None = None,
@@ -174,7 +209,7 @@ def train_pack(configs: Sequence[TrainConfig], catalog: Catalog,
         mb.ctx.snapshot = snapshot_of(mb)
 
     def step(active: list[Run], clock: EpochClock) -> list[dict[str, float]]:
-        # 1. each member's K tourists (its own generator), one padded batch in member order
+        # each member's K tourists (its own generator), one padded batch in member order
         parts, ids, member = [], [], []  # member: each tourist's member
         for mb in active:
             c, k = mb.config, mb.config.tourists_per_epoch
@@ -182,36 +217,13 @@ def train_pack(configs: Sequence[TrainConfig], catalog: Catalog,
             ids.append(torch.arange(len(member), len(member) + k, device=device)
                        .repeat_interleave(c.batch_size))
             member += [mb.index] * k
-        instances = stack_instances(parts)
-
-        # 2. every member's B routes per tourist in one rollout
-        out = rollout(stacked, instances, torch.cat(ids), greedy=False,
-                      generator=[mb.gen for mb in members],
-                      member=torch.tensor(member, device=device))
-
-        # 3. each member's REINFORCE loss; their sum has each member's gradient in its slice
-        rls, start, stepped = [], 0, []
-        for mb, part in zip(active, ids, strict=True):
-            c, sl = mb.config, slice(start, start + part.shape[0])
-            start += part.shape[0]
-            # a member whose every route was forced (start -> end) gets no gradient: alone,
-            # Adam would leave its parameters, moments and step count untouched
-            if bool((out.lengths[sl] > 2).any()):
-                stepped.append(mb.index)
-            rls.append(reinforce_loss(out.reward[sl], out.log_prob[sl], out.entropy[sl],
-                                      c.batch_size, c.beta, c.advantage))
-        for w in stacked.weights:
-            w.grad = None
         lrs = [mb.config.learning_rate(mb.ctx.epoch, clock.train_s) for mb in members]
-        total = torch.stack([rl.loss for rl in rls]).sum()
-        if total.requires_grad:
-            total.backward()
-        norms = clip_members(stacked.weights, [mb.config.max_grad_norm for mb in members])
-        if stepped:
-            optimizer.step(lrs, stepped)
+        _, rls, norms = pack_step(stacked, optimizer, stack_instances(parts), torch.cat(ids),
+                               torch.tensor(member, device=device), [mb.gen for mb in members],
+                               configs, [mb.index for mb in active], lrs)
         return [{"mean_reward": float(rl.reward.mean()), "loss": float(rl.loss.detach()),
                  "entropy": float(rl.entropy.detach()), "grad_norm": float(norms[mb.index]),
                  "lr": lrs[mb.index]} for mb, rl in zip(active, rls, strict=True)]
 
-    # 4. each member reports, validates and hands over to its callbacks (run_epochs)
+    # each member reports, validates and hands over to its callbacks (run_epochs)
     return run_epochs(members, step, clock)
