@@ -20,8 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "ils", help="Iterated Local Search (Vansteenwegen et al., 2009)",
         description="Solve the catalog's tourists with ILS and store the results in "
         "<catalog>/baselines/ils.parquet (the paper's sets in ils_paper.parquet); pairs "
-        "already stored are not recomputed.",
-    )
+        "already stored are not recomputed.")
     ils.add_argument("--regions", nargs="+", action="extend", default=None, metavar="ID",
                      help="region ids (default: all)")
     ils.add_argument("--groups", nargs="+", action="extend", default=None, metavar="GROUP",
@@ -44,8 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Remove the stores of <catalog>/baselines/ (ils: ils.parquet and "
         "ils_paper.parquet; demos: demos.parquet), or with --regions only those regions' rows; "
         "what they held is computed again when next needed. An unreadable store can only be "
-        "cleared whole. Nothing else in the folder is touched.",
-    )
+        "cleared whole. Nothing else in the folder is touched.")
     clear.add_argument("--store", choices=("ils", "demos", "all"), default="all",
                        help="which store (default: all)")
     clear.add_argument("--regions", nargs="+", action="extend", default=None, metavar="ID",
@@ -56,12 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _record(row: dict, cached: bool) -> dict:
-    return {
-        "region": row["region"], "tourist": int(row["tourist"]), "kind": row["kind"],
-        "score": float(row["score"]), "route": [int(v) for v in row["route"]],
-        "seconds": float(row["seconds"]), "iterations": int(row["iterations"]),
-        "cached": cached,
-    }
+    return {"region": row["region"], "tourist": int(row["tourist"]), "kind": row["kind"],
+            "score": float(row["score"]), "route": [int(v) for v in row["route"]],
+            "seconds": float(row["seconds"]), "iterations": int(row["iterations"]),
+            "cached": cached}
 
 
 def _ils(args) -> int:
@@ -79,8 +75,7 @@ def _ils(args) -> int:
     run = run_ils_baseline(
         args.catalog, regions=_names(args.regions), groups=_names(args.groups),
         tourists=args.tourists, workers=args.workers, progress=not args.quiet,
-        force=args.force, on_result=emit,
-    )
+        force=args.force, on_result=emit)
     df = run.results
     if args.json:
         for row in df.to_dict("records"):

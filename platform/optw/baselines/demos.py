@@ -70,8 +70,7 @@ def demo_tourists(region: Region, n: int, seed: int, held_out: Sequence[Tourists
 
 
 def solve_block(catalog: str, region_id: str, start: int, stop: int, seed: int,
-                score_kind: str | None, localize: Callable[[str], str] | None = None,
-                ) -> list[dict]:
+                score_kind: str | None, localize: Callable[[str], str] | None = None) -> list[dict]:
     """Demonstrations ``start..stop-1`` of a region as store rows, each route checked."""
     cat = open_catalog(localize(catalog) if localize is not None else catalog)
     region = cat.region(region_id)
@@ -84,19 +83,16 @@ def solve_block(catalog: str, region_id: str, start: int, stop: int, seed: int,
             f"the ILS route of demonstration {i} of {region.id}")
         rows.append({
             "region": region.id, "seed": int(seed), "score_kind": score_kind or "default",
-            "ils_version": ILS_VERSION, "index": i,
-            "tourist": int(tourists.tourist_id[i]), "start_x": float(tourists.start_xy[i, 0]),
-            "start_y": float(tourists.start_xy[i, 1]), "t_start": float(tourists.t_start[i]),
-            "t_end": float(tourists.t_end[i]), "scores": tourists.scores[i].tolist(),
-            "route": list(res.route), "score": res.score, "seconds": res.seconds,
-            "region_sha256": region_sha256(region)})
+            "ils_version": ILS_VERSION, "index": i, "tourist": int(tourists.tourist_id[i]),
+            "start_x": float(tourists.start_xy[i, 0]), "start_y": float(tourists.start_xy[i, 1]),
+            "t_start": float(tourists.t_start[i]), "t_end": float(tourists.t_end[i]),
+            "scores": tourists.scores[i].tolist(), "route": list(res.route), "score": res.score,
+            "seconds": res.seconds, "region_sha256": region_sha256(region)})
     return rows
 
 
-def _write(path: Path, stored: pd.DataFrame, rows: list[dict],
-           stale: pd.Series) -> pd.DataFrame:
-    """The store without its ``stale`` rows, with ``rows`` added (new rows win per key),
-    written atomically."""
+def _write(path: Path, stored: pd.DataFrame, rows: list[dict], stale: pd.Series) -> pd.DataFrame:
+    """Write the store without its ``stale`` rows, plus ``rows`` (new ones win per key)."""
     new = pd.DataFrame(rows, columns=SCHEMA.names)
     both = pd.concat([df for df in (stored[~stale], new) if len(df)], ignore_index=True)
     both = both.drop_duplicates(list(KEY), keep="last").sort_values(list(KEY))
@@ -108,11 +104,9 @@ def _write(path: Path, stored: pd.DataFrame, rows: list[dict],
 def get_demos(catalog: Catalog, region_ids: Sequence[str], n: int, seed: int,
               score_kind: str | None = None, *, workers: int = 1, progress: bool = False,
               task_catalog: str | None = None, localize: Callable[[str], str] | None = None,
-              task_resources: Mapping[str, float] | None = None,
-              ) -> dict[str, Demonstrations]:
-    """``n`` demonstrations of each region of the open ``catalog``, the missing ones and those
-    of a region whose content changed computed; each stored one is checked (a
-    :class:`~optw.baselines.store.StoreError` naming the file, region and tourist)."""
+              task_resources: Mapping[str, float] | None = None) -> dict[str, Demonstrations]:
+    """``n`` demonstrations of each region of the open ``catalog``, the missing ones and those of
+    a changed region computed; each checked (a :class:`StoreError` naming file, region, tourist)."""
     def fresh(df: pd.DataFrame) -> pd.Series:  # of a region as it is now
         return df["region_sha256"] == df["region"].map(digests)
 
@@ -127,8 +121,7 @@ def get_demos(catalog: Catalog, region_ids: Sequence[str], n: int, seed: int,
     have = mine.groupby("region")["index"].apply(set).to_dict() if len(mine) else {}
     jobs = []
     for rid in region_ids:
-        first = next((i for i in range(n) if i not in have.get(rid, set())), n)
-        if first < n:
+        if (first := next((i for i in range(n) if i not in have.get(rid, set())), n)) < n:
             jobs.append((task_catalog or str(catalog.path), rid, first, n, seed, score_kind))
     if jobs:
         rows: list[dict] = []
@@ -146,9 +139,8 @@ def get_demos(catalog: Catalog, region_ids: Sequence[str], n: int, seed: int,
 
 
 def _demonstrations(path: Path, region: Region, df: pd.DataFrame) -> Demonstrations:
-    """The rows ``df`` of ``region`` as demonstrations, each checked
-    (:meth:`Demonstrations.check`): a :class:`StoreError` naming the file, region and
-    tourist."""
+    """The rows ``df`` of ``region`` as demonstrations, each checked (:meth:`Demonstrations.check`):
+    a :class:`StoreError` naming the file, region and tourist."""
     n = region.n_nodes
     if bad := [int(t) for t, s in zip(df["tourist"], df["scores"], strict=True) if len(s) != n]:
         raise StoreError(path, f"holds a bad row: demonstration of {region.id} tourist {bad[0]} "

@@ -1,9 +1,8 @@
 """Iterated Local Search (Vansteenwegen et al., 2009) for one OPTW route, compiled with numba.
 
-The algorithm and its pinned details (tie-breaking, shake, stopping rule, our own pins for
-scores <= 0 and Shift <= 0) follow ``shared/spec/ils.md``, summarised in ``docs/ils.md``. All
-times are exact integers in hundredths of a minute, so boundary cases never flip on
-floating-point noise.
+The algorithm and its pinned details (tie-breaking, shake, stopping rule, our own pins for scores
+<= 0 and Shift <= 0) follow ``shared/spec/ils.md``, summarised in ``docs/ils.md``. All times are
+exact integers in hundredths of a minute, so boundary cases never flip on floating-point noise.
 """
 
 from __future__ import annotations
@@ -87,8 +86,7 @@ def _best_insertion(rt, length, inr, dist, opening, closing, duration, score, w,
 
 @nb.njit(cache=True)
 def _insert(rt, length, j, p, shift, inr, dist, opening, closing, duration, a, w, s, ms):
-    """Insert ``j`` after position ``p``, walk the shift forward, recompute MaxShift backwards;
-    returns the new route length."""
+    """Insert ``j`` after position ``p`` (shift forward, MaxShift backwards); the new length."""
     for q in range(length, p + 1, -1):  # make room at p+1
         rt[q] = rt[q - 1]
         a[q], w[q], s[q], ms[q] = a[q - 1], w[q - 1], s[q - 1], ms[q - 1]
@@ -224,14 +222,11 @@ class IlsProblem:
         opening, closing = to_time_units(region.opening), to_time_units(region.closing)
         opening[0] = opening[-1] = to_time_units(t_start)
         closing[0] = closing[-1] = to_time_units(t_end)
-        return cls(
-            dist=np.ascontiguousarray(to_time_units(dist)),
-            opening=opening,
-            closing=closing,
-            duration=to_time_units(region.duration),
-            # a writable copy: numba compiles read-only (pandas/arrow) views as another signature
-            score=np.array(score, dtype=np.float64, copy=True),
-        )
+        return cls(dist=np.ascontiguousarray(to_time_units(dist)), opening=opening, closing=closing,
+                   duration=to_time_units(region.duration),
+                   # a writable copy: numba compiles read-only (pandas/arrow) views as another
+                   # signature
+                   score=np.array(score, dtype=np.float64, copy=True))
 
 
 class RouteState:
@@ -271,8 +266,7 @@ class RouteState:
 
     def insert(self, j: int, pos: int) -> None:
         """Insert ``j`` after position ``pos`` with the incremental update (must be feasible)."""
-        sh = self.insertion_shift(j, pos)
-        if sh is None:
+        if (sh := self.insertion_shift(j, pos)) is None:
             raise ValueError(f"inserting node {j} after position {pos} is infeasible")
         self.length = _insert(self.rt, self.length, j, pos, sh, self.inr, *self.times, self.a,
                               self.w, self.s, self.ms)
@@ -352,6 +346,5 @@ def warm_up() -> None:
     region = Region(
         id="warm-up", group="solomon", x=np.array([0, 1.0, 2.0, 0]), y=np.zeros(4),
         duration=np.ones(4), opening=np.zeros(4), closing=np.full(4, 100.0),
-        score=np.array([0, 1.0, 2.0, 0]), t_start=0.0, t_end=100.0, decimals=1,
-    )
+        score=np.array([0, 1.0, 2.0, 0]), t_start=0.0, t_end=100.0, decimals=1)
     solve_problem(IlsProblem.from_region(region), max_iter_no_improve=3)

@@ -128,9 +128,8 @@ def read_store(path: Path, schema: pa.Schema, what: str,
 
 
 def region_sha256(region: Region) -> str:
-    """SHA-256 of what a region's ILS results and demonstrations depend on: its group, times,
-    nodes and travel (not its id or names): a region removed and added again with other points
-    has another."""
+    """SHA-256 of what a region's ILS results and demonstrations depend on: its group, times, nodes
+    and travel (not its id or names), so a region re-added with other points has another."""
     head = [region.group, region.n_nodes, region.t_start, region.t_end, region.decimals,
             region.coords, region.metric, region.speed_kmh, region.origin,
             region.travel is not None]
@@ -144,8 +143,7 @@ def region_sha256(region: Region) -> str:
 
 def region_digests(cat: Catalog, region_ids: Iterable[str]) -> dict[str, str | None]:
     """:func:`region_sha256` of each region id (None: not in the catalog)."""
-    return {rid: region_sha256(cat.region(rid)) if rid in cat else None
-            for rid in set(region_ids)}
+    return {rid: region_sha256(cat.region(rid)) if rid in cat else None for rid in set(region_ids)}
 
 
 def clear_stores(catalog_dir: Path | str | None, stores: Iterable[str],
@@ -156,27 +154,19 @@ def clear_stores(catalog_dir: Path | str | None, stores: Iterable[str],
     folder = Path(catalog_dir or default_catalog_dir()) / BASELINES_DIR
     regions = set(regions or ())
     done: list[tuple[Path, int | None]] = []
-    for name in (n for s in stores for n in STORES[s]):
-        path = folder / name
+    for path in (folder / name for store in stores for name in STORES[store]):
         if not path.is_file():
             continue
         if not regions:
             path.unlink()
             done.append((path, None))
             continue
-        table = _read_table(path)
+        table = read_demos_table(path) if path.name == DEMO_FILE else _read_ils_table(path)
         kept = table.filter(pc.invert(pc.is_in(table["region"], pa.array(sorted(regions)))))
         if len(kept) < len(table):
             write_parquet_atomic(kept, path)
         done.append((path, len(table) - len(kept)))
     return done
-
-
-def _read_table(path: Path) -> pa.Table:
-    """The checked store at ``path`` (a file of :data:`STORES`), as a table."""
-    if path.name == DEMO_FILE:
-        return read_demos_table(path)
-    return _read_ils_table(path)
 
 
 def read_demos_table(path: Path) -> pa.Table:
@@ -197,8 +187,7 @@ def _store_path(catalog_dir: Path | str | None, store: str) -> Path:
 
 def _read_ils_table(path: Path) -> pa.Table:
     """The checked ILS store at ``path`` (empty if none): :data:`SCHEMA`, and kinds of its own."""
-    table = read_store(path, SCHEMA, "an ILS results store")
-    if table is None:
+    if (table := read_store(path, SCHEMA, "an ILS results store")) is None:
         return SCHEMA.empty_table()
     if bad := sorted(set(table["kind"].to_pylist()) - {k for k, s in _STORE_OF.items()
                                                        if s == path.name}):
@@ -207,9 +196,10 @@ def _read_ils_table(path: Path) -> pa.Table:
     return table
 
 
-def _read(path: Path) -> tuple[pd.DataFrame, str | None, dict[str, str]]:
-    """The rows of an ILS store (checked), the tourists hash it was written for, and the
-    content hashes of its regions (none recorded: an older store, its rows trusted)."""
+def _current(cat: Catalog, store: str) -> pd.DataFrame:
+    """The current rows of an ILS store (checked): this catalog's tourists, ILS version and regions
+    (a region's recorded content hash its own; none recorded: an older store, rows trusted)."""
+    path = _store_path(cat.path, store)
     table = _read_ils_table(path)
     meta = table.schema.metadata or {}
     try:
@@ -218,29 +208,20 @@ def _read(path: Path) -> tuple[pd.DataFrame, str | None, dict[str, str]]:
         regions = None
     if not isinstance(regions, dict):
         raise StoreError(path, "has unreadable region hashes in its metadata")
-    sha = meta.get(_META_KEY)
-    return table.to_pandas(), sha.decode() if sha else None, regions
-
-
-def _current(cat: Catalog, store: str, df: pd.DataFrame, sha: str | None,
-             regions: Mapping[str, str]) -> np.ndarray:
-    """Which rows of a store are current: of this catalog's tourists, ILS version and regions
-    (a region's recorded content hash equal to its own)."""
-    if not len(df) or sha is None or sha != cat.manifest["files"].get(_SOURCE_OF[store]):
-        return np.zeros(len(df), dtype=bool)
-    now = region_digests(cat, df["region"])
-    fresh = {r: h is not None and regions.get(r, h) == h for r, h in now.items()}
-    return (df["region"].map(fresh).to_numpy(bool)
-            & (df["ils_version"] == ILS_VERSION).to_numpy())
+    df, sha = table.to_pandas(), meta.get(_META_KEY)
+    current = np.zeros(len(df), dtype=bool)
+    if len(df) and sha and sha.decode() == cat.manifest["files"].get(_SOURCE_OF[store]):
+        now = region_digests(cat, df["region"])
+        fresh = {r: h is not None and regions.get(r, h) == h for r, h in now.items()}
+        current = (df["region"].map(fresh).to_numpy(bool)
+                   & (df["ils_version"] == ILS_VERSION).to_numpy())
+    return df[current]
 
 
 def load_ils_results(catalog_dir: Path | str | None = None) -> pd.DataFrame:
     """The current (not stale) stored ILS results of both stores, by region and tourist."""
     cat = open_catalog(catalog_dir)
-    parts = []
-    for store in _SOURCE_OF:
-        df, sha, regions = _read(_store_path(catalog_dir, store))
-        parts.append(df[_current(cat, store, df, sha, regions)])
+    parts = [_current(cat, store) for store in _SOURCE_OF]
     if not (parts := [df for df in parts if len(df)]):
         return SCHEMA.empty_table().to_pandas()
     df = pd.concat(parts, ignore_index=True)
@@ -248,18 +229,15 @@ def load_ils_results(catalog_dir: Path | str | None = None) -> pd.DataFrame:
 
 
 def write_ils_results(catalog_dir: Path | str | None, rows: pd.DataFrame) -> Path:
-    """Merge ``rows`` into their stores (new rows win, stale ones go); returns the last store
-    written."""
+    """Merge ``rows`` into their stores (new rows win, stale ones go); returns the last written."""
     path = ils_store_path(catalog_dir)
     cat = open_catalog(catalog_dir)
     for store, part in rows.groupby(rows["kind"].map(_STORE_OF), sort=False):
         path = _store_path(catalog_dir, store)
-        sha = cat.manifest["files"].get(_SOURCE_OF[store])  # the tourists' file
-        if sha is None:
+        if (sha := cat.manifest["files"].get(_SOURCE_OF[store])) is None:  # the tourists' file
             raise CatalogError(f"the catalog at {catalog_dir} has no {_SOURCE_OF[store]} to "
                                "store ILS results for")
-        old, old_sha, regions = _read(path)
-        old = old[_current(cat, store, old, old_sha, regions)]
+        old = _current(cat, store)
         df = pd.concat([old, part], ignore_index=True) if len(old) else part
         df = df.drop_duplicates(["region", "tourist"], keep="last")
         df = df.sort_values(["region", "tourist"]).reset_index(drop=True)
@@ -332,8 +310,7 @@ def run_ils_baseline(catalog_dir: Path | str | None = None,
                         f"{', '.join(TOURIST_KINDS)} or all")
     if tourists == "paper" and not cat.has_paper_sets:
         raise CatalogError(f"--tourists paper: the catalog at {catalog_dir} has no paper sets; "
-                           f"build them with `optw catalog build --paper-sets --out "
-                           f"{catalog_dir}`")
+                           f"build them with `optw catalog build --paper-sets --out {catalog_dir}`")
     kinds = (tuple(k for k in TOURIST_KINDS if k != "paper" or cat.has_paper_sets)
              if tourists == "all" else (tourists,))
     regions = list(regions or [])
@@ -391,16 +368,14 @@ def run_ils_baseline(catalog_dir: Path | str | None = None,
         results=final[mask].reset_index(drop=True), computed=len(new_rows),
         cached=len(keys) - len(new_rows), seconds=time.perf_counter() - t0,
         new_keys={(r["region"], r["tourist"]) for r in new_rows},
-        paths=list(dict.fromkeys(ils_store_path(catalog_dir, k) for k in kinds)),
-    )
+        paths=list(dict.fromkeys(ils_store_path(catalog_dir, k) for k in kinds)))
 
 
 def map_tasks(fn: Callable[..., Any], calls: list[tuple], workers: int,
               resources: Mapping[str, float] | None = None, **kwargs: Any) -> Iterator[Any]:
     """``fn(*call, **kwargs)`` of each call as they finish, in-process or as Ray tasks."""
     if workers <= 1:
-        for call in calls:
-            yield fn(*call, **kwargs)
+        yield from (fn(*call, **kwargs) for call in calls)
         return
     import ray
 
@@ -408,8 +383,7 @@ def map_tasks(fn: Callable[..., Any], calls: list[tuple], workers: int,
     if started:
         ensure_token()
         ray.init(address="local", num_cpus=workers, include_dashboard=False,
-                 object_store_memory=200 * 1024**2, configure_logging=True,
-                 logging_level="ERROR")
+                 object_store_memory=200 * 1024**2, configure_logging=True, logging_level="ERROR")
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(fn)
         if resources:

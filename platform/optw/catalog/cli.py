@@ -84,9 +84,8 @@ def _add(args) -> int:
             "coords": region.coords, "metric": region.metric,
             "travel_matrix": region.travel is not None, "speed_kmh": region.speed_kmh,
             "start": region.start_name, "t_start": region.t_start, "t_end": region.t_end,
-            "t_max": region.t_max, "s_max": region.s_max,
-            "score_kind": region.default_score_kind, "validation_tourists": n_val,
-            "catalog": str(cat.path)}))
+            "t_max": region.t_max, "s_max": region.s_max, "score_kind": region.default_score_kind,
+            "validation_tourists": n_val, "catalog": str(cat.path)}))
     else:
         print(f"Added region {region.id} (group {region.group}): {region.n_points} points, "
               f"{region.coords} coordinates, travel times "
@@ -111,9 +110,7 @@ def _finite(value: Any) -> Any:
         return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def dumps(obj: Any) -> str:
@@ -156,8 +153,7 @@ def _build(args) -> int:
             approx = paper["approximate_regions"]
             print(f"paper sets: {paper['exact_regions']} of {paper['regions']} regions exact"
                   + (f"; {len(approx)} approximate (correlated scores drawn on the CPU: "
-                     f"{' '.join(approx[:4])}{' …' if len(approx) > 4 else ''})" if approx
-                     else ""))
+                     f"{' '.join(approx[:4])}{' …' if len(approx) > 4 else ''})" if approx else ""))
     return 0
 
 

@@ -1,7 +1,6 @@
 """Custom regions: a points file (CSV or GeoJSON) and an optional travel-time matrix (CSV) ->
 a :class:`~optw.catalog.region.Region` (formats and rules in ``docs/custom-regions.md``). Every
-problem is a :class:`CustomRegionError` naming the file, the row or feature and the field.
-"""
+problem is a :class:`CustomRegionError` naming the file, the row or feature and the field."""
 
 from __future__ import annotations
 
@@ -108,8 +107,7 @@ class _Record:
 
     def number(self, field: str, limit: float | None = None, what: str = "value") -> float:
         """The required number ``field``; with ``limit``: ``|value| <= limit``."""
-        v = self.values.get(field)
-        if _blank(v):
+        if _blank(v := self.values.get(field)):
             raise self.error(field, "missing value")
         out = _number(v, partial(self.error, field))
         if limit is not None and abs(out) > limit:
@@ -118,11 +116,9 @@ class _Record:
 
     def time(self, field: str) -> float:
         """The time ``field`` (``"HH:MM"`` or minutes) in ``[0, MAX_MINUTES]``."""
-        v = self.values.get(field)
-        if _blank(v):
+        if _blank(v := self.values.get(field)):
             raise self.error(field, "missing value (a time \"HH:MM\" or minutes since midnight)")
-        m = _HHMM.match(v.strip()) if isinstance(v, str) else None
-        if m:
+        if isinstance(v, str) and (m := _HHMM.match(v.strip())):
             h, mi = int(m.group(1)), int(m.group(2))
             if mi > 59 or h * 60 + mi > MAX_MINUTES:
                 raise self.error(field, f"bad time {v!r} (HH:MM up to 47:59)")
@@ -178,18 +174,16 @@ def _canon(header: str) -> str:
 
 
 def _csv_records(path: Path) -> list[_Record]:
-    rows = _csv_rows(path)
-    if not rows:
-        raise CustomRegionError(path, None, None, "the file is empty (a header row and one row "
-                                "per place expected)")
+    fail = partial(CustomRegionError, path, None)  # (field, problem): an error of the whole file
+    if not (rows := _csv_rows(path)):
+        raise fail(None, "the file is empty (a header row and one row per place expected)")
     if len(rows) == 1:
-        raise CustomRegionError(path, None, None, "the file has a header but no rows (one row "
-                                "per place expected: the start place, then the points of "
-                                "interest)")
+        raise fail(None, "the file has a header but no rows (one row per place expected: the "
+                   "start place, then the points of interest)")
     keys = [_canon(h) for h in rows[0][1]]
     for j, k in enumerate(keys):
         if k and k in keys[:j]:
-            raise CustomRegionError(path, None, k, f"column {k!r} appears twice in the header")
+            raise fail(k, f"column {k!r} appears twice in the header")
     out = []
     for i, (no, cells) in enumerate(rows[1:], 1):
         if len(cells) > len(keys):
@@ -199,15 +193,12 @@ def _csv_records(path: Path) -> list[_Record]:
         out.append(_Record(path, i, "row", values, no))
     header = set(keys)
     if {"lat", "lon"} & header and {"x", "y"} & header:
-        raise CustomRegionError(path, None, "x", "mixed coordinates: the header has lat/lon "
-                                "AND x/y columns; give one pair")
+        raise fail("x", "mixed coordinates: the header has lat/lon AND x/y columns; give one pair")
     for need in ("name", "visit_minutes", "opens", "closes", "score"):
         if need not in header:
-            raise CustomRegionError(path, None, need, f"missing column {need!r}; columns are "
-                                    f"{', '.join(COLUMNS)}")
+            raise fail(need, f"missing column {need!r}; columns are {', '.join(COLUMNS)}")
     if not ({"lat", "lon"} <= header or {"x", "y"} <= header):
-        raise CustomRegionError(path, None, "lat", "missing coordinate columns: lat and lon "
-                                "(degrees) or x and y (minutes)")
+        raise fail("lat", "missing coordinate columns: lat and lon (degrees) or x and y (minutes)")
     return out
 
 
@@ -229,15 +220,13 @@ def _geojson_records(path: Path) -> list[_Record]:
         if not isinstance(props, dict):
             raise rec.error("properties", "properties must be an object")
         for k, v in props.items():
-            key = _canon(str(k))
-            if key in rec.values:
+            if (key := _canon(str(k))) in rec.values:
                 raise rec.error(key, f"property {key!r} given twice")
             rec.values[key] = v
         if "lat" in rec.values or "lon" in rec.values:
             raise rec.error("lat" if "lat" in rec.values else "lon", "GeoJSON places take "
                             "lat/lon from the Point geometry, not from properties")
-        geom = feat.get("geometry")
-        if geom is not None:
+        if (geom := feat.get("geometry")) is not None:
             coords = geom.get("coordinates") if isinstance(geom, dict) else None
             if not isinstance(geom, dict) or geom.get("type") != "Point" \
                     or not isinstance(coords, list) or len(coords) not in (2, 3):
@@ -252,19 +241,17 @@ def _geojson_records(path: Path) -> list[_Record]:
 def _place_rows(path: Path) -> tuple[str, list[str], list[_Record], np.ndarray]:
     """A points file's coordinates (``latlon``/``xy``), names, records and ``[P, 6]`` values
     (lat or x, lon or y, visit minutes, opens, closes, score); index 0 = the start place."""
-    kind = POINT_FILE_TYPES.get(path.suffix.lower())
-    if kind is None:
-        raise CustomRegionError(path, None, None, f"unknown file type {path.suffix!r}; points "
-                                f"files are {', '.join(POINT_FILE_TYPES)}")
+    fail = partial(CustomRegionError, path, None)  # (field, problem): an error of the whole file
+    if (kind := POINT_FILE_TYPES.get(path.suffix.lower())) is None:
+        raise fail(None, f"unknown file type {path.suffix!r}; points files are "
+                   f"{', '.join(POINT_FILE_TYPES)}")
     records = _csv_records(path) if kind == "csv" else _geojson_records(path)
     if len(records) < 1 + MIN_POINTS:
-        raise CustomRegionError(path, None, None, f"{len(records)} places; at least "
-                                f"{1 + MIN_POINTS} expected (the start place, then at least "
-                                f"{MIN_POINTS} points of interest)")
+        raise fail(None, f"{len(records)} places; at least {1 + MIN_POINTS} expected (the start "
+                   f"place, then at least {MIN_POINTS} points of interest)")
     names, places, coords, seen = [], [], None, {}
     for i, rec in enumerate(records):
-        name = rec.values.get("name")
-        if _blank(name) or not isinstance(name, str):
+        if _blank(name := rec.values.get("name")) or not isinstance(name, str):
             raise rec.error("name", "missing name" if _blank(name) else
                             f"name must be text, got {describe(name)}")
         name = name.strip()
@@ -280,8 +267,7 @@ def _place_rows(path: Path) -> tuple[str, list[str], list[_Record], np.ndarray]:
         seen[key] = rec.row
         has_xy = not (_blank(rec.values.get("x")) and _blank(rec.values.get("y")))
         if rec.geometry is not None and has_xy:  # a GeoJSON feature (CSV rows have no geometry)
-            raise rec.error("x", "mixed coordinates: a Point geometry AND x/y properties; "
-                            "give one")
+            raise rec.error("x", "mixed coordinates: a Point geometry AND x/y properties; give one")
         this = "latlon" if rec.geometry is not None or "lat" in rec.values else "xy"
         coords = coords or this
         if this != coords:
@@ -320,22 +306,21 @@ def _place_rows(path: Path) -> tuple[str, list[str], list[_Record], np.ndarray]:
         places.append((la, lo, d, o, c, s))
     values = np.array(places, dtype=np.float64)
     if values[:, 5].max() < 1:
-        raise CustomRegionError(path, None, "score", f"the largest score is "
-                                f"{values[:, 5].max():g}; at least one point needs a score of 1 "
-                                "or more")
+        raise fail("score", f"the largest score is {values[:, 5].max():g}; at least one point "
+                   "needs a score of 1 or more")
     return coords, names, records, values
 
 
 def read_matrix(path: Path, names: list[str]) -> np.ndarray:
     """A travel-time matrix CSV -> ``[P, P]`` minutes between the places, NaN where not given
     (labels: place names or node indices; every point of interest listed, the start may be)."""
+    error = partial(CustomRegionError, path)  # (row, field, problem, line=...)
     if path.suffix.lower() != ".csv":
-        raise CustomRegionError(path, None, None, f"unknown file type {path.suffix!r}; a "
-                                "travel-time matrix is a .csv file")
-    rows = _csv_rows(path)
-    if len(rows) < 2:
-        raise CustomRegionError(path, None, None, "empty matrix: a header row of place names "
-                                "and one row per place expected")
+        raise error(None, None, f"unknown file type {path.suffix!r}; a travel-time matrix is a "
+                    ".csv file")
+    if len(rows := _csv_rows(path)) < 2:
+        raise error(None, None, "empty matrix: a header row of place names and one row per "
+                    "place expected")
     by_key = {n.casefold(): i for i, n in enumerate(names)}
 
     def place(label: str, row: int | None, line: int | None, field: str | None) -> int:
@@ -343,35 +328,28 @@ def read_matrix(path: Path, names: list[str]) -> np.ndarray:
             return by_key[label.casefold()]
         if re.fullmatch(r"\d+", label) and int(label) < len(names):
             return int(label)
-        raise CustomRegionError(path, row, field, f"unknown place {label!r}: not a name of "
-                                f"the points file nor a node index 0..{len(names) - 1}",
-                                line=line)
+        raise error(row, field, f"unknown place {label!r}: not a name of the points file nor a "
+                    f"node index 0..{len(names) - 1}", line=line)
 
     head_line, header = rows[0]
     labels = header[1:]
     cols = []
     for lab in labels:
         if not lab:
-            raise CustomRegionError(path, None, None, "empty column label in the header",
-                                    line=head_line)
-        j = place(lab, None, None, lab)
-        if j in cols:
-            raise CustomRegionError(path, None, lab, f"place {names[j]!r} has two columns")
+            raise error(None, None, "empty column label in the header", line=head_line)
+        if (j := place(lab, None, None, lab)) in cols:
+            raise error(None, lab, f"place {names[j]!r} has two columns")
         cols.append(j)
-    data = rows[1:]
-    if len(data) != len(cols):
-        raise CustomRegionError(path, None, None, f"not square: {len(cols)} columns but "
-                                f"{len(data)} rows")
+    if len(data := rows[1:]) != len(cols):
+        raise error(None, None, f"not square: {len(cols)} columns but {len(data)} rows")
     out = np.full((len(names), len(names)), np.nan)
     row_places = set()
     for r, (no, cells) in enumerate(data, 1):
         if len(cells) != len(header):
-            raise CustomRegionError(path, r, None, f"not square: {len(cells) - 1} values, the "
-                                    f"header has {len(cols)} columns", line=no)
-        i = place(cells[0], r, no, header[0] or "label")
-        if i in row_places:
-            raise CustomRegionError(path, r, header[0] or "label", f"place {names[i]!r} has "
-                                    "two rows", line=no)
+            raise error(r, None, f"not square: {len(cells) - 1} values, the header has "
+                        f"{len(cols)} columns", line=no)
+        if (i := place(cells[0], r, no, header[0] or "label")) in row_places:
+            raise error(r, header[0] or "label", f"place {names[i]!r} has two rows", line=no)
         row_places.add(i)
         for j, lab, v in zip(cols, labels, cells[1:], strict=True):
             fail = partial(CustomRegionError, path, r, lab, line=no)
@@ -383,14 +361,11 @@ def read_matrix(path: Path, names: list[str]) -> np.ndarray:
                 raise fail(f"travel time from {names[i]!r} to itself is {t:g}, not 0")
             out[i, j] = t
     if row_places != set(cols):
-        extra = sorted(row_places ^ set(cols))
-        raise CustomRegionError(path, None, None, "rows and columns list different places: "
-                                + ", ".join(repr(names[k]) for k in extra))
-    missing = [names[k] for k in range(1, len(names)) if k not in cols]
-    if missing:
-        raise CustomRegionError(path, None, None, f"{len(missing)} point(s) of interest have no "
-                                f"row and column: {', '.join(map(repr, missing[:10]))}"
-                                + (" ..." if len(missing) > 10 else ""))
+        raise error(None, None, "rows and columns list different places: "
+                    + ", ".join(repr(names[k]) for k in sorted(row_places ^ set(cols))))
+    if missing := [names[k] for k in range(1, len(names)) if k not in cols]:
+        raise error(None, None, f"{len(missing)} point(s) of interest have no row and column: "
+                    f"{', '.join(map(repr, missing[:10]))}" + (" ..." if len(missing) > 10 else ""))
     return np.where(np.isnan(out), np.nan, round_down(np.nan_to_num(out), CUSTOM_DECIMALS))
 
 
@@ -416,8 +391,7 @@ def build_custom_region(region_id: str, points: Path | str,
             raise CustomRegionError(points, None, "lon", "the places span more than 180° of "
                                     "longitude (across the antimeridian); not supported")
         origin = (float((x.min() + x.max()) / 2), float((y.min() + y.max()) / 2))
-        kw.update(coords="latlon", lat=x, lon=y, metric="haversine", speed_kmh=speed,
-                  origin=origin)
+        kw.update(coords="latlon", lat=x, lon=y, metric="haversine", speed_kmh=speed, origin=origin)
         stand_in = Region(region_id, group, x, y, x, x, x, x, 0, 0, 0, **kw)  # its projection
         x, y = stand_in.to_xy(x, y)
     travel = None
@@ -427,11 +401,10 @@ def build_custom_region(region_id: str, points: Path | str,
         if np.isnan(travel[0, 1:-1]).all():  # start place not in the matrix: metric rows
             travel[0, :] = travel[-1, :] = travel[:, 0] = travel[:, -1] = np.nan
     region = Region(
-        id=region_id, group=group, x=x, y=y, duration=duration, opening=opening,
-        closing=closing, score=score, t_start=float(opening[0]), t_end=float(closing[0]),
-        decimals=CUSTOM_DECIMALS, source_file=source_file or points.name,
-        source_hash=file_sha256(points), names=("start", *names[1:], "end"),
-        start_name=names[0], travel=travel, **kw)
+        id=region_id, group=group, x=x, y=y, duration=duration, opening=opening, closing=closing,
+        score=score, t_start=float(opening[0]), t_end=float(closing[0]), decimals=CUSTOM_DECIMALS,
+        source_file=source_file or points.name, source_hash=file_sha256(points),
+        names=("start", *names[1:], "end"), start_name=names[0], travel=travel, **kw)
     _check_reachable(region, records)
     return region
 
@@ -450,9 +423,8 @@ def _check_reachable(region: Region, records: list[_Record]) -> None:
                         f"start {clock(region.closing[i])}"))
         elif back > region.t_end:
             bad.append((i, "visit_minutes", f"a visit from {clock(begin)} for "
-                        f"{region.duration[i]:g} minutes and the way back ({d[i, -1]:g} "
-                        f"minutes) end at {clock(back)}, after the day's end "
-                        f"{clock(region.t_end)}"))
+                        f"{region.duration[i]:g} minutes and the way back ({d[i, -1]:g} minutes) "
+                        f"end at {clock(back)}, after the day's end {clock(region.t_end)}"))
     if bad:
         i, field, why = bad[0]
         others = "; ".join(f"{region.names[j]!r} ({records[j].unit} {records[j].row})"

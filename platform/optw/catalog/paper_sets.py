@@ -1,6 +1,5 @@
 """The paper's own generated tourists ("paper sets"), drawn as the authors' released generator
-draws them, so our results can be held against the paper's generated-instance table region by
-region.
+draws them, to hold our results against the paper's generated-instance table region by region.
 
 Correlated sets are exact only on CUDA (CPU draws: ``exact = False``); how the authors' generator
 draws and the GPU run committed as :data:`DATA_FILE`: ``docs/paper.md``.
@@ -92,8 +91,7 @@ def generate_paper_set(region: Region, device: str | None = "cpu") -> PaperSet:
     xy, scores = np.empty((PAPER_SIZE, 2)), np.zeros((PAPER_SIZE, n))
     for k in range(PAPER_SIZE):
         try:
-            start = int(torch.randint(t0 - m, min(int(15 / 24 * day), t1 + m), (1,),
-                                      generator=cpu))
+            start = int(torch.randint(t0 - m, min(int(15 / 24 * day), t1 + m), (1,), generator=cpu))
             end = int(torch.randint(max(int(12 / 24 * day), start + m), t1 + m, (1,),
                                     generator=cpu))
         except RuntimeError as exc:
@@ -142,9 +140,8 @@ def _from_data(region: Region, cpu_set: PaperSet, rows: dict[str, np.ndarray] | 
     data = tourists_from_rows(region.id, rows)
     if not all(np.array_equal(getattr(data, k), getattr(cpu_set.tourists, k))
                for k in ("tourist_id", "t_start", "t_end", "start_xy")):
-        raise UserError(f"{source}: the times or start points of region {region.id} differ "
-                         "from the paper's CPU draws; regenerate the file (see "
-                         "optw.catalog.paper_sets)")
+        raise UserError(f"{source}: the times or start points of region {region.id} differ from "
+                         "the paper's CPU draws; regenerate the file (see optw.catalog.paper_sets)")
     return PaperSet(data, True, str(rows["device"][0]), str(rows["torch"][0]))
 
 
@@ -160,8 +157,7 @@ def build_paper_sets(regions: list[Region], device: str | None = "auto",
     for region in regions:
         ps = generate_paper_set(region, "cpu")
         if region.default_score_kind == "correlated":
-            exact = _from_data(region, ps, committed.get(region.id), data_file)
-            if exact is not None:
+            if (exact := _from_data(region, ps, committed.get(region.id), data_file)) is not None:
                 from_data.append(region.id)
                 ps = exact
             elif device != "cpu":
@@ -183,12 +179,10 @@ def _regions(args: argparse.Namespace) -> list[Region]:
 
         regions = [parse_file(p, g) for g, p in discover(args.source or benchmarks_dir())]
     groups = [g for item in args.groups or [] for g in item.split(",") if g]
-    bad = sorted(set(groups) - set(GROUPS))
-    if bad:
+    if bad := sorted(set(groups) - set(GROUPS)):
         raise UserError(f"--groups: unknown group(s) {bad}; expected some of {list(GROUPS)}")
     wanted = [r for item in args.regions or [] for r in item.split(",") if r]
-    unknown = sorted(set(wanted) - {r.id for r in regions})
-    if unknown:
+    if unknown := sorted(set(wanted) - {r.id for r in regions}):
         raise UserError(f"--regions: unknown region(s) {unknown}")
     return [r for r in regions if r.group in GROUPS and (not groups or r.group in groups)
             and (not wanted or r.id in wanted)]
@@ -199,9 +193,8 @@ OUT_KIND = "paper-sets"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the paper sets of the chosen regions to ``OUT/paper_tourists.parquet`` (``OUT``
-    new, empty or an earlier output of this command, which is replaced; see
-    :mod:`optw.outdir`)."""
+    """Write the paper sets of the chosen regions to ``OUT/paper_tourists.parquet`` (``OUT``:
+    new, empty or an earlier output of this command, replaced; see :mod:`optw.outdir`)."""
     p = argparse.ArgumentParser(prog="python -m optw.catalog.paper_sets",
                                 description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group()

@@ -75,8 +75,7 @@ class _Lines:
             raise self.error(no, f"opening time {o:g} is after closing time {c:g}")
 
 
-def _region(group: str, path: Path, raw: bytes, start: list[float], points: np.ndarray
-            ) -> Region:
+def _region(group: str, path: Path, raw: bytes, start: list[float], points: np.ndarray) -> Region:
     """Assemble a Region from the start row and point rows ``[n, 6]``, each (x, y, duration,
     score, opening, closing); the start row's opening and closing are T_start and T_end."""
     if points.shape[0] == 0:
@@ -90,8 +89,7 @@ def _region(group: str, path: Path, raw: bytes, start: list[float], points: np.n
         id=path.stem, group=group, x=col(0, sx), y=col(1, sy), duration=col(2, 0.0),
         score=col(3, 0.0), opening=col(4, t_start), closing=col(5, t_end),
         t_start=float(t_start), t_end=float(t_end), decimals=DECIMALS[group],
-        source_file=f"{group}/{path.name}", source_hash=hashlib.sha256(raw).hexdigest(),
-    )
+        source_file=f"{group}/{path.name}", source_hash=hashlib.sha256(raw).hexdigest())
 
 
 def parse_toptw(path: Path, group: str, raw: bytes) -> Region:
@@ -102,8 +100,7 @@ def parse_toptw(path: Path, group: str, raw: bytes) -> Region:
         raise lines.error(no, f"header needs at least 3 fields 'k v N ...', got {len(header)}")
     n = lines.integer(no, header[2], "vertex count N")
     lines.numbers(1, "line 'D Q'")
-    got_rows = len(lines.rows) - 2
-    if got_rows != n + 1:
+    if (got_rows := len(lines.rows) - 2) != n + 1:
         raise lines.error(lines.rows[-1][0], f"header says N={n} vertices (+ node 0), but the "
                           f"file has {got_rows} vertex rows")
     rows = []  # (x, y, duration, score, opening, closing) of node 0, then of each point
@@ -128,8 +125,7 @@ def parse_ttdp(path: Path, group: str, raw: bytes) -> Region:
     no, header = lines.numbers(0, "header 'k M SD N ...'")
     if len(header) < 4:
         raise lines.error(no, f"header needs at least 4 fields 'k M SD N', got {len(header)}")
-    tours = lines.integer(no, header[1], "number of tours M")
-    if tours != 1:
+    if (tours := lines.integer(no, header[1], "number of tours M")) != 1:
         raise lines.error(no, f"multi-day instance (M={tours} tours); only M=1 is supported")
     day = lines.integer(no, header[2], "start day SD")
     if day > 6:
@@ -140,8 +136,7 @@ def parse_ttdp(path: Path, group: str, raw: bytes) -> Region:
         raise lines.error(no, f"start row has {len(start)} fields, expected 7")
     lines.check_vertex(no, start[0], 0)
     lines.check_point(no, start[3], start[5], start[6])
-    got_rows = len(lines.rows) - 2
-    if got_rows != n:
+    if (got_rows := len(lines.rows) - 2) != n:
         raise lines.error(lines.rows[-1][0], f"header says N={n} points, but the file has "
                           f"{got_rows} point rows")
     points = np.empty((n, 6), dtype=np.float64)
@@ -175,8 +170,7 @@ def discover(source: Path | str) -> list[tuple[str, Path]]:
         raise SourceError(source, None, "benchmark folder not found (set OPTW_BENCHMARKS)")
     found = []
     for group, pattern in FILE_PATTERNS.items():
-        folder = source / group
-        if not folder.is_dir():
+        if not (folder := source / group).is_dir():
             continue
         for path in sorted(folder.iterdir()):
             if path.name == "FORMAT.txt" or path.name.startswith("."):

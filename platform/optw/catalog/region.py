@@ -63,11 +63,10 @@ def to_time_units(values: npt.ArrayLike) -> npt.NDArray[np.int64]:
     """Times in minutes -> exact int64 time units; :class:`~optw.errors.UserError` for a time
     that is not finite or beyond :data:`MAX_TIME_MINUTES` (which int64 would wrap)."""
     arr = np.asarray(values, dtype=np.float64)
-    ok = np.abs(arr) <= MAX_TIME_MINUTES  # NaN fails too
-    if not ok.all():
-        bad = arr[~ok].flat[0]
-        raise UserError(f"time {bad!r} minutes is not finite or beyond ±{MAX_TIME_MINUTES:g} "
-                         "(a travel time, opening, closing or visit of the region or tourist)")
+    if not (ok := np.abs(arr) <= MAX_TIME_MINUTES).all():  # NaN fails too
+        raise UserError(f"time {arr[~ok].flat[0]!r} minutes is not finite or beyond "
+                        f"±{MAX_TIME_MINUTES:g} (a travel time, opening, closing or visit of the "
+                        "region or tourist)")
     return np.rint(arr * TIME_UNITS_PER_MINUTE).astype(np.int64)
 
 

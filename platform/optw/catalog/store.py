@@ -1,8 +1,7 @@
 """Build and open the region catalog: Parquet tables, the custom regions' source files under
 ``custom/<region>/`` and ``manifest.json`` (schema in ``region_catalog/README.md``). Every write
 goes to a temporary folder beside the target, moved in manifest last: a failed one leaves the
-catalog as it was.
-"""
+catalog as it was."""
 
 from __future__ import annotations
 
@@ -84,8 +83,7 @@ def check_catalog_dir(out: Path | str, option: str | None = None) -> Path:
         return OutDirError(given if option else out, reason, option)
 
     if out.exists() and not out.is_dir():
-        raise refuse("is a file, not a catalog folder; choose a new, an empty or a catalog "
-                     "folder")
+        raise refuse("is a file, not a catalog folder; choose a new, an empty or a catalog folder")
     if not out.is_dir():
         return out
     try:
@@ -113,8 +111,7 @@ def _write_tables(tables: dict[str, pa.Table], folder: Path) -> dict[str, str]:
 def _swap(path: Path, tmp: Path, tables: Iterable[str], manifest: dict,
           moves: Iterable[tuple[Path, Path]] = ()) -> None:
     """Move ``tables`` from ``tmp`` and each (source, destination) of ``moves`` into ``path``,
-    ``manifest`` last; the old manifest goes first: a swap cut short leaves none, never a wrong
-    one."""
+    the old manifest out first, the new one in last: cut short, it leaves none, not a wrong one."""
     (path / "manifest.json").unlink(missing_ok=True)
     for name in tables:
         os.replace(tmp / name, path / name)
@@ -195,8 +192,7 @@ def _custom_regions(catalog_dir: Path) -> tuple[list[Region], dict[str, dict]]:
 
 
 def clear_command(store_file: Path, region: str | None = None) -> str:
-    """The command that clears the store ``<catalog>/baselines/<name>`` (`optw baseline
-    clear`), or only the rows of ``region``."""
+    """The `optw baseline clear` of the store ``store_file`` (only ``region``'s rows if given)."""
     store = "demos" if store_file.name == DEMO_FILE else "ils"
     only = f" --regions {region}" if region else ""
     return f"optw baseline clear --store {store}{only} --catalog {store_file.parent.parent}"
@@ -210,16 +206,14 @@ def _restamp_baselines(path: Path, old_files: dict, new_files: dict, stale: str,
     by_sha = {sha: name for name, sha in old_files.items()}
     moves = []
     for name in (ILS_FILE, PAPER_ILS_FILE, DEMO_FILE):
-        f = path / BASELINES_DIR / name
-        if not f.is_file():
+        if not (f := path / BASELINES_DIR / name).is_file():
             continue
         try:
             table = pq.read_table(f)
         except (pa.ArrowException, OSError) as exc:
             why = str(exc).splitlines()[0].split(f"'{f}': ")[-1]
-            raise CatalogError(f"{f} cannot be read ({why}); clear it with "
-                               f"`{clear_command(f)}` and run this again; nothing was "
-                               "changed") from None
+            raise CatalogError(f"{f} cannot be read ({why}); clear it with `{clear_command(f)}` "
+                               "and run this again; nothing was changed") from None
         meta = dict(table.schema.metadata or {})
         sha = meta.get(ILS_TOURISTS_META, b"").decode()
         ours = "region" in table.column_names and pa.types.is_string(table["region"].type)
@@ -247,10 +241,8 @@ def _commit(cat: Catalog, region_id: str, region: Region | None = None,
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=path))
     try:
         files = {**old_manifest.get("files", {}), **_write_tables(tables, tmp)}
-        ils_moves = _restamp_baselines(path, old_manifest.get("files", {}), files, region_id,
-                                       tmp)
-        specs = {k: v for k, v in old_manifest.get("custom_regions", {}).items()
-                 if k != region_id}
+        ils_moves = _restamp_baselines(path, old_manifest.get("files", {}), files, region_id, tmp)
+        specs = {k: v for k, v in old_manifest.get("custom_regions", {}).items() if k != region_id}
         staged = tmp / "new"
         if spec is not None:
             staged.mkdir()
@@ -283,14 +275,12 @@ def add_region(region_id: str, points: Path | str, travel_times: Path | str | No
                speed_kmh: float | None = None, group: str = CUSTOM_GROUP,
                catalog: Path | str | None = None, replace: bool = False) -> Region:
     """Add a custom region with its validation tourists and source files (``optw catalog add``),
-    atomically; replacing one needs ``replace`` and drops its stored ILS results and
-    demonstrations."""
+    atomically; ``replace`` replaces one, dropping its stored ILS results and demonstrations."""
     cat = Catalog(catalog)
     check_region_id(region_id, group, cat.groups)  # benchmark region ids are refused here
     if group in cat:
         raise CustomRegionError(None, None, "group", f"group {group!r} is a region id of the "
-                                f"catalog at {cat.path}; choose a group name that names no "
-                                "region")
+                                f"catalog at {cat.path}; choose a group name that names no region")
     if region_id in cat and not replace:
         raise CustomRegionError(None, None, "region", f"region {region_id!r} is already in "
                                 f"the catalog at {cat.path}; add --replace to replace it")
@@ -316,8 +306,7 @@ def add_region(region_id: str, points: Path | str, travel_times: Path | str | No
 
 
 def remove_region(region_id: str, catalog: Path | str | None = None) -> None:
-    """Remove a custom region, its source files, stored ILS results and demonstrations (``optw
-    catalog remove``), atomically."""
+    """Remove a custom region with its source files, ILS results and demonstrations, atomically."""
     cat = Catalog(catalog)
     if region_id not in cat:
         customs = [r for r in cat.list_regions() if cat.is_custom(r)]
@@ -400,8 +389,7 @@ class Catalog:
         if group is not None:
             groups = [group] if isinstance(group, str) else list(group)
             known = list(dict.fromkeys([*self.groups, CUSTOM_GROUP]))
-            unknown = sorted(set(groups) - set(known))
-            if unknown:
+            if unknown := sorted(set(groups) - set(known)):
                 raise UserError(f"unknown group(s) {unknown}; expected some of {known}")
             df = df[df["group"].isin(groups)]
         if subset:

@@ -87,26 +87,22 @@ def region_tables(regions: list[Region], seed: int, n_val: int) -> dict[str, pa.
             "source_sha256": r.source_hash, "coords": r.coords, "metric": r.metric,
             "speed_kmh": r.speed_kmh, "origin_lat": r.origin[0] if r.origin else None,
             "origin_lon": r.origin[1] if r.origin else None, "start_name": r.start_name,
-            "travel_matrix": r.travel is not None,
-        })
+            "travel_matrix": r.travel is not None})
         nodes.append(pa.table({
             "region": [r.id] * n, "index": np.arange(n, dtype=np.int32),
             **{k: getattr(r, k) for k in NODE_ARRAYS},
             "name": list(r.names) if r.names else [None] * n,
             "lat": r.lat if r.lat is not None else [None] * n,
-            "lon": r.lon if r.lon is not None else [None] * n,
-        }, schema=NODES_SCHEMA))
+            "lon": r.lon if r.lon is not None else [None] * n}, schema=NODES_SCHEMA))
         if r.travel is not None:
             travel.append(pa.table({"region": [r.id] * n, "index": np.arange(n, dtype=np.int32),
                                     "minutes": list(r.travel)}, schema=TRAVEL_SCHEMA))
         for batch in (benchmark_tourist(r), validation_tourists(r, n_val, seed)):
             tourists.append(pa.table(tourist_columns(batch), schema=TOURISTS_SCHEMA))
-    return {
-        "regions.parquet": pa.Table.from_pylist(rows, schema=REGIONS_SCHEMA),
-        "nodes.parquet": pa.concat_tables(nodes).combine_chunks(),
-        "tourists.parquet": pa.concat_tables(tourists).combine_chunks(),
-        TRAVEL_FILE: pa.concat_tables(travel).combine_chunks(),
-    }
+    return {"regions.parquet": pa.Table.from_pylist(rows, schema=REGIONS_SCHEMA),
+            "nodes.parquet": pa.concat_tables(nodes).combine_chunks(),
+            "tourists.parquet": pa.concat_tables(tourists).combine_chunks(),
+            TRAVEL_FILE: pa.concat_tables(travel).combine_chunks()}
 
 
 def write_parquet_atomic(table: pa.Table, path: Path) -> Path:
@@ -131,14 +127,12 @@ def read_regions(path: Path | str) -> list[Region]:
                             f"`optw catalog build --out {path}`")
     nodes = pq.read_table(path / "nodes.parquet")
     cols = {k: nodes.column(k).to_numpy(zero_copy_only=False) for k in nodes.column_names}
-    travel = pq.read_table(path / TRAVEL_FILE).to_pylist() if (path / TRAVEL_FILE).exists() \
-        else []
+    travel = pq.read_table(path / TRAVEL_FILE).to_pylist() if (path / TRAVEL_FILE).exists() else []
     out = []
     for row in pq.read_table(path / "regions.parquet").to_pylist():
         sel = np.flatnonzero(cols["region"] == row["region"])
         node = {k: v[sel[np.argsort(cols["index"][sel])]] for k, v in cols.items()}
-        rows = sorted((t for t in travel if t["region"] == row["region"]),
-                      key=lambda t: t["index"])
+        rows = sorted((t for t in travel if t["region"] == row["region"]), key=lambda t: t["index"])
         custom, latlon = row["group"] not in GROUPS, row["coords"] == "latlon"
         out.append(Region(
             id=row["region"], group=row["group"], t_start=row["t_start"], t_end=row["t_end"],
@@ -146,12 +140,10 @@ def read_regions(path: Path | str) -> list[Region]:
             source_hash=row["source_sha256"],
             **{k: node[k].astype(np.float64) for k in NODE_ARRAYS},
             names=tuple(node["name"]) if custom else None,
-            start_name=row["start_name"] if custom else None,
-            coords=row["coords"], metric=row["metric"],
-            lat=node["lat"].astype(np.float64) if latlon else None,
+            start_name=row["start_name"] if custom else None, coords=row["coords"],
+            metric=row["metric"], lat=node["lat"].astype(np.float64) if latlon else None,
             lon=node["lon"].astype(np.float64) if latlon else None,
             speed_kmh=row["speed_kmh"] if latlon else None,
             origin=(row["origin_lat"], row["origin_lon"]) if latlon else None,
-            travel=np.array([t["minutes"] for t in rows], dtype=np.float64) if rows else None,
-        ))
+            travel=np.array([t["minutes"] for t in rows], dtype=np.float64) if rows else None))
     return out

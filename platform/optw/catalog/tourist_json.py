@@ -42,6 +42,10 @@ class TouristError(UserError):
         return TouristError(self.field, f"{prefix}: {self.message}", self.index)
 
 
+def _error(field: str, problem: str) -> TouristError:
+    return TouristError(field, f"{field}: {problem}")
+
+
 @dataclass(frozen=True)
 class TouristInput:
     """One validated tourist: its id (``None`` when not given), start, times, point scores."""
@@ -81,15 +85,13 @@ def describe(value: Any) -> str:
 
 
 def load_json(text: str | bytes, where: str | None = None) -> Any:
-    """``json.loads(text)``; JSON Python cannot read is a one-line
-    :class:`~optw.errors.UserError` starting with ``where``."""
+    """``json.loads(text)``; unreadable JSON is a one-line UserError starting with ``where``."""
     prefix = f"{where}: " if where else ""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
-            raise UserError(f"{prefix}not UTF-8 text ({exc.reason} at byte {exc.start})") \
-                from None
+            raise UserError(f"{prefix}not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -106,13 +108,13 @@ def load_json(text: str | bytes, where: str | None = None) -> Any:
 def finite_number(value: Any, field: str) -> float:
     """``value`` as a float; :class:`TouristError` unless it is a finite int or float."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TouristError(field, f"{field}: expected a number, got {describe(value)}")
+        raise _error(field, f"expected a number, got {describe(value)}")
     try:
         out = float(value)
     except OverflowError:
         out = math.inf
     if not math.isfinite(out):
-        raise TouristError(field, f"{field}: expected a finite number, got {value!r}")
+        raise _error(field, f"expected a finite number, got {value!r}")
     return out
 
 
@@ -133,31 +135,29 @@ def _is_vector(value: Any) -> bool:
 def _id(value: Any) -> TouristId:
     if isinstance(value, str):
         if not value or len(value) > MAX_ID_LENGTH:
-            raise TouristError("tourist", f"tourist: a string id needs 1..{MAX_ID_LENGTH} "
-                               f"characters, got {len(value)}")
+            raise _error("tourist", f"a string id needs 1..{MAX_ID_LENGTH} characters, got "
+                         f"{len(value)}")
         return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TouristError("tourist", f"tourist: expected an integer or string id, got "
-                           f"{describe(value)}")
+        raise _error("tourist", f"expected an integer or string id, got {describe(value)}")
     return int(value)
 
 
 def _start(value: Any, region: Region) -> tuple[float, float]:
     if isinstance(value, Mapping):
         if set(value) != {"x", "y"}:
-            raise TouristError("start", f"start: expected {{\"x\": number, \"y\": number}}, got "
-                               f"keys {sorted(map(str, value))}")
+            raise _error("start", f"expected {{\"x\": number, \"y\": number}}, got keys "
+                         f"{sorted(map(str, value))}")
         x, y = value["x"], value["y"]
     elif _is_vector(value) and len(value) == 2:
         x, y = value
     else:
-        raise TouristError("start", f"start: expected [x, y] or {{\"x\": x, \"y\": y}}, got "
-                           f"{describe(value)}")
+        raise _error("start", f"expected [x, y] or {{\"x\": x, \"y\": y}}, got {describe(value)}")
     xy = (finite_number(x, "start.x"), finite_number(y, "start.y"))
     for axis, v, (lo, hi) in zip("xy", xy, start_box(region), strict=True):
         if not lo <= v <= hi:
-            raise TouristError(f"start.{axis}", f"start.{axis}: {v:g} is outside [{lo:g}, "
-                               f"{hi:g}], the box around region {region.id}")
+            raise _error(f"start.{axis}", f"{v:g} is outside [{lo:g}, {hi:g}], the box around "
+                         f"region {region.id}")
     return xy
 
 
@@ -165,25 +165,24 @@ def _time(value: Any, field: str, region: Region) -> float:
     t = finite_number(value, field)
     lo, hi = -region.t_max, 2.0 * region.t_max  # the day widened: generated starts may be < 0
     if not lo <= t <= hi:
-        raise TouristError(field, f"{field}: {t:g} is outside [{lo:g}, {hi:g}] minutes (the day "
-                           f"[0, {region.t_max:g}] of region {region.id} widened by its length)")
+        raise _error(field, f"{t:g} is outside [{lo:g}, {hi:g}] minutes (the day [0, "
+                     f"{region.t_max:g}] of region {region.id} widened by its length)")
     return t
 
 
 def _scores(value: Any, region: Region) -> np.ndarray:
     n_points, n_nodes = region.n_points, region.n_nodes
     if not _is_vector(value):
-        raise TouristError("scores", f"scores: expected a list of {n_points} numbers (one per "
-                           f"point of {region.id}), got {describe(value)}")
+        raise _error("scores", f"expected a list of {n_points} numbers (one per point of "
+                     f"{region.id}), got {describe(value)}")
     if len(value) not in (n_points, n_nodes):
-        raise TouristError("scores", f"scores: expected {n_points} values (one per point of "
-                           f"{region.id}) or {n_nodes} (one per node), got {len(value)}")
+        raise _error("scores", f"expected {n_points} values (one per point of {region.id}) or "
+                     f"{n_nodes} (one per node), got {len(value)}")
     out = np.empty(len(value), dtype=np.float64)
     for i, v in enumerate(value):
         out[i] = finite_number(v, f"scores[{i}]")
         if not 0.0 <= out[i] <= SCORE_LIMIT:
-            raise TouristError(f"scores[{i}]", f"scores[{i}]: {out[i]:g} is outside "
-                               f"[0, {SCORE_LIMIT:g}]")
+            raise _error(f"scores[{i}]", f"{out[i]:g} is outside [0, {SCORE_LIMIT:g}]")
     return out if len(out) == n_points else out[1:-1].copy()
 
 
@@ -191,27 +190,23 @@ def read_tourist(data: Any, region: Region, *, defaults: bool = False) -> Touris
     """Read and validate one tourist of ``region`` from a dict (:class:`TouristError`);
     ``defaults``: absent fields take the region's benchmark values (else they are required)."""
     if not isinstance(data, Mapping):
-        raise TouristError("tourist", f"tourist: expected an object, got {describe(data)}")
-    unknown = sorted(str(k) for k in set(data) - set(TOURIST_FIELDS))
-    if unknown:
-        raise TouristError(unknown[0], f"{unknown[0]}: unknown field(s) {unknown}; allowed: "
-                           f"{list(TOURIST_FIELDS)}")
+        raise _error("tourist", f"expected an object, got {describe(data)}")
+    if unknown := sorted(str(k) for k in set(data) - set(TOURIST_FIELDS)):
+        raise _error(unknown[0], f"unknown field(s) {unknown}; allowed: {list(TOURIST_FIELDS)}")
     given = {k: v for k, v in data.items() if v is not None}
-    missing = [k for k in REQUIRED_FIELDS if not defaults and k not in given]
-    if missing:
-        raise TouristError(missing[0], f"{missing[0]}: missing; a tourist needs "
-                           f"{list(REQUIRED_FIELDS)}")
+    if missing := [k for k in REQUIRED_FIELDS if not defaults and k not in given]:
+        raise _error(missing[0], f"missing; a tourist needs {list(REQUIRED_FIELDS)}")
     tid = _id(given["tourist"]) if "tourist" in given else None
     if "region" in given and (not isinstance(given["region"], str) or given["region"] != region.id):
-        raise TouristError("region", f"region: {describe(given['region'])} is not this "
-                           f"tourist's region {region.id}")
+        raise _error("region", f"{describe(given['region'])} is not this tourist's region "
+                     f"{region.id}")
     if "kind" in given and not isinstance(given["kind"], str):
-        raise TouristError("kind", f"kind: expected a string, got {describe(given['kind'])}")
+        raise _error("kind", f"expected a string, got {describe(given['kind'])}")
     start = _start(given["start"], region) if "start" in given else region.start_xy
     t_start = _time(given["t_start"], "t_start", region) if "t_start" in given else region.t_start
     t_end = _time(given["t_end"], "t_end", region) if "t_end" in given else region.t_end
     if t_end <= t_start:
-        raise TouristError("t_end", f"t_end: {t_end:g} is not after t_start {t_start:g}")
+        raise _error("t_end", f"{t_end:g} is not after t_start {t_start:g}")
     scores = (_scores(given["scores"], region) if "scores" in given
               else region.score[1:-1].astype(np.float64))
     return TouristInput(tid, start, t_start, t_end, scores)
@@ -220,7 +215,7 @@ def read_tourist(data: Any, region: Region, *, defaults: bool = False) -> Touris
 def tourist_batch(region: Region, items: Sequence[TouristInput], kind: str) -> TouristBatch:
     """Validated tourists -> :class:`TouristBatch` (ids: the given ones, else positions)."""
     if not items:
-        raise TouristError("tourists", "tourists: no tourist given")
+        raise _error("tourists", "no tourist given")
     scores = np.pad(np.array([item.scores for item in items], np.float64), ((0, 0), (1, 1)))
     tourists = Tourists(
         region_id=region.id, tourist_id=np.arange(len(items), dtype=np.int64), kind=kind,
@@ -235,8 +230,7 @@ def read_tourists(records: Any, region: Region, *, defaults: bool = False,
                   kind: str = "generated") -> TouristBatch:
     """Read a list of tourist dicts with :func:`read_tourist`; errors start with ``tourist i``."""
     if not isinstance(records, (list, tuple)):
-        raise TouristError("tourists", f"tourists: expected a list of objects, got "
-                           f"{describe(records)}")
+        raise _error("tourists", f"expected a list of objects, got {describe(records)}")
     items = []
     for i, rec in enumerate(records):
         try:

@@ -21,8 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "prints, '-' for standard input; columns region, tourist, method, score, seconds; "
         "optional route) into the paper's group and per-region tables, compared with the "
         "stored baseline results. --against-paper holds ours (stored ILS results and the "
-        "results' methods) against the paper's own tables instead.",
-    )
+        "results' methods) against the paper's own tables instead.")
     p.add_argument("--results", type=Path, default=None, metavar="FILE",
                    help="results table (required unless --against-paper)")
     p.add_argument("--out", type=Path, default=None,
@@ -115,14 +114,12 @@ def _against_paper(args, out: Path) -> int:
     ours = paper.ours_from_results(results, ils, exact, cat.regions_table["group"].to_dict())
     tables = paper.against_paper(ours, scores, columns)
     if tables["paper_groups"].empty:
-        raise UserError("nothing to hold against the paper: no stored ILS result of the "
-                         "paper's sets or the benchmark tourists and no result of a method "
-                         "with a paper column, in a region of the paper's tables (run `optw "
-                         "baseline ils --tourists paper`, or map a method with "
-                         "--paper-column NAME=COLUMN)")
+        raise UserError("nothing to hold against the paper: no stored ILS result of the paper's "
+                         "sets or the benchmark tourists and no result of a method with a paper "
+                         "column, in a region of the paper's tables (run `optw baseline ils "
+                         "--tourists paper`, or map a method with --paper-column NAME=COLUMN)")
     paths = write_tables(tables, out, {"against_paper.md": paper.render_against_paper(tables)},
-                         note="against the paper",
-                         option="--out" if args.out is not None else None)
+                         note="against the paper", option="--out" if args.out is not None else None)
     if not args.quiet:
         print("# Against the paper, per group\n")
         print(to_markdown(paper.group_view(tables["paper_groups"])))

@@ -46,8 +46,7 @@ def parse_column_map(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def check_column_names(columns: Mapping[str, str], methods: list[str],
-                       source: str | None) -> None:
+def check_column_names(columns: Mapping[str, str], methods: list[str], source: str | None) -> None:
     """A :class:`UserError` unless every mapped NAME is one of ``methods`` (of ``source``)."""
     for name, column in columns.items():
         if name not in methods:
@@ -105,8 +104,7 @@ def against_paper(ours: pd.DataFrame, paper: Mapping[str, pd.DataFrame],
             continue
         rows.append({"kind": rec.kind, "group": rec.group, "region": rec.region,
                      "name": rec.name, "paper_column": column, "tourists": int(rec.tourists),
-                     "exact": bool(rec.exact), "ours": float(rec.score),
-                     "paper": float(value)})
+                     "exact": bool(rec.exact), "ours": float(rec.score), "paper": float(value)})
     regions = pd.DataFrame(rows, columns=["kind", "group", "region", "name", "paper_column",
                                           "tourists", "exact", "ours", "paper"])
     regions["diff_pct"] = (regions["ours"] - regions["paper"]) / regions["paper"] * 100.0
@@ -116,13 +114,11 @@ def against_paper(ours: pd.DataFrame, paper: Mapping[str, pd.DataFrame],
             ["kind", "group", "name", "paper_column"], sort=False):
         ours_mean, paper_mean = g["ours"].mean(), g["paper"].mean()
         groups.append({
-            "kind": kind, "group": group, "name": name, "paper_column": column,
-            "regions": len(g), "inexact_regions": int((~g["exact"]).sum()),
-            "ours": ours_mean, "paper": paper_mean,
+            "kind": kind, "group": group, "name": name, "paper_column": column, "regions": len(g),
+            "inexact_regions": int((~g["exact"]).sum()), "ours": ours_mean, "paper": paper_mean,
             "diff_pct": (ours_mean - paper_mean) / paper_mean * 100.0,
             "region_diff_mean": g["diff_pct"].mean(), "region_diff_min": g["diff_pct"].min(),
-            "region_diff_max": g["diff_pct"].max(),
-        })
+            "region_diff_max": g["diff_pct"].max()})
     group_cols = ["kind", "group", "name", "paper_column", "regions", "inexact_regions", "ours",
                   "paper", "diff_pct", "region_diff_mean", "region_diff_min", "region_diff_max"]
     return {"paper_groups": _sorted(pd.DataFrame(groups, columns=group_cols)),
@@ -152,8 +148,7 @@ def group_view(groups: pd.DataFrame) -> pd.DataFrame:
         "region diffs mean [min, max]": [
             "-" if pd.isna(m) else f"{m:+.2f}% [{lo:+.2f}%, {hi:+.2f}%]"
             for m, lo, hi in zip(groups["region_diff_mean"], groups["region_diff_min"],
-                                 groups["region_diff_max"], strict=True)],
-    })
+                                 groups["region_diff_max"], strict=True)]})
 
 
 def region_view(regions: pd.DataFrame, kind: str) -> pd.DataFrame:
@@ -165,9 +160,8 @@ def region_view(regions: pd.DataFrame, kind: str) -> pd.DataFrame:
                         "exact": ["" if e else "no" for e in first["exact"]]})
     for name in dict.fromkeys(sub["name"]):
         s = sub[sub["name"] == name].set_index("region")
-        column = s["paper_column"].iloc[0]
         out[name] = out["region"].map(s["ours"])
-        out[f"paper {column}"] = out["region"].map(s["paper"])
+        out[f"paper {s['paper_column'].iloc[0]}"] = out["region"].map(s["paper"])
         out[f"{name} diff"] = out["region"].map(s["diff_pct"]).map(_pct)
     if kind != "paper":
         out = out.drop(columns=["exact"])
@@ -180,10 +174,9 @@ def render_against_paper(tables: Mapping[str, pd.DataFrame]) -> str:
     parts = ["# Against the paper\n\n",
              "Ours beside the paper's columns: the paper's own tourists against "
              "`paper_generated_scores.csv`, the benchmark tourist against "
-             "`paper_benchmark_scores.csv`. diff = (ours - paper) / paper x 100 (positive: "
-             "ours higher); group rows are means over the regions compared. "
-             "'not exact': regions whose paper set is the CPU approximation (Gavalas' "
-             "correlated scores without a GPU).\n\n"]
+             "`paper_benchmark_scores.csv`. diff = (ours - paper) / paper x 100 (positive: ours "
+             "higher); group rows are means over the regions compared. 'not exact': regions whose "
+             "paper set is the CPU approximation (Gavalas' correlated scores without a GPU).\n\n"]
     if groups.empty:
         return "".join(parts) + "No region and name of ours has a number in the paper's tables.\n"
     parts += ["## Per group\n\n", to_markdown(group_view(groups))]

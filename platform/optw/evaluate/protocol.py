@@ -1,5 +1,4 @@
-"""The evaluation protocol of a trained model (:func:`evaluate_model`), compared with ILS; needs
-neither Ray nor MLflow."""
+"""How a trained model is evaluated (:func:`evaluate_model`) against ILS; no Ray or MLflow."""
 
 from __future__ import annotations
 
@@ -39,8 +38,7 @@ class EvaluateSettings:
         widths = f"{MIN_BEAMS}..{MAX_BEAMS}"
         require(isinstance(self.beam_sweep, list) and all(map(width, self.beam_sweep)),
                 "evaluate.beam_sweep", self.beam_sweep, f"a list of widths in {widths}")
-        require(width(self.beams), "evaluate.beams", self.beams,
-                f"must be an integer in {widths}")
+        require(width(self.beams), "evaluate.beams", self.beams, f"must be an integer in {widths}")
         require(integer(self.active_search) and self.active_search >= 0,
                 "evaluate.active_search", self.active_search, "must be an integer >= 0")
         require(integer(self.validation_tourists)
@@ -140,8 +138,7 @@ def gap_to_ils(metrics: dict[str, float], ils_means: dict[str, float]) -> float 
     return float(np.mean(gap(ils, score)))
 
 
-def ils_validation_means(catalog_dir: str, regions: list[str], n_tourists: int,
-                         ) -> dict[str, float]:
+def ils_validation_means(catalog_dir: str, regions: list[str], n_tourists: int) -> dict[str, float]:
     """Mean stored ILS score over each region's first ``n_tourists`` validation tourists."""
     from optw.baselines import load_ils_results
 

@@ -72,8 +72,7 @@ def read_table(path: Path | str) -> pd.DataFrame:
             raise ResultsError(f"results file {path} is not UTF-8 text ({exc.reason} at byte "
                                f"{exc.start})") from None
         except OSError as exc:
-            raise ResultsError(f"cannot read results file {path} ({exc.strerror or exc})"
-                               ) from None
+            raise ResultsError(f"cannot read results file {path} ({exc.strerror or exc})") from None
         return _json_lines(text, f"results file {path}", str(path))
     parquet = suffix in (".parquet", ".pq")
     try:
@@ -166,8 +165,7 @@ def validate_results(df: pd.DataFrame, catalog, baseline: str = "ils",
         first: dict[tuple, int] = {}
         keys = zip(df["region"], tourist.astype("int64"), df["method"], strict=True)
         for i, (region, tid, method) in enumerate(keys):
-            j = first.setdefault((region, tid, method), i)
-            if j != i:
+            if (j := first.setdefault((region, tid, method), i)) != i:
                 bad(i, f"duplicates {_row(df, j)} (region {region}, tourist {tid}, "
                        f"method {method})")
                 if len(problems) >= MAX_REPORTED:
@@ -178,8 +176,7 @@ def validate_results(df: pd.DataFrame, catalog, baseline: str = "ils",
     out = pd.DataFrame({
         "region": df["region"].astype(str), "tourist": tourist.astype("int64"),
         "method": df["method"].astype(str), "score": score.astype("float64"),
-        "seconds": seconds.astype("float64"), "kind": kinds,
-    })
+        "seconds": seconds.astype("float64"), "kind": kinds})
     out["group"] = out["region"].map(catalog.regions_table["group"])
     inexact = {r for r in out.loc[out["kind"] == "paper", "region"].unique()
                if not catalog.paper_exact(r)}

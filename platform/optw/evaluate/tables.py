@@ -78,8 +78,7 @@ def region_table(paired: pd.DataFrame, best_known: pd.Series | None = None) -> p
     agg = paired.groupby(["method", "kind", "group", "region"], sort=False).agg(
         tourists=("tourist", "size"), ils=("base_score", "mean"), model=("score", "mean"),
         seconds=("seconds", "mean"), ils_seconds=("base_seconds", "mean"),
-        exact=("exact", "all"),
-    ).reset_index()
+        exact=("exact", "all")).reset_index()
     agg["gap_ils"] = gap(agg["ils"], agg["model"])
     agg["best_known"] = np.nan
     if best_known is not None:  # benchmark groups only: custom regions have no best-known
@@ -136,23 +135,20 @@ def pvalue_table(regions: pd.DataFrame, baseline: str = "ils") -> pd.DataFrame:
     """Per kind and ordered pair (a, b) of methods and baseline: p of "b scores higher"."""
     rows = []
     for kind in KIND_ORDER:
-        sub = regions[regions["kind"] == kind]
-        if sub.empty:
+        if (sub := regions[regions["kind"] == kind]).empty:
             continue
         model = sub.pivot(index="region", columns="method", values="model")
         ils = sub.pivot(index="region", columns="method", values="ils")  # paired per method
         for a, b in itertools.permutations([baseline, *dict.fromkeys(sub["method"])], 2):
             xa = ils[b] if a == baseline else model[a]
             xb = ils[a] if b == baseline else model[b]
-            ok = xa.notna() & xb.notna()
-            if not ok.any():
+            if not (ok := xa.notna() & xb.notna()).any():
                 continue
             rows.append({
                 "kind": kind, "from": a, "to": b, "regions": int(ok.sum()),
                 "mean_from": float(xa[ok].mean()), "mean_to": float(xb[ok].mean()),
                 "mean_improvement": float((xb[ok] - xa[ok]).mean()),
-                "p_to_better": wilcoxon_greater(xb[ok], xa[ok]),
-            })
+                "p_to_better": wilcoxon_greater(xb[ok], xa[ok])})
     return pd.DataFrame(rows, columns=["kind", "from", "to", "regions", "mean_from", "mean_to",
                                        "mean_improvement", "p_to_better"])
 
@@ -162,11 +158,8 @@ def evaluate(results: pd.DataFrame, baseline: pd.DataFrame, best_known: pd.Serie
              seed: int = SEED) -> dict[str, pd.DataFrame]:
     """All tables for validated ``results`` (see :mod:`optw.evaluate.results`)."""
     regions = region_table(pair_with_baseline(results, baseline, baseline_name), best_known)
-    return {
-        "summary": summary_table(regions, n_resamples, seed),
-        "regions": regions,
-        "pvalues": pvalue_table(regions, baseline_name),
-    }
+    return {"summary": summary_table(regions, n_resamples, seed), "regions": regions,
+            "pvalues": pvalue_table(regions, baseline_name)}
 
 
 def _missing(v) -> bool:
@@ -221,8 +214,7 @@ def paper_summary(summary: pd.DataFrame, method: str) -> pd.DataFrame:
         "gap to bk [95%CI]": _cis(s, "gap_bk"),
         "time [s]": [f"{v:.3f}" for v in s["seconds"]],
         "time [95%CI]": _cis(s, "seconds", "{:.3f}"),
-        "p (model > ILS)": [f"{v:.2g}" for v in s["p_better_than_ils"]],
-    })
+        "p (model > ILS)": [f"{v:.2g}" for v in s["p_better_than_ils"]]})
 
 
 def paper_regions(regions: pd.DataFrame, kind: str) -> pd.DataFrame:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+from matplotlib.figure import Figure
 
 from optw.evaluate.tables import KIND_ORDER
 from optw.outdir import check_out_dir, replace_dir
@@ -28,6 +29,9 @@ def _figures(data: JobData, folder: Path, groups: list[str],
     def rel(path: Path | None) -> str | None:
         return f"{PLOTS}/{path.name}" if path is not None else None
 
+    def png(fig: Figure | None, name: str) -> str | None:
+        return rel(plots.write_png(fig, folder / name))
+
     # learning curves: the global models together, the models trained from scratch per group
     figures["curves_global"] = rel(plots.learning_curves(
         [c for c in data.children if c.stage == "global"], folder / "curves_global.png",
@@ -41,15 +45,14 @@ def _figures(data: JobData, folder: Path, groups: list[str],
     ft = (plots.finetune_points(data.children, regions)
           if any(c.stage == "finetune" for c in data.children) else None)
     if ft is not None:
-        figures["finetune"] = rel(plots.finetune_chart(ft, groups, folder / "finetune.png"))
+        figures["finetune"] = png(plots.finetune_figure(ft, groups), "finetune.png")
     colors = plots.method_colors(list(regions["method"]) + list(data.evaluation["method"]))
     for kind in KIND_ORDER:
         if (regions["kind"] == kind).any():
-            figures[f"gaps_{kind}"] = rel(plots.region_gaps(regions, kind, groups, colors,
-                                                            folder / f"gaps_{kind}.png"))
+            figures[f"gaps_{kind}"] = png(plots.region_gaps_figure(regions, kind, groups, colors),
+                                          f"gaps_{kind}.png")
     points = plots.ils_points(data, plots.time_score_points(data))
-    figures["time_score"] = rel(plots.time_score(points, groups, colors,
-                                                 folder / "time_score.png"))
+    figures["time_score"] = png(plots.time_score_figure(points, groups, colors), "time_score.png")
     return figures, points, ft
 
 

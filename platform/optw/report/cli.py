@@ -11,8 +11,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "report", help="static HTML report of a job (curves, gaps, time/score, tables)",
         description="Read a job's runs from MLflow and write a self-contained HTML report "
         "(index.html + PNG plots; viewable offline). Without --job or --run: the newest "
-        "job in the store.",
-    )
+        "job in the store.")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--job", default=None, metavar="NAME",
                        help="job (experiment) name: report its newest parent run")

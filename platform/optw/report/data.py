@@ -1,6 +1,5 @@
 """What a job report shows, read from MLflow: the parent run, its children, their metric
-histories, the job's tables and the children's evaluation rows (of a failed job: what exists).
-"""
+histories, the job's tables and the children's evaluation rows (a failed job's: what exists)."""
 
 from __future__ import annotations
 
@@ -44,6 +43,12 @@ class ChildRun:
     group: str = "other"
     params: dict[str, str] = field(default_factory=dict)  # e.g. init_from, train.val_tourists
     methods: list[str] = field(default_factory=list)  # of its evaluation rows
+
+    @property
+    def started_from(self) -> str:
+        """What the run started from: ``release gavalas v1 (sha256 …)``, a model key, or ""."""
+        return (f"release {self.tags['release']}" if self.tags.get("release")
+                else self.params.get("init_from", ""))
 
 
 @dataclass(frozen=True)
@@ -137,16 +142,12 @@ def find_parent_run(job: str | None = None, uri: str | None = None) -> str:
     if job is None:
         exp_ids, filt = [e.experiment_id for e in client.search_experiments()], "tags.job != ''"
     else:
-        exp = client.get_experiment_by_name(job)
-        if exp is None:
-            raise RunNotFoundError(f"no MLflow experiment named {job!r} in "
-                                   f"{tracking_uri(uri)}")
+        if (exp := client.get_experiment_by_name(job)) is None:
+            raise RunNotFoundError(f"no MLflow experiment named {job!r} in {tracking_uri(uri)}")
         exp_ids, filt = [exp.experiment_id], f"tags.job = '{job}'"
-    runs = client.search_runs(exp_ids, filter_string=filt,
-                              order_by=["attributes.start_time DESC"],
+    runs = client.search_runs(exp_ids, filter_string=filt, order_by=["attributes.start_time DESC"],
                               max_results=1000) if exp_ids else []
-    parents = [r for r in runs if PARENT_TAG not in r.data.tags]
-    if not parents:
+    if not (parents := [r for r in runs if PARENT_TAG not in r.data.tags]):
         where = f"experiment {job!r}" if job else f"the store {tracking_uri(uri)}"
         raise RunNotFoundError(f"{where} has no parent run of a platform job")
     return parents[0].info.run_id

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from optw.evaluate.tables import KIND_LABEL, KIND_ORDER
-from optw.report.data import ChildRun, DemoUse, JobData
+from optw.report.data import DemoUse, JobData
 from optw.tracking.uri import sqlite_path
 
 CSS = """
@@ -77,14 +77,14 @@ def table(df: pd.DataFrame, left: tuple[str, ...] = (), raw: tuple[str, ...] = (
     a box that scrolls sideways when the table is wider than the page."""
     head = "".join(f'<th class="{"l" if c in left else ""}">{escape(str(c))}</th>'
                    for c in df.columns)
-    rows = []
-    for rec in df.itertuples(index=False, name=None):
-        cells = []
-        for c, v in zip(df.columns, rec, strict=True):
-            v = v.item() if hasattr(v, "item") and not isinstance(v, str) else v
-            cls = ' class="l"' if c in left else ""
-            cells.append(f"<td{cls}>{v if c in raw else escape(_fmt(v))}</td>")
-        rows.append("<tr>" + "".join(cells) + "</tr>")
+
+    def cell(c: Any, v: Any) -> str:
+        v = v.item() if hasattr(v, "item") and not isinstance(v, str) else v
+        cls = ' class="l"' if c in left else ""
+        return f"<td{cls}>{v if c in raw else escape(_fmt(v))}</td>"
+
+    rows = ["<tr>" + "".join(cell(c, v) for c, v in zip(df.columns, rec, strict=True)) + "</tr>"
+            for rec in df.itertuples(index=False, name=None)]
     return (f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
             f"<tbody>{''.join(rows)}</tbody></table></div>")
 
@@ -160,13 +160,6 @@ def _mlflow_links(data: JobData) -> str:
             f"<code>{escape(data.parent_run_id)}</code> ({exp}).</p>")
 
 
-def started_from(run: ChildRun) -> str:
-    """What a run started from: ``release gavalas v1 (sha256 …)``, a model key, or ""."""
-    if run.tags.get("release"):
-        return f"release {run.tags['release']}"
-    return run.params.get("init_from", "")
-
-
 def runs_table(data: JobData) -> str:
     """Every child run (stage, model, group, what it started from, status, validation score,
     version, run id/link), folded: a long list that the page's figures should not follow."""
@@ -176,7 +169,7 @@ def runs_table(data: JobData) -> str:
         rid = (f'<a href="{escape(url)}">{escape(c.run_id)}</a>' if url
                else f"<code>{escape(c.run_id)}</code>")
         rows.append({"stage": c.stage, "model": c.key, "group": c.group,
-                     "started from": started_from(c) or "–",
+                     "started from": c.started_from or "–",
                      "status": f'<span class="status-{escape(c.status)}">'
                                f"{escape(c.status)}</span>",
                      "val_score": _num(c.tags, "val_score"),
@@ -218,8 +211,7 @@ def demonstrations_line(uses: list[DemoUse]) -> str:
 
 
 def job_lines(data: JobData) -> list[str]:
-    """The header's lines on what the job started from: released global models, and
-    demonstrations (each only when the job used them)."""
+    """The header's lines on the released global models and demonstrations the job used."""
     lines = []
     if releases := data.releases():
         lines.append(f"Started from released global model{'s' if len(releases) > 1 else ''}: "
@@ -229,18 +221,16 @@ def job_lines(data: JobData) -> list[str]:
     return lines
 
 
-def _curves_section(figures: dict[str, str | None], groups: list[str],
-                    releases: list[str]) -> str:
+def _curves_section(figures: dict[str, str | None], groups: list[str], releases: list[str]) -> str:
     keys = [("curves_global", "learning curves of the global models"),
             *((f"curves_{g}", f"learning curves {g}") for g in groups)]
     shown = [_figure(figures[key], alt) for key, alt in keys if figures.get(key)]
     return _section(
         "curves", "Learning curves",
-        "Per model, over epochs: the training reward (mean over the epoch's sampled routes, "
-        "logged every few epochs) and, at each validation, the mean greedy score on the "
-        "validation tourists, the benchmark tourist's greedy score and the gap to ILS on the "
-        "validation tourists (negative: better than ILS). Models with fewer than two points "
-        "are left out.",
+        "Per model, over epochs: the training reward (mean over the epoch's sampled routes, logged "
+        "every few epochs) and, at each validation, the mean greedy score on the validation "
+        "tourists, the benchmark tourist's greedy score and the gap to ILS on the validation "
+        "tourists (negative: better than ILS). Models with fewer than two points are left out.",
         *(shown or ['<p class="note">No model logged a curve of two or more epochs'
                     + (" (the global models are releases, trained before this job: "
                        f"{escape('; '.join(releases))})" if releases else "") + ".</p>"]))
@@ -270,8 +260,7 @@ def _finetune_section(figures: dict[str, str | None], points: pd.DataFrame | Non
         if "beam: tourists" in shown.columns:
             shown["beam: tourists"] = shown["beam: tourists"].astype("Int64")
         body = [_figure(figures["finetune"], "fine-tuning before and after"),
-                _details("Per region", table(shown, left=("region", "group",
-                                                           "started from")))]
+                _details("Per region", table(shown, left=("region", "group", "started from")))]
     return _section(
         "finetune", "Fine-tuning: before and after",
         "Each fine-tuned region, before (ring: the model it starts from, validated by the "
@@ -280,24 +269,20 @@ def _finetune_section(figures: dict[str, str | None], points: pd.DataFrame | Non
         "to ILS on them (negative: better than ILS); a dot inside its ring: no change. "
         + ("Diamonds: the job's beam evaluations of the start model and of the fine-tuned "
            "model, on the same evaluation tourists." if beam else
-           "The job did not evaluate the start model, so its beam evaluation of the "
-           "fine-tuned model (more tourists, another decoder: not comparable with the greedy "
-           "values) has no 'before' to compare with; it is in the table and in the gaps per "
-           "region below."), *body)
+           "The job did not evaluate the start model, so its beam evaluation of the fine-tuned "
+           "model (more tourists, another decoder: not comparable with the greedy values) has no "
+           "'before' to compare with; it is in the table and in the gaps per region below."), *body)
 
 
 def time_note(points: pd.DataFrame) -> str:
-    """The time/score section's note: what its points are (active search only when the job
-    made some)."""
+    """The time/score section's note: what its points are (active search only when made)."""
     settings = set(points["setting"]) if len(points) else set()
-    parts = ["beam widths from the job's beam sweep on each region's benchmark tourist"
-             if any(str(x).startswith("beams=") for x in settings) else "",
-             "active search (★) from the evaluation rows" if "active search" in settings
-             else "", "ILS (×) from the job's ILS results" if "ILS" in set(points.get(
-                 "method", ())) else ""]
-    if not any(parts):
+    shown = {"beam widths from the job's beam sweep on each region's benchmark tourist":
+             any(str(x).startswith("beams=") for x in settings),
+             "active search (★) from the evaluation rows": "active search" in settings,
+             "ILS (×) from the job's ILS results": "ILS" in set(points.get("method", ()))}
+    if not (text := ", ".join(part for part, show in shown.items() if show)):
         return ""
-    text = ", ".join(p for p in parts if p)
     return f"{text[0].upper()}{text[1:]}; means over the group's regions."
 
 

@@ -1,5 +1,5 @@
-"""The report's figures as PNG files (matplotlib's Agg renderer, no pyplot state): each writes
-one file and returns its path, or ``None`` when there is nothing to plot."""
+"""The report's figures (matplotlib's Agg renderer, no pyplot state), ``None`` when there is
+nothing to plot, and :func:`write_png`, which writes one as a PNG file."""
 
 from __future__ import annotations
 
@@ -40,19 +40,16 @@ def _legend(fig: Figure, axes, loc: str, ncols: int = 1, title: str | None = Non
     for ax in axes:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, h)
-    fig.legend(list(handles.values()), list(handles), loc=loc,
-               ncols=min(ncols, len(handles)), fontsize=8, frameon=False, title=title,
-               title_fontproperties={"size": 10})
+    fig.legend(list(handles.values()), list(handles), loc=loc, ncols=min(ncols, len(handles)),
+               fontsize=8, frameon=False, title=title, title_fontproperties={"size": 10})
 
 
-def _write(fig: Figure, path: Path) -> Path:
+def write_png(fig: Figure | None, path: Path) -> Path | None:
+    """``fig`` as the PNG file ``path``; None (no file) for no figure."""
+    if fig is None:
+        return None
     fig.savefig(path, dpi=DPI, format="png", bbox_inches="tight")
     return path
-
-
-def _save(fig: Figure, path: Path, title: str, size: int = 10) -> Path:
-    fig.suptitle(title, fontsize=size)
-    return _write(fig, path)
 
 
 def has_curve(run: ChildRun, metrics: tuple[str, ...] = ("mean_reward", "val_score")) -> bool:
@@ -106,7 +103,8 @@ def learning_curves(runs: list[ChildRun], path: Path, title: str) -> Path | None
     for ax in axes[-per:, len(runs) % ncols or ncols:].flat:  # the last row's empty panels
         ax.set_visible(False)
     _legend(fig, axes.flat, "outside lower center", 4)
-    return _save(fig, path, title, 11)
+    fig.suptitle(title, fontsize=11)
+    return write_png(fig, path)
 
 
 def _panel(ax, ylabel: str) -> None:
@@ -115,8 +113,7 @@ def _panel(ax, ylabel: str) -> None:
     ax.grid(alpha=0.3)
 
 
-def finetune_points(children: list[ChildRun], regions: pd.DataFrame | None = None,
-                    ) -> pd.DataFrame:
+def finetune_points(children: list[ChildRun], regions: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per fine-tuned region: its validation at epoch 0 and last (greedy, the run's own
     tourists) and, from the job's evaluation (beam search), the fine-tuned model's gap and the
     start model's where the job evaluated that one too."""
@@ -128,14 +125,11 @@ def finetune_points(children: list[ChildRun], regions: pd.DataFrame | None = Non
             if df is None or not (df["step"] == 0).any() or not (df["step"] > 0).any():
                 continue
             last = df[df["step"] > 0].iloc[-1]
-            init = run.params.get("init_from", "")
-            start = by_key.get(init)
-            ev_before, _ = (_evaluated_gap(start, run.key, regions) if start is not None
-                            else (math.nan, math.nan))
+            start = by_key.get(run.params.get("init_from", ""))
+            ev_before, _ = _evaluated_gap(start, run.key, regions)
             ev_after, n_eval = _evaluated_gap(run, run.key, regions)
-            rows.append({"region": run.key, "group": run.group,
-                         "start": f"release {run.tags['release']}" if run.tags.get("release")
-                         else init, "metric": metric,
+            rows.append({"region": run.key, "group": run.group, "start": run.started_from,
+                         "metric": metric,
                          "before": float(df.loc[df["step"] == 0, "value"].iloc[-1]),
                          "after": float(last["value"]), "after_epoch": int(last["step"]),
                          "evaluated_before": ev_before, "evaluated": ev_after,
@@ -150,11 +144,11 @@ def finetune_points(children: list[ChildRun], regions: pd.DataFrame | None = Non
     return out.reset_index(drop=True)
 
 
-def _evaluated_gap(run: ChildRun, region: str, regions: pd.DataFrame | None,
+def _evaluated_gap(run: ChildRun | None, region: str, regions: pd.DataFrame | None,
                    ) -> tuple[float, float]:
     """The evaluated validation gap to ILS on ``region`` of ``run``'s main (beam search)
-    method and its number of tourists, or NaNs."""
-    if regions is None or not len(regions) or not run.methods:
+    method and its number of tourists, or NaNs (no run, no such evaluation)."""
+    if run is None or regions is None or not len(regions) or not run.methods:
         return math.nan, math.nan
     main = [m for m in run.methods if not m.endswith(("_greedy", "_as"))]
     sub = regions[(regions["region"].astype(str) == region)
@@ -243,24 +237,10 @@ def finetune_figure(points: pd.DataFrame, groups: list[str]) -> Figure | None:
     return fig
 
 
-def finetune_chart(points: pd.DataFrame, groups: list[str], path: Path) -> Path | None:
-    """:func:`finetune_figure` as a PNG file."""
-    fig = finetune_figure(points, groups)
-    return None if fig is None else _write(fig, path)
-
-
-def region_gaps(regions: pd.DataFrame, kind: str, groups: list[str], colors: dict[str, str],
-                path: Path) -> Path | None:
-    """:func:`region_gaps_figure` as a PNG file."""
-    fig = region_gaps_figure(regions, kind, groups, colors)
-    return None if fig is None else _write(fig, path)
-
-
 def region_gaps_figure(regions: pd.DataFrame, kind: str, groups: list[str],
                        colors: dict[str, str]) -> Figure | None:
-    """Dot plot per region of each method's gap to ILS and, where known, to best-known. A
-    row per region makes it tall: the legend, the axis labels and the ticks are on top (and
-    the labels and ticks at the bottom too)."""
+    """Dot plot per region of each method's gap to ILS and, where known, to best-known. A row per
+    region makes it tall: the legend on top, the axis labels and ticks at the top and bottom."""
     sub = regions[regions["kind"] == kind]
     order = [(g, r) for g in groups
              for r in sorted(sub.loc[sub["group"] == g, "region"].astype(str).unique())]
@@ -285,16 +265,13 @@ def region_gaps_figure(regions: pd.DataFrame, kind: str, groups: list[str],
             ax.scatter(first["ils_gap_bk"], first["region"].astype(str).map(ypos), marker="x",
                        s=24, color="#555555", label="ILS", zorder=2)
         ax.axvline(0, color="k", lw=0.8)
-        ax.set_xlabel(title, fontsize=9)
         ax.grid(axis="x", alpha=0.3)
-        ax.tick_params(labelsize=8)
-        top = ax.secondary_xaxis("top")  # the same scale, read without scrolling down
-        top.set_xlabel(title, fontsize=9)
-        top.tick_params(labelsize=8)
+        for x_axis in (ax, ax.secondary_xaxis("top")):  # on top too: read without scrolling down
+            x_axis.set_xlabel(title, fontsize=9)
+            x_axis.tick_params(labelsize=8)
         start = 0
         for i, g in enumerate(groups):  # every other group's rows shaded
-            n = sum(1 for gg, _ in order if gg == g)
-            if n and i % 2:
+            if (n := sum(1 for gg, _ in order if gg == g)) and i % 2:
                 ax.axhspan(start - 0.5, start + n - 0.5, color="#f0f0f0", zorder=0)
             start += n
     axes[0].set_yticks(range(len(order)), [f"{r} ({g})" for g, r in order])
@@ -307,8 +284,7 @@ def region_gaps_figure(regions: pd.DataFrame, kind: str, groups: list[str],
 def time_score_points(data: JobData) -> pd.DataFrame:
     """Per (group, method, setting) on the benchmark tourists: mean seconds, score, gap."""
     parts = []
-    sweep = data.tables.get("beam_sweep")
-    if sweep is not None and len(sweep):
+    if (sweep := data.tables.get("beam_sweep")) is not None and len(sweep):
         s = sweep.assign(region=sweep["region"].astype(str),
                          setting=sweep["beams"].map(lambda b: f"beams={int(b)}"),
                          order=sweep["beams"].astype(float))
@@ -347,8 +323,7 @@ def ils_points(data: JobData, points: pd.DataFrame) -> pd.DataFrame:
     parts = []
     for g in dict.fromkeys(points["group"]):
         parts.append(points[points["group"] == g])
-        sub = bench[bench["group"].astype(str) == g]
-        if len(sub) and sub["ils"].notna().any():
+        if len(sub := bench[bench["group"].astype(str) == g]) and sub["ils"].notna().any():
             parts.append(pd.DataFrame([{
                 "group": g, "method": "ILS", "setting": "heuristic", "order": math.nan,
                 "regions": sub["region"].nunique(), "score": sub["ils"].mean(),
@@ -361,18 +336,10 @@ def _log_ticks(ax) -> None:
     of ten over more than three decades), no labels on the minor ticks."""
     lo, hi = sorted(ax.get_xlim())
     decades = math.log10(hi / lo) if lo > 0 and hi > lo else 1.0
-    subs = (tuple(range(1, 10)) if decades < 0.5 else (1.0, 2.0, 5.0) if decades <= 3
-            else (1.0,))
+    subs = (tuple(range(1, 10)) if decades < 0.5 else (1.0, 2.0, 5.0) if decades <= 3 else (1.0,))
     ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
-
-
-def time_score(points: pd.DataFrame, groups: list[str], colors: dict[str, str],
-               path: Path) -> Path | None:
-    """:func:`time_score_figure` as a PNG file."""
-    fig = time_score_figure(points, groups, colors)
-    return None if fig is None else _write(fig, path)
 
 
 def time_score_figure(points: pd.DataFrame, groups: list[str], colors: dict[str, str],
@@ -401,8 +368,7 @@ def time_score_figure(points: pd.DataFrame, groups: list[str], colors: dict[str,
                 ax.plot(beams["seconds"], beams[ycol], marker="o", ms=4, color=color, label=m)
                 for _, row in beams.iterrows():
                     ax.annotate(row["setting"].split("=")[-1], (row["seconds"], row[ycol]),
-                                textcoords="offset points", xytext=(3, 4), fontsize=7,
-                                color=color)
+                                textcoords="offset points", xytext=(3, 4), fontsize=7, color=color)
             if len(act := sm[~np.isfinite(sm["order"])]):
                 ax.scatter(act["seconds"], act[ycol], marker="*", s=90, color=color, label=m,
                            zorder=4)

@@ -41,8 +41,7 @@ STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; ch
 def static_file(name: str) -> Response:
     """One file of :data:`STATIC_DIR` (no sub-folders; 404 naming the path otherwise)."""
     path = STATIC_DIR / name
-    if "/" in name or name.startswith(".") or path.suffix not in STATIC_TYPES \
-            or not path.is_file():
+    if "/" in name or name.startswith(".") or path.suffix not in STATIC_TYPES or not path.is_file():
         raise PlanError(404, "path", f"path: no file {name[:200]!r} in the planner's static "
                         f"files; the planner serves {', '.join(ENDPOINTS)}")
     return Response(path.read_bytes(), media_type=STATIC_TYPES[path.suffix],
@@ -51,8 +50,7 @@ def static_file(name: str) -> Response:
 
 def check_content_type(value: str | None) -> None:
     """``POST /plan`` takes JSON only: 415 naming the ``Content-Type`` header otherwise."""
-    media = (value or "").split(";", 1)[0].strip().lower()
-    if media != "application/json":
+    if (value or "").split(";", 1)[0].strip().lower() != "application/json":  # the media type
         got = f"{echoed(value)!r}" if value else "no Content-Type header"
         raise PlanError(415, "content-type", f"content-type: expected application/json, got "
                         f"{got}; send the header Content-Type: application/json")
@@ -71,9 +69,8 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         err = PlanError(404, "path", f"path: no endpoint {path!r}; the planner serves "
                         f"{', '.join(ENDPOINTS)}")
     elif exc.status_code == 405:
-        allowed = (exc.headers or {}).get("Allow", "?")
         err = PlanError(405, "method", f"method: {request.method} is not allowed on {path!r}; "
-                        f"use {allowed}")
+                        f"use {(exc.headers or {}).get('Allow', '?')}")
     else:
         err = PlanError(exc.status_code, None, f"{exc.detail}")
     return JSONResponse(err.to_dict(), status_code=err.status, headers=exc.headers)

@@ -33,8 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Deploy the trip planner on a local Ray (or --ray-address) and serve until "
         "Ctrl-C. Models come from the registry alias models:/optw-<region>@champion "
         "($MLFLOW_TRACKING_URI or the project's mlflow.db); see docs/planner.md. Every option "
-        "is checked before Ray starts.",
-    )
+        "is checked before Ray starts.")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", default="8000",
                    help="HTTP port 1..65535, 0 = any free port (default 8000)")
@@ -45,9 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "thread each; each replica reserves 0.5 CPU per thread (default 1; 2 raises "
                    "throughput on long routes on a 2-core machine)")
     s.add_argument("--check-interval", default=str(st.DEFAULT_CHECK_INTERVAL),
-                   help="seconds between checks for a new champion, "
-                   f"0..{st.MAX_CHECK_INTERVAL:g} (0: on every request; default "
-                   f"{st.DEFAULT_CHECK_INTERVAL:g})")
+                   help=f"seconds between checks for a new champion, 0..{st.MAX_CHECK_INTERVAL:g} "
+                   f"(0: on every request; default {st.DEFAULT_CHECK_INTERVAL:g})")
     s.add_argument("--registry-timeout", default=str(st.DEFAULT_REGISTRY_TIMEOUT),
                    help="seconds a request waits for the registry, 0.1..600; then it is served "
                    "with the cached model, or answered 503 (default "
@@ -63,8 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "plan", help="plan one itinerary in-process (no server)",
         description="Solve one tourist's trip with the region's champion model (or a "
         "checkpoint) and print the itinerary. Times are minutes or HH:MM. Every option is "
-        "checked before a model is loaded.",
-    )
+        "checked before a model is loaded.")
     p.add_argument("--region", required=True)
     p.add_argument("--start", default=None, metavar="X,Y|LAT,LON",
                    help="start and end location, LAT,LON for a lat/lon region (default: the "
@@ -77,8 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "depot's opening, so 09:00 means 540 minutes after it opens")
     p.add_argument("--to", dest="t_end", default=None, metavar="TIME",
                    help="day end, minutes or HH:MM, as --from (default: the benchmark's)")
-    p.add_argument("--method", default=None,
-                   help=f"{', '.join(METHODS)} (default beam)")
+    p.add_argument("--method", default=None, help=f"{', '.join(METHODS)} (default beam)")
     p.add_argument("--beams", default=None,
                    help=f"beam width {MIN_BEAMS}..{MAX_BEAMS} (default {SERVE_BEAMS})")
     p.add_argument("--preference", default=None, help=f"one of {', '.join(PREFERENCES)} "
@@ -108,10 +104,9 @@ def _serve(args) -> int:
                      "a number of solves at once per replica")
     settings = serve_settings(
         host=args.host, port=args.port, catalog=args.catalog, tracking_uri=args.tracking_uri,
-        check_interval=args.check_interval, num_replicas=args.replicas,
-        num_cpus=0.5 * threads, solve_threads=threads, ray_address=args.ray_address,
-        registry_timeout=args.registry_timeout, request_timeout=args.request_timeout,
-        names=SERVE_FLAGS)
+        check_interval=args.check_interval, num_replicas=args.replicas, num_cpus=0.5 * threads,
+        solve_threads=threads, ray_address=args.ray_address, registry_timeout=args.registry_timeout,
+        request_timeout=args.request_timeout, names=SERVE_FLAGS)
     from optw.raylogs import filter_ray_noise
     from optw.serve.app import deploy  # imports Ray; starts it only now, with good settings
 
@@ -128,21 +123,17 @@ def _request(args) -> dict[str, Any]:
 
     req: dict[str, Any] = {"region": word(args.region, "--region", "a region id such as t101")}
     if args.start is not None:
-        xy = [parse_number(v) for v in args.start.split(",")]
-        if len(xy) != 2 or None in xy:
+        if len(xy := [parse_number(v) for v in args.start.split(",")]) != 2 or None in xy:
             raise UserError(f"--start: expected X,Y (two finite numbers), got {args.start!r}")
         req["start"] = {"x": xy[0], "y": xy[1]}
     for key, option in (("t_start", "--from"), ("t_end", "--to")):
-        value = getattr(args, key)
-        if value is not None:
+        if (value := getattr(args, key)) is not None:
             req[key] = value if ":" in value else parse_number(value)
             if req[key] is None:
                 raise UserError(f"{option}: expected minutes (a finite number) or HH:MM, got "
                                 f"{value!r}")
-    for key, what, known in (("method", "method", METHODS),
-                             ("preference", "profile", PREFERENCES)):
-        value = getattr(args, key)
-        if value is not None:
+    for key, what, known in (("method", "method", METHODS), ("preference", "profile", PREFERENCES)):
+        if (value := getattr(args, key)) is not None:
             if value not in known:
                 raise UserError(f"--{key}: unknown {what} {value!r}; expected one of "
                                 f"{', '.join(known)}")
@@ -154,8 +145,7 @@ def _request(args) -> dict[str, Any]:
     if args.scores is not None:
         if args.preference is not None:
             raise UserError("--scores: give --scores or --preference, not both")
-        path = Path(args.scores)
-        if not path.is_file():
+        if not (path := Path(args.scores)).is_file():
             raise UserError(f"--scores: file {path} does not exist")
         try:
             req["scores"] = json.loads(path.read_text())
@@ -190,8 +180,7 @@ def _models(args) -> Any:
     from optw.tracking.uri import ENV_URI, sqlite_path
 
     if args.checkpoint is not None:
-        path = Path(args.checkpoint)
-        if not path.is_file():
+        if not (path := Path(args.checkpoint)).is_file():
             raise UserError(f"--checkpoint: file {path} does not exist")
         try:
             return CheckpointModels(path)
@@ -199,8 +188,7 @@ def _models(args) -> Any:
             raise UserError(f"--checkpoint: cannot load {path} ({type(exc).__name__}: "
                             f"{' '.join(str(exc).split())})") from None
     uri = tracking_store(args.tracking_uri, "--tracking-uri")
-    db = sqlite_path(uri)
-    if db is not None and not db.is_file():
+    if (db := sqlite_path(uri)) is not None and not db.is_file():
         label = "--tracking-uri" if args.tracking_uri or not os.environ.get(ENV_URI) \
             else f"${ENV_URI}"
         raise UserError(f"{label}: no MLflow store at {db} ({uri}): no model is registered "
@@ -282,7 +270,6 @@ def render_itinerary(answer: dict[str, Any], n_points: int | None = None,
         begin = t(s["start"]) if s["kind"] == "visit" else ""
         leave = "" if s["kind"] == "end" else t(s["leave"])
         score = f"{s['score']:g}" if s["kind"] == "visit" else ""
-        lines.append(f"{s['stop']:>4}  {place:<{w}} {arrive:>8} {begin:>8} {leave:>8} "
-                     f"{score:>8}")
+        lines.append(f"{s['stop']:>4}  {place:<{w}} {arrive:>8} {begin:>8} {leave:>8} {score:>8}")
     lines.append(f"{'':>4}  {'total':<{w}} {'':>8} {'':>8} {'':>8} {answer['score']:>8g}")
     return "\n".join(lines)

@@ -41,9 +41,8 @@ def node_name(region: Region, node: int, default_start: bool = True) -> str:
 
 def node_latlon(region: Region, node: int) -> dict[str, float]:
     """``{"lat", "lon"}`` of a node of a lat/lon region, else ``{}``."""
-    if region.coords != "latlon":
-        return {}
-    return {"lat": float(region.lat[node]), "lon": float(region.lon[node])}
+    return ({"lat": float(region.lat[node]), "lon": float(region.lon[node])}
+            if region.coords == "latlon" else {})
 
 
 #: Default extra :func:`optw.decode.solve` arguments per request method (a short active search).
@@ -74,8 +73,7 @@ class Planner:
             self._checked.add(key)
         from optw.decode import region_mismatch
 
-        message = region_mismatch(loaded.model, region)
-        if message:
+        if message := region_mismatch(loaded.model, region):
             version = f" version {loaded.version}" if loaded.version is not None else ""
             self._warn(f"{message} (model {loaded.source}{version})")
 
@@ -137,16 +135,14 @@ class Planner:
         solve_ms = (time.perf_counter() - t0) * 1e3
         stops = self._stops(req, route, check, tourists.scores[0])
         start = {"x": req.start_xy[0], "y": req.start_xy[1], **_start_latlon(req)}
-        return {
-            "region": req.region.id, "coords": req.region.coords, "method": req.method,
-            "clock_origin": clock_origin(req.region.group),
-            "beams": req.beams if req.method in BEAM_METHODS else None,
-            "preference": req.preference, "model_version": loaded.version,
-            "start": start, "t_start": req.t_start, "t_end": req.t_end, "clock": req.clock,
-            "t_start_clock": format_time(req.t_start), "t_end_clock": format_time(req.t_end),
-            "score": check.score, "visits": len(route) - 2, "route": stops,
-            "legs": _legs(stops), "solve_ms": round(solve_ms, 3),
-        }
+        return {"region": req.region.id, "coords": req.region.coords, "method": req.method,
+                "clock_origin": clock_origin(req.region.group),
+                "beams": req.beams if req.method in BEAM_METHODS else None,
+                "preference": req.preference, "model_version": loaded.version,
+                "start": start, "t_start": req.t_start, "t_end": req.t_end, "clock": req.clock,
+                "t_start_clock": format_time(req.t_start), "t_end_clock": format_time(req.t_end),
+                "score": check.score, "visits": len(route) - 2, "route": stops,
+                "legs": _legs(stops), "solve_ms": round(solve_ms, 3)}
 
     @staticmethod
     def _stops(req: PlanRequest, route: list[int], check: Any, scores: Any) -> list[dict]:
@@ -177,8 +173,7 @@ class Planner:
         top = float(req.scores.max())
         scale = req.region.s_max_benchmark / top if top > 0 else 1.0
         tourists = req.tourists(req.scores * scale)
-        kwargs: dict[str, Any] = {"method": METHODS[req.method],
-                                  **self.solve_options[req.method]}
+        kwargs: dict[str, Any] = {"method": METHODS[req.method], **self.solve_options[req.method]}
         if req.method in BEAM_METHODS:
             kwargs["beams"] = req.beams
         return [int(v) for v in solve(model, req.region, tourists, **kwargs)[0].route]

@@ -47,14 +47,17 @@ def _invalid(exc: TouristError) -> PlanError:
     return PlanError(422, exc.field, exc.message)
 
 
+def _error(field: str, problem: str) -> PlanError:
+    return PlanError(422, field, f"{field}: {problem}")
+
+
 def _degrees(value: Any, name: str, bounds: tuple[float, float]) -> float:
     try:
         v = finite_number(value, name)
     except TouristError as exc:
         raise _invalid(exc) from None
     if not bounds[0] <= v <= bounds[1]:
-        raise PlanError(422, name, f"{name}: {v:g} is outside [{bounds[0]:g}, {bounds[1]:g}] "
-                        "degrees")
+        raise _error(name, f"{v:g} is outside [{bounds[0]:g}, {bounds[1]:g}] degrees")
     return v
 
 
@@ -63,8 +66,8 @@ def latlon_start(value: Any, region: Region) -> tuple[float, float]:
     if not isinstance(value, Mapping) or set(value) != {"lat", "lon"}:
         got = (f"keys {echoed(sorted(map(str, value)))}" if isinstance(value, Mapping)
                else describe(value))
-        raise PlanError(422, "start", f"start: region {region.id} has lat/lon coordinates; "
-                        f"expected {{\"lat\": degrees, \"lon\": degrees}}, got {got}")
+        raise _error("start", f"region {region.id} has lat/lon coordinates; expected "
+                     f"{{\"lat\": degrees, \"lon\": degrees}}, got {got}")
     return (_degrees(value["lat"], "start.lat", (-90.0, 90.0)),
             _degrees(value["lon"], "start.lon", (-180.0, 180.0)))
 
@@ -72,10 +75,8 @@ def latlon_start(value: Any, region: Region) -> tuple[float, float]:
 def parse_time(value: Any, name: str) -> tuple[float, bool]:
     """Minutes from a number or an ``"HH:MM"`` string -> (minutes, given as a clock time)."""
     if isinstance(value, str):
-        m = _HHMM.match(value)
-        if not m:
-            raise PlanError(422, name, f"{name}: {value!r} is not a time; give minutes (a number)"
-                            " or \"HH:MM\"")
+        if not (m := _HHMM.match(value)):
+            raise _error(name, f"{value!r} is not a time; give minutes (a number) or \"HH:MM\"")
         return float(int(m.group(1)) * 60 + int(m.group(2))), True
     try:
         return finite_number(value, name), False
@@ -95,10 +96,9 @@ def clock_origin(group: str) -> str:
 
 def clock_note(region: Region) -> str | None:
     """What ``HH:MM`` means where the clock starts at the depot's opening (else None)."""
-    if clock_origin(region.group) == "midnight":
-        return None
-    return (f"{region.id} counts time from the depot's opening, not midnight (09:00 = 540 "
-            f"min after it opens); its day is 0-{region.t_max:g} min")
+    return None if clock_origin(region.group) == "midnight" else (
+        f"{region.id} counts time from the depot's opening, not midnight (09:00 = 540 min after "
+        f"it opens); its day is 0-{region.t_max:g} min")
 
 
 def format_time(minutes: float) -> str:
@@ -171,9 +171,8 @@ def decode_body(body: bytes) -> dict[str, Any]:
 def _check_day(name: str, v: float, region: Region) -> None:
     if not 0.0 <= v <= region.t_max:
         clock = f" ({format_time(v)})" if abs(v) < 1e6 else ""
-        raise PlanError(422, name, f"{name}: {v:g}{clock} is outside the day of region "
-                        f"{region.id}, [0, {region.t_max:g}] minutes (00:00-"
-                        f"{format_time(region.t_max)})")
+        raise _error(name, f"{v:g}{clock} is outside the day of region {region.id}, [0, "
+                     f"{region.t_max:g}] minutes (00:00-{format_time(region.t_max)})")
 
 
 def parse_request(data: Mapping[str, Any], catalog: Catalog) -> PlanRequest:
@@ -185,27 +184,23 @@ def parse_request(data: Mapping[str, Any], catalog: Catalog) -> PlanRequest:
         first = echoed(unknown[0])
         listed = ", ".join(repr(echoed(k)) for k in unknown[:5]) + (
             f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-        raise PlanError(422, first, f"{first}: unknown field(s) [{listed}]; allowed: "
-                        f"{list(FIELDS)}")
-    rid = data.get("region")
-    if not isinstance(rid, str) or not rid:
-        raise PlanError(422, "region", f"region: expected a region id (string), got "
-                        f"{describe(rid)}")
+        raise _error(first, f"unknown field(s) [{listed}]; allowed: {list(FIELDS)}")
+    if not isinstance(rid := data.get("region"), str) or not rid:
+        raise _error("region", f"expected a region id (string), got {describe(rid)}")
     if rid not in catalog:
         raise PlanError(404, "region", f"region: unknown region {rid[:64]!r} (GET /regions or "
                         "`optw catalog list` lists them)")
     region = catalog.region(rid)
 
-    method = data.get("method", DEFAULT_METHOD)
-    if method not in METHODS:
-        raise PlanError(422, "method", f"method: unknown method {describe(method)}; expected "
-                        f"one of {list(METHODS)}")
+    if (method := data.get("method", DEFAULT_METHOD)) not in METHODS:
+        raise _error("method", f"unknown method {describe(method)}; expected one of "
+                     f"{list(METHODS)}")
     try:
         beams = check_beams(data.get("beams", SERVE_BEAMS), "beams")
     except ValueError as exc:
         raise PlanError(422, "beams", str(exc)) from None
     if data.get("scores") is not None and data.get("preference") is not None:
-        raise PlanError(422, "scores", "scores: give either scores or preference, not both")
+        raise _error("scores", "give either scores or preference, not both")
 
     fields = {k: data[k] for k in TOURIST_KEYS if k in data}
     start, latlon = fields.get("start"), None
@@ -214,8 +209,8 @@ def parse_request(data: Mapping[str, Any], catalog: Catalog) -> PlanRequest:
         x, y = region.to_xy(*latlon)
         fields["start"] = {"x": float(x), "y": float(y)}
     elif isinstance(start, Mapping) and {"lat", "lon"} & set(start):
-        raise PlanError(422, "start", f"start: region {region.id} has x/y coordinates, not "
-                        "lat/lon; expected {\"x\": number, \"y\": number} or [x, y]")
+        raise _error("start", f"region {region.id} has x/y coordinates, not lat/lon; expected "
+                     "{\"x\": number, \"y\": number} or [x, y]")
     clock = False
     for key in ("t_start", "t_end"):
         if isinstance(fields.get(key), str):
@@ -231,8 +226,8 @@ def parse_request(data: Mapping[str, Any], catalog: Catalog) -> PlanRequest:
     except TouristError as exc:
         if latlon is not None and exc.field in ("start.x", "start.y"):
             name = "start.lon" if exc.field == "start.x" else "start.lat"
-            raise PlanError(422, name, f"{name}: ({latlon[0]:g}, {latlon[1]:g}) is too far "
-                            f"from region {region.id} ({exc.message})") from None
+            raise _error(name, f"({latlon[0]:g}, {latlon[1]:g}) is too far from region "
+                         f"{region.id} ({exc.message})") from None
         raise _invalid(exc) from None
     if latlon is None and region.coords == "latlon":  # no start given: the region's own
         latlon = float(region.lat[0]), float(region.lon[0])
@@ -245,8 +240,7 @@ def parse_request(data: Mapping[str, Any], catalog: Catalog) -> PlanRequest:
     else:
         preference = data.get("preference") or DEFAULT_PREFERENCE
         if not isinstance(preference, str):
-            raise PlanError(422, "preference", f"preference: expected a profile name, got "
-                            f"{describe(preference)}")
+            raise _error("preference", f"expected a profile name, got {describe(preference)}")
         scores = preference_scores(region, preference)
     return PlanRequest(region=region, start_xy=tourist.start_xy, t_start=tourist.t_start,
                        t_end=tourist.t_end, scores=scores, preference=preference, method=method,

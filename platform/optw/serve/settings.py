@@ -78,8 +78,7 @@ def open_catalog_checked(path: str | Path | None, name: str):
     folder = Path(path) if path is not None else default_catalog_dir()
     try:
         catalog = open_catalog(folder)
-        regions = catalog.list_regions()
-        if not regions:
+        if not (regions := catalog.list_regions()):
             raise UserError(f"the region catalog at {folder} holds no region")
         catalog.region(regions[0])  # reads the node table: a broken file fails here
     except Exception as exc:  # CatalogError, OSError, Arrow errors: all say which folder
@@ -123,8 +122,7 @@ def check_fit(num_replicas: int, num_cpus: float, total: float, names: Mapping[s
     if num_cpus > total + 1e-9:
         raise UserError(f"{names['num_cpus']}: one replica needs {num_cpus:g} CPUs, {where} "
                         f"has {total:g}")
-    need = num_replicas * num_cpus
-    if need > total + 1e-9:
+    if (need := num_replicas * num_cpus) > total + 1e-9:
         raise UserError(
             f"{names['num_replicas']}: {num_replicas} replicas of {num_cpus:g} CPU each need "
             f"{need:g} CPUs, {where} has {total:g}; use at most {int((total + 1e-9) // num_cpus)}")
@@ -177,8 +175,7 @@ def _solve_options(value: Any, name: str) -> dict[str, dict[str, Any]]:
         return {}
     if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
         raise UserError(f"{name}: expected {{method: {{argument: value}}}}, got {value!r}")
-    unknown = sorted(set(value) - set(METHODS))
-    if unknown:
+    if unknown := sorted(set(value) - set(METHODS)):
         raise UserError(f"{name}: unknown method(s) {unknown}; known: {list(METHODS)}")
     return {str(k): dict(v) for k, v in value.items()}
 
@@ -189,16 +186,14 @@ def serve_settings(*, names: Mapping[str, str] | None = None, ray_running: bool 
     rest; cheap ones first, then the catalog, tracking store, Ray address and port) and return
     them resolved. ``names``: parameter -> name in errors (:data:`SERVE_FLAGS`).
     ``ray_running``: Ray is initialised here (CPUs are checked once connected, the port not)."""
-    fields = {f.name: f for f in dataclasses.fields(ServeSettings)}
+    fields = [f.name for f in dataclasses.fields(ServeSettings)]
     if unknown := sorted(set(given) - set(fields)):
         raise TypeError(f"serve_settings: unknown setting(s) {unknown}")
-    g = {k: given.get(k, f.default_factory() if f.default_factory is not dataclasses.MISSING
-                      else f.default) for k, f in fields.items()}
+    g = vars(ServeSettings(**given))  # the given values, the defaults for the rest
     n = {k: (names or {}).get(k, k) for k in fields}
     host = word(g["host"], n["host"], "an address to listen on, such as 127.0.0.1 or 0.0.0.0")
     port = int_in(g["port"], n["port"], 0, 65535, "a TCP port (0: any free port)")
-    replicas = int_in(g["num_replicas"], n["num_replicas"], 1, MAX_REPLICAS,
-                      "a number of replicas")
+    replicas = int_in(g["num_replicas"], n["num_replicas"], 1, MAX_REPLICAS, "a number of replicas")
     threads = int_in(g["solve_threads"], n["solve_threads"], 1, MAX_SOLVE_THREADS,
                      "a number of solves at once per replica")
     cpus = number_in(g["num_cpus"], n["num_cpus"], 0.0, 1024.0, "CPUs per replica")

@@ -115,8 +115,7 @@ class MlflowCallback(Callback):
                 text = json.dumps(config_dict(ctx.config), indent=2, sort_keys=True)
                 client.log_text(self.run_id, text, "config.json")
             if self.log_checkpoint and ctx.last_checkpoint is not None:
-                checkpoint = Path(ctx.last_checkpoint)
-                if checkpoint.is_file():
+                if (checkpoint := Path(ctx.last_checkpoint)).is_file():
                     client.log_artifact(self.run_id, str(checkpoint), "checkpoints")
                 else:
                     log.warning("MlflowCallback: final checkpoint %s not found", checkpoint)

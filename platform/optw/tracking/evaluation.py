@@ -53,8 +53,7 @@ def log_evaluation(run_id: str, table, name: str, *, uri: str | None = None) -> 
     if "score" not in table.columns:
         raise ValueError(f"evaluation table {name!r} has no 'score' column "
                          f"(columns: {list(table.columns)})")
-    groups = table.groupby("method", sort=True) if "method" in table.columns \
-        else [("all", table)]
+    groups = table.groupby("method", sort=True) if "method" in table.columns else [("all", table)]
     metrics: dict[str, float] = {}
     for method, rows in groups:
         for col in ("score", "gap", "seconds"):
@@ -64,7 +63,6 @@ def log_evaluation(run_id: str, table, name: str, *, uri: str | None = None) -> 
                     metrics[f"{_name(name)}/{_name(method)}/mean_{col}"] = value
     if metrics:
         ts = int(time.time() * 1000)
-        get_client(uri).log_batch(
-            run_id, metrics=[Metric(k, v, ts, 0) for k, v in metrics.items()])
+        get_client(uri).log_batch(run_id, metrics=[Metric(k, v, ts, 0) for k, v in metrics.items()])
     log_tables(run_id, {name: table}, uri=uri, artifact_dir="evaluation")
     return metrics

@@ -49,10 +49,9 @@ def region_from_json(text: str):
     """The ``Region`` of :func:`region_to_json`'s text."""
     from optw.catalog import Region
 
-    data = json.loads(text)
-    kwargs = {k: (np.asarray(v["__array__"], dtype=v["dtype"])
-                  if isinstance(v, dict) and "__array__" in v else v) for k, v in data.items()}
-    return Region(**kwargs)
+    return Region(**{k: (np.asarray(v["__array__"], dtype=v["dtype"])
+                         if isinstance(v, dict) and "__array__" in v else v)
+                      for k, v in json.loads(text).items()})
 
 
 def _records(data: Any) -> list[Any]:
@@ -129,8 +128,7 @@ class OptwSolverModel(mlflow.pyfunc.PythonModel):
         """:func:`optw.decode.region_mismatch`'s warning (logged on the first call) or None."""
         from optw.decode import region_mismatch
 
-        warning = region_mismatch(self.model, self.region)
-        if warning and not self._region_checked:
+        if (warning := region_mismatch(self.model, self.region)) and not self._region_checked:
             log.warning("optw model of region %s (%s): %s", self.region.id,
                         self.checkpoint or "in memory", warning)
         self._region_checked = True
@@ -161,8 +159,7 @@ class OptwSolverModel(mlflow.pyfunc.PythonModel):
             sols = solve(self.model, self.region, batch.tourists, method=method, beams=beams)
         finally:
             torch.set_num_threads(before)
-        return [dataclasses.replace(s, tourist=tid) for s, tid in zip(sols, batch.ids,
-                                                                        strict=True)]
+        return [dataclasses.replace(s, tourist=tid) for s, tid in zip(sols, batch.ids, strict=True)]
 
     def predict(self, context, model_input: pd.DataFrame,
                 params: dict[str, Any] | None = None) -> pd.DataFrame:
@@ -176,12 +173,6 @@ class OptwSolverModel(mlflow.pyfunc.PythonModel):
                  else s.tourist, "route": [int(v) for v in s.route], "score": float(s.score),
                  "seconds": float(s.seconds)} for s in sols]
         return pd.DataFrame(rows, columns=["tourist", "route", "score", "seconds"])
-
-
-def _requirements() -> list[str]:
-    """The installed versions (no local ``+cu...`` suffix) of what loading the model imports."""
-    return [f"{dist}=={importlib.metadata.version(dist).split('+', 1)[0]}"
-            for dist in ("mlflow", "torch", "numpy", "pandas")]
 
 
 def save_pyfunc(path: str | Path, region_id: str, checkpoint: str | Path, *,
@@ -212,8 +203,8 @@ def save_pyfunc(path: str | Path, region_id: str, checkpoint: str | Path, *,
             mlflow.pyfunc.save_model(
                 str(path), python_model=str(MODEL_CODE), artifacts=artifacts,
                 model_config=model_config, signature=signature,
-                pip_requirements=_requirements(),
-                metadata={"optw_region": region_id,
-                          "requires": "optw-platform (pip install -e .)"},
-            )
+                # what loading the model imports, as installed (no local ``+cu...`` suffix)
+                pip_requirements=[f"{dist}=={importlib.metadata.version(dist).split('+', 1)[0]}"
+                                  for dist in ("mlflow", "torch", "numpy", "pandas")],
+                metadata={"optw_region": region_id, "requires": "optw-platform (pip install -e .)"})
     return path

@@ -39,8 +39,16 @@ def model_name(region: str) -> str:
     return f"optw-{region}"
 
 
-def _not_found(exc: Exception) -> bool:
-    return getattr(exc, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND")
+def _registered(client, name: str):
+    """The registered model ``name``, or ``None`` when the registry has none."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_registered_model(name)
+    except MlflowException as exc:
+        if getattr(exc, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"):
+            return None
+        raise
 
 
 def _score(tags: Mapping[str, str] | None) -> float | None:
@@ -54,12 +62,8 @@ def _score(tags: Mapping[str, str] | None) -> float | None:
 def _ensure_model(client, name: str, region: str, description: str | None = None) -> None:
     from mlflow.exceptions import MlflowException
 
-    try:
-        client.get_registered_model(name)
+    if _registered(client, name) is not None:
         return
-    except MlflowException as exc:
-        if not _not_found(exc):
-            raise
     try:
         client.create_registered_model(
             name, tags={"region": region},
@@ -71,23 +75,16 @@ def _ensure_model(client, name: str, region: str, description: str | None = None
 
 def versions_for_run(region: str, run_id: str, *, uri: str | None = None) -> list[int]:
     """Versions of ``optw-<region>`` registered from ``run_id`` (ascending)."""
-    found = get_client(uri).search_model_versions(
-        f"name='{model_name(region)}' and run_id='{run_id}'")
-    return sorted(int(mv.version) for mv in found)
+    return sorted(int(mv.version) for mv in get_client(uri).search_model_versions(
+        f"name='{model_name(region)}' and run_id='{run_id}'"))
 
 
 def champion(region: str, *, uri: str | None = None) -> VersionInfo | None:
     """``(version, tags)`` of the region's champion, or ``None`` (no model or no champion)."""
-    from mlflow.exceptions import MlflowException
-
     client = get_client(uri)
     name = model_name(region)
-    try:
-        aliases = client.get_registered_model(name).aliases or {}
-    except MlflowException as exc:
-        if _not_found(exc):
-            return None
-        raise
+    model = _registered(client, name)
+    aliases = {} if model is None else model.aliases or {}
     if CHAMPION not in aliases:
         return None
     mv = client.get_model_version(name, str(aliases[CHAMPION]))
@@ -145,8 +142,7 @@ def register_version(region: str, checkpoint_path: str | Path, run_id: str,
         mv = client.create_model_version(name, source=source, run_id=run_id, tags=tags)
         version = int(mv.version)
         # Two tries of the same task racing: keep the oldest version, drop ours.
-        first = versions_for_run(region, run_id, uri=uri)[0]
-        if first != version:
+        if (first := versions_for_run(region, run_id, uri=uri)[0]) != version:
             client.delete_model_version(name, str(version))
             version = first
     new = _score(client.get_model_version(name, str(version)).tags)
@@ -225,8 +221,7 @@ def load_solver(model_uri: str, *, uri: str | None = None, dst_path: str | Path 
     tmp = None if dst_path or is_dir else tempfile.mkdtemp(prefix="optw-model-")
     try:
         local = str(source) if is_dir else mlflow.artifacts.download_artifacts(
-            artifact_uri=source, dst_path=str(dst_path or tmp), tracking_uri=uri,
-            registry_uri=uri)
+            artifact_uri=source, dst_path=str(dst_path or tmp), tracking_uri=uri, registry_uri=uri)
         impl = mlflow.pyfunc.load_model(local).unwrap_python_model()
         if load:  # now, instead of on the first solve
             _ = impl.model, impl.region
@@ -251,9 +246,8 @@ def release_model_name(group: str) -> str:
 
 def register_release(group: str, weights: str | Path, manifest: str | Path,
                      curve: str | Path | None = None, *, uri: str | None = None) -> int:
-    """Log a release (weights, manifest and pretraining curve) as a run of the
-    ``optw-releases`` experiment and register it as a version of ``optw-global-<group>``
-    with alias ``release``; returns the version."""
+    """Log a release (weights, manifest, pretraining curve) as a run of ``optw-releases`` and
+    register it as a version of ``optw-global-<group>``, alias ``release``; returns the version."""
     import json
 
     from optw.tracking.runs import experiment_id, git_commit

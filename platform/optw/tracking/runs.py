@@ -42,17 +42,14 @@ def _plain(value: Any) -> Any:
         return value.as_posix()
     if hasattr(value, "item") and callable(value.item) and getattr(value, "shape", None) == ():
         return value.item()  # numpy / torch scalars
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
+    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
 def config_dict(config: Any) -> dict[str, Any]:
     """A config (a mapping or a dataclass) as a plain nested dict."""
     if config is None:
         return {}
-    plain = _plain(config)
-    if not isinstance(plain, dict):
+    if not isinstance(plain := _plain(config), dict):
         raise TypeError(f"config must be a mapping or a dataclass, not {type(config).__name__}")
     return plain
 
@@ -139,16 +136,14 @@ def experiment_id(name: str, uri: str | None = None) -> str:
     from mlflow.exceptions import MlflowException
 
     client = get_client(uri)
-    exp = client.get_experiment_by_name(name)
-    if exp is None:
+    if (exp := client.get_experiment_by_name(name)) is None:
         root = artifact_root(uri)
         location = None if root is None else (
             root / re.sub(r"[^A-Za-z0-9_.-]+", "_", name)).as_uri()
         try:
             return client.create_experiment(name, artifact_location=location)
         except MlflowException:  # created meanwhile by another process
-            exp = client.get_experiment_by_name(name)
-            if exp is None:
+            if (exp := client.get_experiment_by_name(name)) is None:
                 raise
     if exp.lifecycle_stage == "deleted":
         client.restore_experiment(exp.experiment_id)
@@ -157,9 +152,8 @@ def experiment_id(name: str, uri: str | None = None) -> str:
 
 def run_url(uri: str, experiment_id: str, run_id: str) -> str | None:
     """A run's page in the MLflow UI of an http(s) store, else ``None``."""
-    if not uri.startswith(("http://", "https://")):
-        return None
-    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return (f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+            if uri.startswith(("http://", "https://")) else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,8 +183,7 @@ class JobRun:
             try:
                 end_children(self.run_id, "KILLED", self.tracking_uri)
             except Exception as exc:  # noqa: BLE001 - the parent's status matters more
-                log.warning("run %s: its running child runs were not ended: %s", self.run_id,
-                            exc)
+                log.warning("run %s: its running child runs were not ended: %s", self.run_id, exc)
         end_run(self.run_id, status, self.tracking_uri)
 
     def __enter__(self) -> JobRun:
@@ -224,9 +217,8 @@ def find_child_run(parent_run_id: str, stage: str, region: str,
                    uri: str | None = None) -> str | None:
     """Run id of the (stage, region) child of a parent run, if one exists."""
     client = get_client(uri)
-    parent = client.get_run(parent_run_id)
     found = client.search_runs(
-        [parent.info.experiment_id],
+        [client.get_run(parent_run_id).info.experiment_id],
         filter_string=(f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.stage = '{stage}'"
                        f" and tags.region = '{region}'"),
         order_by=["attributes.start_time ASC"], max_results=1)
@@ -239,8 +231,7 @@ def start_child_run(parent: JobRun, stage: str, region: str, config: Any = None,
     existing one is set RUNNING again and returned, so a retried task logs to the same run."""
     uri = uri or parent.tracking_uri
     client = get_client(uri)
-    run_id = find_child_run(parent.run_id, stage, region, uri)
-    if run_id is not None:
+    if (run_id := find_child_run(parent.run_id, stage, region, uri)) is not None:
         client.update_run(run_id, status="RUNNING")
     else:
         run_tags = {PARENT_TAG: parent.run_id, "stage": stage, "region": region, **(tags or {}),
@@ -258,8 +249,7 @@ def end_run(run_id: str, status: str = "FINISHED", uri: str | None = None) -> No
     get_client(uri).set_terminated(run_id, status=status)
 
 
-def end_children(parent_run_id: str, status: str = "KILLED",
-                 uri: str | None = None) -> list[str]:
+def end_children(parent_run_id: str, status: str = "KILLED", uri: str | None = None) -> list[str]:
     """End the child runs of ``parent_run_id`` still RUNNING as ``status``; their ids."""
     client = get_client(uri)
     experiment = client.get_run(parent_run_id).info.experiment_id

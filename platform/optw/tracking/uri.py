@@ -71,9 +71,8 @@ ACCEPTED = ("an MLflow server (http://HOST:PORT or https://...), sqlite:///PATH,
 def check_tracking_uri(uri: str | None = None, timeout: float = 3.0,
                        existing: bool = False, option: str = "--tracking-uri") -> str:
     """The URI, else :class:`TrackingUnavailableError`: a store MLflow opens (an unknown scheme
-    is named with ``option``, or ``$MLFLOW_TRACKING_URI`` where it came from there); a server
-    must answer within ``timeout``, a sqlite or file store must be writable (``existing``: the
-    sqlite file must exist)."""
+    is named with ``option``, or ``$MLFLOW_TRACKING_URI`` where it came from there); a server must
+    answer within ``timeout``, a sqlite or file store be writable (``existing``: the file exist)."""
     source = option if uri and uri != os.environ.get(ENV_URI) else f"${ENV_URI}"
     uri = tracking_uri(uri)
     scheme = urllib.parse.urlparse(uri).scheme
@@ -126,8 +125,7 @@ def check_cluster_tracking(uri: str, nodes: int) -> str:
 def check_artifact_location(uri: str, experiment: str, nodes: int) -> None:
     """On a cluster the artifacts of ``experiment`` must not go to one machine's disk; proxied
     (``mlflow-artifacts:``) and object-store locations pass."""
-    exp = get_client(uri).get_experiment_by_name(experiment)
-    if exp is None:
+    if (exp := get_client(uri).get_experiment_by_name(experiment)) is None:
         return
     location = exp.artifact_location or ""
     if urllib.parse.urlparse(location).scheme in ("", "file"):
@@ -161,8 +159,7 @@ def _check_writable(folder: Path, uri: str) -> None:
     if not folder.is_dir():
         raise TrackingUnavailableError(f"tracking store {uri}: folder {folder} does not exist")
     try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".optw-write-check-"):
-            pass
+        tempfile.NamedTemporaryFile(dir=folder, prefix=".optw-write-check-").close()  # then deleted
     except OSError as exc:
         raise TrackingUnavailableError(
             f"tracking store {uri}: folder {folder} is not writable ({exc.strerror})") from None
