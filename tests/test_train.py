@@ -51,6 +51,24 @@ def test_resume_reproduces_uninterrupted_run(tiny_catalog, tmp_path):
         assert torch.allclose(v, w, atol=1e-6), k
 
 
+def test_a_checkpoint_of_another_device_resumes_with_a_fresh_stream(tiny_catalog, tmp_path):
+    """A checkpoint whose torch RNG state is another kind of device's (a CUDA generator's
+    16 bytes, here on the CPU) resumes: weights, optimiser and epoch go on, and the sampling
+    stream is seeded from the seed and epoch, the same on every such resume."""
+    cfg = _config(epochs=6)
+    part = Checkpointer(tmp_path / "a")
+    train(cfg.replace(epochs=3), tiny_catalog, [part])
+    ckpt = torch.load(part.last, weights_only=True)
+    ckpt["train"]["rng"]["torch"] = torch.zeros(16, dtype=torch.uint8)  # as CUDA writes it
+    runs = []
+    for _ in range(2):
+        history = MetricsHistory()
+        train(cfg, tiny_catalog, [history], resume=ckpt)
+        runs.append(history.epochs)
+    assert [m["epoch"] for m in runs[0]] == [4, 5, 6]
+    assert [m["mean_reward"] for m in runs[0]] == [m["mean_reward"] for m in runs[1]]
+
+
 def test_static_rollout_trains_the_same_model(tiny_catalog):
     """Training with the static-shape rollout (CUDA's default, asked for here on the CPU with
     ``rollout``) samples the same routes every epoch as with the compacted one, and ends

@@ -206,7 +206,9 @@ def start_run(config: TrainConfig, region_ids: list[str], device: torch.device,
     """Where a run (or pack member) starts: the checkpoint ``resume`` (a file, or its dict
     named ``source``) checked, the RNG streams seeded, the network (the checkpoint's, the model
     file ``init``'s, or fresh weights drawn under ``torch.manual_seed(config.seed)``) and the
-    context; a checkpoint's epoch, RNG states and validations are put back, not its optimiser."""
+    context; a checkpoint's epoch, RNG states and validations are put back, not its optimiser
+    (a checkpoint of another kind of device goes on with the torch stream seeded from
+    ``config.seed`` and its epoch)."""
     state = None
     if resume is not None:
         state = resume if isinstance(resume, dict) else read_checkpoint(resume)
@@ -222,7 +224,10 @@ def start_run(config: TrainConfig, region_ids: list[str], device: torch.device,
         t = state["train"]
         ctx.epoch = int(t["epoch"])
         np_rng.bit_generator.state = t["rng"]["numpy"]
-        gen.set_state(t["rng"]["torch"])
+        if t["rng"]["torch"].numel() == gen.get_state().numel():
+            gen.set_state(t["rng"]["torch"])
+        else:  # written on another kind of device (CPU <-> CUDA): a stream of this one's
+            gen.manual_seed(config.seed + ctx.epoch)
         random.setstate(t["rng"]["python"])
         ctx.best_validation = t.get("best_validation")
         ctx.last_validation = t.get("last_validation", {})
