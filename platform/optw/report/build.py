@@ -26,20 +26,18 @@ def _figures(data: JobData, folder: Path, groups: list[str],
     """The figures (id -> file or None), the time/score and fine-tuning points (or None)."""
     figures: dict[str, str | None] = {}
 
-    def rel(path: Path | None) -> str | None:
-        return f"{PLOTS}/{path.name}" if path is not None else None
-
     def png(fig: Figure | None, name: str) -> str | None:
-        return rel(plots.write_png(fig, folder / name))
+        """``fig`` written as ``name`` in the plots folder, by its path in the report."""
+        return None if plots.write_png(fig, folder / name) is None else f"{PLOTS}/{name}"
 
     # learning curves: the global models together, the models trained from scratch per group
-    figures["curves_global"] = rel(plots.learning_curves(
-        [c for c in data.children if c.stage == "global"], folder / "curves_global.png",
-        "Learning curves of the global models"))
+    figures["curves_global"] = png(plots.learning_curves(
+        [c for c in data.children if c.stage == "global"], "Learning curves of the global models"),
+        "curves_global.png")
     for g in groups:
         scratch = [c for c in data.children if c.group == g and c.stage == "scratch"]
-        figures[f"curves_{g}"] = rel(plots.learning_curves(
-            scratch, folder / f"curves_{plots.slug(g)}.png", f"Learning curves: {g}"))
+        figures[f"curves_{g}"] = png(plots.learning_curves(scratch, f"Learning curves: {g}"),
+                                     f"curves_{plots.slug(g)}.png")
     regions = data.tables.get("regions", pd.DataFrame(
         columns=["region", "group", "kind", "method", "ils_seconds"]))
     ft = (plots.finetune_points(data.children, regions)

@@ -67,7 +67,7 @@ _CURVE_STYLES = {
 }
 
 
-def learning_curves(runs: list[ChildRun], path: Path, title: str) -> Path | None:
+def learning_curves(runs: list[ChildRun], title: str) -> Figure | None:
     """A panel per model: training reward, validation scores and gap to ILS over epochs."""
     runs = sorted((r for r in runs if has_curve(r)),
                   key=lambda r: (STAGE_ORDER.get(r.stage, 9), r.key))
@@ -104,7 +104,7 @@ def learning_curves(runs: list[ChildRun], path: Path, title: str) -> Path | None
         ax.set_visible(False)
     _legend(fig, axes.flat, "outside lower center", 4)
     fig.suptitle(title, fontsize=11)
-    return write_png(fig, path)
+    return fig
 
 
 def _panel(ax, ylabel: str) -> None:
