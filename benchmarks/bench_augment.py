@@ -30,9 +30,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SYMMETRIES = [(swap, sx, sy) for swap in (False, True) for sx in (1, -1) for sy in (1, -1)]
 
 
-def route_totals(score: Any, found: list[list[int]]) -> list[float]:
-    """Each tourist's route score (``score[K, n]`` of the instances, routes in tourist order)."""
-    return [float(score[k, r].sum()) for k, r in enumerate(found)]
+def greedy(model: Any, inst: Any) -> tuple[list[list[int]], np.ndarray]:
+    """Each tourist's greedy route and its score."""
+    import torch
+
+    from optw.decode import rollout
+
+    with torch.inference_mode():
+        out = rollout(model, inst, greedy=True)
+    return ([[v for v in r if v >= 0] for r in out.routes.tolist()],
+            out.reward.double().numpy())
 
 
 def validated(region: Any, tourists: Any, found: list[list[int]], claimed: Any) -> None:
@@ -40,9 +47,8 @@ def validated(region: Any, tourists: Any, found: list[list[int]], claimed: Any) 
     from optw.env.validate import check_route
 
     for k, (r, c) in enumerate(zip(found, claimed, strict=True)):
-        check = check_route(region, r, tourists, k, claimed_score=float(c))
-        if not check.ok:
-            raise SystemExit(f"{region.id} tourist {k}: invalid route: {check.problems}")
+        check_route(region, r, tourists, k, claimed_score=float(c)).raise_if_invalid(
+            f"{region.id} tourist {k}'s route")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +64,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from optw.catalog import open_catalog
     from optw.decode.beam import beam_search
-    from optw.decode.core import greedy_routes
     from optw.distributed.pretrain import ils_means, load_pretrain_profile
     from optw.env.instances import make_instances
     from optw.model.release import load_release
@@ -81,8 +86,6 @@ def main(argv: list[str] | None = None) -> int:
         inst = make_instances(region, val)
         xy = inst.static[..., :2]
         centre = (xy.amin(dim=(0, 1)) + xy.amax(dim=(0, 1))) / 2
-        score = inst.scores.double()
-        totals = functools.partial(route_totals, score)
         validate = functools.partial(validated, region, val)
         best = {m: np.full((len(SYMMETRIES), len(val)), -np.inf) for m in ("greedy", "beam")}
         routes: dict[str, list[list[list[int]]]] = {"greedy": [], "beam": []}
@@ -95,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
             static[..., :2] = u * torch.tensor([sx, sy], dtype=u.dtype) + centre
             aug = dataclasses.replace(inst, static=static)
             t0 = time.process_time()
-            g = greedy_routes(model, aug)
-            b = beam_search(model, aug, args.beams).routes
+            g, g_score = greedy(model, aug)
+            beam = beam_search(model, aug, args.beams)
             seconds[a] = time.process_time() - t0
-            g_score, b_score = totals(g), totals(b)
+            b, b_score = beam.routes, np.array(beam.scores)
             best["greedy"][a] = g_score
             best["beam"][a] = np.maximum(b_score, g_score)  # the beam keeps a better greedy
             routes["greedy"].append(g)
@@ -113,10 +116,10 @@ def main(argv: list[str] | None = None) -> int:
             row[f"{m}_x8"] = 100 * (best[m].max(0).mean() / ils[rid] - 1)
         row["s"], row["s_x8"] = seconds[0], seconds.sum()
         t0 = time.process_time()
-        wide = beam_search(model, inst, 8 * args.beams).routes
+        wide = beam_search(model, inst, 8 * args.beams)
         row["s_wide"] = time.process_time() - t0
-        wide_score = totals(wide)
-        validate(wide, wide_score)
+        wide_score = np.array(wide.scores)
+        validate(wide.routes, wide_score)
         wide_kept = np.maximum(wide_score, best["greedy"][0])
         row["beam_wide"] = 100 * (wide_kept.mean() / ils[rid] - 1)
         rows.append(row)
