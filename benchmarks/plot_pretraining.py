@@ -1,7 +1,8 @@
 """The pretraining curves of the released global models: greedy and beam-8 gap to ILS (median
 of each group's curve regions, 64 validation tourists each) against training CPU hours, read
-from ``pretraining/<group>/curve.csv``; the released models' medians (every region of the
-group) as points. Writes a PNG and prints the last point of each curve::
+from ``pretraining/<group>/curve.csv`` (a label marks where a call stepped the lr); the
+released models' medians (every region of the group) as points. Writes a PNG and prints the
+last point of each curve::
 
     .venv/bin/python benchmarks/plot_pretraining.py --out docs/pretraining_curves.png
 """
@@ -37,9 +38,14 @@ def main(argv: list[str] | None = None) -> int:
             rows = read_curve(args.state / group / "curve.csv")
             color = f"C{i}"
             if rows:
-                ax.plot([float(r["cpu_hours"]) for r in rows],
-                        [float(r[f"{method}_above_ils"]) for r in rows], "-o", ms=3,
-                        color=color, label=f"{group} (pretraining, lr constant)")
+                x = [float(r["cpu_hours"]) for r in rows]
+                y = [float(r[f"{method}_above_ils"]) for r in rows]
+                ax.plot(x, y, "-o", ms=3, color=color, label=f"{group} (pretraining)")
+                for k in range(1, len(rows)):  # where a call stepped the lr
+                    if rows[k]["lr"] != rows[k - 1]["lr"]:
+                        ax.annotate(f"lr {rows[k]['lr']}", (x[k], y[k]), xytext=(0, -16),
+                                    textcoords="offset points", ha="center", fontsize=7,
+                                    color=color, arrowprops={"arrowstyle": "-", "color": color})
             if group in released:
                 card = release_manifest(group)
                 ax.plot(card["training"]["cpu_hours"],

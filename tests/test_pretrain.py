@@ -53,6 +53,33 @@ def test_an_interrupted_pretraining_resumes_exactly(tiny, tmp_path):
     assert json.loads((split / "progress.json").read_text())["epoch"] == 6
 
 
+def test_a_resumed_pretraining_steps_its_lr_down_and_keeps_it(tiny, tmp_path):
+    """``lr=`` steps a resumed state's lr (the one setting a pretraining may change besides
+    its budget): the change is kept in the state's ``lr_steps`` and the curve's lr column, a
+    later call without it keeps the stepped lr, a release's manifest names the steps, and an
+    ordinary resume still refuses another lr."""
+    from optw.distributed.pretrain import make_release, pretrain, read_curve
+    from optw.errors import UserError
+    from optw.train import TrainConfig
+    from optw.train.loop import check_resume
+
+    catalog, profile = tiny
+    out = tmp_path / "s"
+    pretrain("gavalas", 1.0, out, profile, catalog.path, epochs=2)
+    pretrain("gavalas", 1.0, out, profile, catalog.path, epochs=4, lr=2.5e-4)
+    done = pretrain("gavalas", 1.0, out, profile, catalog.path, epochs=6)
+    assert done["lr_steps"] == [[0, 5e-4], [2, 2.5e-4]]
+    state = _state(out)
+    assert state["train"]["config"]["lr"] == 2.5e-4
+    assert [(r["epoch"], float(r["lr"])) for r in read_curve(out / "curve.csv")] == \
+        [("2", 5e-4), ("4", 2.5e-4), ("6", 2.5e-4)]
+    with pytest.raises(UserError, match="lr: 0.00025 there, 0.0005 now"):
+        check_resume(state, TrainConfig.from_dict({**state["train"]["config"], "lr": 5e-4}))
+    card = make_release("gavalas", out, ["t199"], profile, catalog.path,
+                        folder=tmp_path / "releases", tracking_uri="")
+    assert card["training"]["lr_steps"] == [[0, 5e-4], [2, 2.5e-4]]
+
+
 def test_pretraining_refuses_another_groups_state(tiny, tmp_path):
     """A state folder of one group cannot be resumed as another's (the regions differ)."""
     from optw.distributed.pretrain import pretrain

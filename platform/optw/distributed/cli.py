@@ -89,6 +89,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "the profile's)")
     pt.add_argument("--profile", help="pretraining profile (default: the package's "
                     "pretrain.toml)")
+    pt.add_argument("--lr", type=float, help="the lr from now on (default: the resumed "
+                    "state's, or the profile's for a new one): a long run steps it down")
     pt.add_argument("--out", help="state folder (default: pretraining/GROUP)")
     pt.add_argument("--catalog", help=CATALOG_HELP)
     pt.set_defaults(func=_pretrain)
@@ -264,7 +266,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.hours) and 0 < args.hours <= 24 * 366):
         raise UserError(f"--hours {args.hours}: give CPU hours in (0, 8784]")
     done = pretrain(args.group, args.hours, Path(args.out) if args.out else None,
-                    args.profile, args.catalog, args.epochs)
+                    args.profile, args.catalog, args.epochs, args.lr)
     print(f"{args.group}: {done['epoch']:,} epochs, {done['routes']:,} routes, "
           f"{done['cpu_s'] / 3600:.2f} CPU hours in all")
     return 0

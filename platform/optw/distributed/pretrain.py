@@ -173,6 +173,8 @@ class PretrainProgress(Callback):
 
         progress = {"epoch": ctx.epoch, "cpu_s": round(self.cpu_s, 1),
                     "routes": ctx.epoch * self.routes_per_epoch}
+        if "lr_steps" in self.before:
+            progress["lr_steps"] = self.before["lr_steps"]
 
         def write() -> None:  # the checkpoint carries its CPU time: one atomic write
             assert ctx.snapshot is not None
@@ -233,9 +235,12 @@ def read_curve(path: Path) -> list[dict[str, Any]]:
 
 
 def pretrain(group: str, hours: float, out: Path | None = None, profile: str | Path | None = None,
-             catalog_dir: str | Path | None = None, epochs: int | None = None) -> dict[str, Any]:
+             catalog_dir: str | Path | None = None, epochs: int | None = None,
+             lr: float | None = None) -> dict[str, Any]:
     """Train ``group``'s global model for ``hours`` more CPU hours (or up to ``epochs`` in all),
-    resuming ``out/last.pt`` when it exists; returns ``progress.json``'s content."""
+    resuming ``out/last.pt`` when it exists; returns ``progress.json``'s content. ``lr``: the
+    lr from now on (a resumed state otherwise keeps its own; each change is kept in the
+    state's ``lr_steps``)."""
     import torch
 
     from optw.catalog import open_catalog
@@ -245,11 +250,17 @@ def pretrain(group: str, hours: float, out: Path | None = None, profile: str | P
     catalog = open_catalog(catalog_dir)
     table, settings = load_pretrain_profile(profile)
     regions = group_regions(catalog, group)
+    out = Path(out or PRETRAIN_DIR / group)
+    last = out / "last.pt"
+    state = read_checkpoint(last) if last.exists() else None
     given = {**table, "regions": regions, "val_every": 0, "checkpoint_every": 0}
+    if state is not None and "lr" in state.get("train", {}).get("config", {}):
+        given["lr"] = state["train"]["config"]["lr"]  # a resumed run keeps its lr ...
+    if lr is not None:
+        given["lr"] = lr  # ... unless told to step it
     if epochs is not None:
         given["epochs"] = epochs
     config = TrainConfig.from_dict(given, source=str(profile or DEFAULT_PROFILE))
-    out = Path(out or PRETRAIN_DIR / group)
     out.mkdir(parents=True, exist_ok=True)
     curve_regions = settings.curve_regions.get(group) or regions[:: max(1, len(regions) // 4)]
     for rid in curve_regions:
@@ -261,12 +272,18 @@ def pretrain(group: str, hours: float, out: Path | None = None, profile: str | P
         return gaps_above_ils(model, catalog, curve_regions, ils, settings.curve_tourists,
                               settings.beams)
 
-    last = out / "last.pt"
-    state = read_checkpoint(last) if last.exists() else None
+    before = dict((state or {}).get("pretrain", {}))
+    was = state["train"]["config"].get("lr", config.lr) if state is not None else config.lr
+    steps = [list(x) for x in before.get("lr_steps", [[0, was]])]  # [from epoch, lr], ...
+    if was != config.lr:
+        assert state is not None
+        print(f"{group}: lr {was:g} -> {config.lr:g} from epoch {state['train']['epoch']}",
+              flush=True)
+        steps.append([int(state["train"]["epoch"]), config.lr])
     progress = PretrainProgress(out, settings, hours * 3600, evaluate,
                                 config.batch_size * config.tourists_per_epoch,
-                                (state or {}).get("pretrain", {}))
-    train(config, catalog, callbacks=[progress], resume=state)
+                                {**before, "lr_steps": steps})
+    train(config, catalog, callbacks=[progress], resume=state, resumable=("lr",))
     return json.loads((out / "progress.json").read_text())
 
 
@@ -370,6 +387,7 @@ def make_release(group: str, state: Path | None = None, regions: list[str] | Non
                      "routes": int(done["epoch"] + cool["epoch"]) * routes_per_epoch,
                      "regions": len(table["regions"]),
                      "cpu_hours": round((done["cpu_s"] + cool["cpu_s"]) / 3600, 3),
+                     "lr_steps": done.get("lr_steps", [[0, table["lr"]]]),
                      "training_tourists": "generated (seeded stream of the profile's seed; "
                                           "never a validation or benchmark tourist)"},
         "validation": {

@@ -167,10 +167,12 @@ RESUMABLE_CHANGES = ("epochs", "val_every", "checkpoint_every", "device", "threa
 
 
 def check_resume(state: dict[str, Any], config: TrainConfig, source: str = "checkpoint",
-                 ) -> dict[str, tuple[Any, Any]]:
+                 also: tuple[str, ...] = ()) -> dict[str, tuple[Any, Any]]:
     """Refuse to resume ``state`` with a ``config`` it was not trained with (other regions,
     model or training settings: a :class:`UserError` with the reason); returns the harmless
-    changes (e.g. the epoch budget) as ``{key: (before, now)}`` for the caller to state."""
+    changes (e.g. the epoch budget) as ``{key: (before, now)}`` for the caller to state.
+    ``also``: settings that may change besides :data:`RESUMABLE_CHANGES` (a long run's lr
+    stepping down)."""
     if "train" not in state:
         raise UserError(f"{source} is a model file, not a training checkpoint (use init=)")
     t = state["train"]
@@ -188,11 +190,12 @@ def check_resume(state: dict[str, Any], config: TrainConfig, source: str = "chec
     now = config.to_dict()
     diff = {k: (before.get(k), now.get(k)) for k in sorted(set(before) | set(now))
             if k not in ("regions", "model") and before.get(k) != now.get(k)}
-    refused = sorted(k for k in diff if k not in RESUMABLE_CHANGES)
+    allowed = RESUMABLE_CHANGES + tuple(also)
+    refused = sorted(k for k in diff if k not in allowed)
     if refused:
         what = ", ".join(f"{k}: {diff[k][0]!r} there, {diff[k][1]!r} now" for k in refused)
         raise UserError(f"{source} was trained with other settings ({what}); only "
-                         f"{', '.join(RESUMABLE_CHANGES)} may change on resume")
+                         f"{', '.join(allowed)} may change on resume")
     if int(t["epoch"]) > config.total_epochs:
         raise UserError(f"{source} has already trained {t['epoch']} epochs, more than the "
                         f"{config.total_epochs} of this run")
@@ -201,18 +204,19 @@ def check_resume(state: dict[str, Any], config: TrainConfig, source: str = "chec
 
 def start_run(config: TrainConfig, region_ids: list[str], device: torch.device,
               init: str | Path | None, resume: str | Path | dict | None, source: str,
-              ) -> tuple[PointerNet, dict[str, Any] | None, TrainContext,
-                         np.random.Generator, torch.Generator]:
+              also: tuple[str, ...] = ()) -> tuple[PointerNet, dict[str, Any] | None,
+                                                   TrainContext, np.random.Generator,
+                                                   torch.Generator]:
     """Where a run (or pack member) starts: the checkpoint ``resume`` (a file, or its dict
-    named ``source``) checked, the RNG streams seeded, the network (the checkpoint's, the model
-    file ``init``'s, or fresh weights drawn under ``torch.manual_seed(config.seed)``) and the
-    context; a checkpoint's epoch, RNG states and validations are put back, not its optimiser
-    (a checkpoint of another kind of device goes on with the torch stream seeded from
-    ``config.seed`` and its epoch)."""
+    named ``source``) checked (``also``: see :func:`check_resume`), the RNG streams seeded,
+    the network (the checkpoint's, the model file ``init``'s, or fresh weights drawn under
+    ``torch.manual_seed(config.seed)``) and the context; a checkpoint's epoch, RNG states and
+    validations are put back, not its optimiser (a checkpoint of another kind of device goes
+    on with the torch stream seeded from ``config.seed`` and its epoch)."""
     state = None
     if resume is not None:
         state = resume if isinstance(resume, dict) else read_checkpoint(resume)
-        check_resume(state, config, source if isinstance(resume, dict) else str(resume))
+        check_resume(state, config, source if isinstance(resume, dict) else str(resume), also)
     random.seed(config.seed)
     np_rng = np.random.default_rng(config.seed)
     gen = torch.Generator(device=device)
@@ -279,12 +283,15 @@ def training_snapshot(model: PointerNet, config: TrainConfig, ctx: TrainContext,
 def train(config: TrainConfig, catalog: Catalog,
           callbacks: list[Callback] | tuple[Callback, ...] = (), init: str | Path | None = None,
           resume: str | Path | dict | None = None,
-          demos: Mapping[str, Demonstrations] | None = None) -> TrainResult:
+          demos: Mapping[str, Demonstrations] | None = None,
+          resumable: tuple[str, ...] = ()) -> TrainResult:
     """Train a model on ``config.regions``: ``config.imitation_epochs`` of imitation of the
     demonstrations, then ``config.epochs`` of REINFORCE.
     ``init``: start from a model file's weights (fine-tuning; validated once before epoch 1).
     ``resume``: a checkpoint written by this function (``last.pt``, or its dict); the run
     continues exactly where it stopped: weights, optimiser, schedule position, RNG states.
+    ``resumable``: settings besides :data:`RESUMABLE_CHANGES` that ``config`` may change from
+    the checkpoint's (``("lr",)``: a long pretraining stepping its lr down).
     ``demos``: each region's demonstrations (at least ``config.demos``); default: read from
     the catalog's store, computing the missing ones (:func:`optw.baselines.demos.get_demos`).
     """
@@ -298,7 +305,7 @@ def train(config: TrainConfig, catalog: Catalog,
 
     # -- model, optimiser, state to resume
     model, state, ctx, np_rng, gen = start_run(config, [r.id for r in regions], device, init,
-                                               resume, "the checkpoint")
+                                               resume, "the checkpoint", resumable)
     model.to(device).train()
     optimizer = make_optimizer(model, config.learning_rate(0))
     if state is not None:
