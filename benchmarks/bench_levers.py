@@ -14,7 +14,10 @@ continue its curve) and the greedy and beam-8 gaps to ILS on the profile's curve
 
 Variants: ``base`` (the profile as it is); ``norm`` (``advantage = "normalised"``);
 ``lr:X`` (constant lr X); ``tb:K:B`` (K tourists of B routes per epoch; compare at equal CPU,
-not epochs). Prints the last point as one JSON line.
+not epochs); ``demo:N`` (``demo_tourists`` from N ILS demonstrations per region: each epoch's
+tourists are demonstrations', whose ILS route joins the sampled routes and their baseline, so
+the better of the model's routes and ILS's is reinforced; computing the demonstrations is not
+counted). Prints the last point as one JSON line.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ def changes_of(variant: str) -> dict:
         return {"lr": float(arg[0])}
     if kind == "tb":
         return {"tourists_per_epoch": int(arg[0]), "batch_size": int(arg[1])}
-    raise SystemExit(f"unknown variant {variant!r}: base, norm, lr:X or tb:K:B")
+    if kind == "demo":
+        return {"demos": int(arg[0]), "demo_tourists": True}
+    raise SystemExit(f"unknown variant {variant!r}: base, norm, lr:X, tb:K:B or demo:N")
 
 
 def main(argv: list[str] | None = None) -> int:

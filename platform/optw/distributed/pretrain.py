@@ -254,10 +254,10 @@ def pretrain(group: str, hours: float, out: Path | None = None, profile: str | P
     last = out / "last.pt"
     state = read_checkpoint(last) if last.exists() else None
     given = {**table, "regions": regions, "val_every": 0, "checkpoint_every": 0}
-    if state is not None and "lr" in state.get("train", {}).get("config", {}):
-        given["lr"] = state["train"]["config"]["lr"]  # a resumed run keeps its lr ...
-    if lr is not None:
-        given["lr"] = lr  # ... unless told to step it
+    was = state["train"]["config"]["lr"] if state is not None else given.get("lr")
+    given["lr"] = lr if lr is not None else was  # a resumed run keeps its lr unless stepped
+    if given["lr"] is None:
+        del given["lr"]  # a new run on a profile without lr: the recipe's
     if epochs is not None:
         given["epochs"] = epochs
     config = TrainConfig.from_dict(given, source=str(profile or DEFAULT_PROFILE))
@@ -273,10 +273,8 @@ def pretrain(group: str, hours: float, out: Path | None = None, profile: str | P
                               settings.beams)
 
     before = dict((state or {}).get("pretrain", {}))
-    was = state["train"]["config"].get("lr", config.lr) if state is not None else config.lr
-    steps = [list(x) for x in before.get("lr_steps", [[0, was]])]  # [from epoch, lr], ...
-    if was != config.lr:
-        assert state is not None
+    steps = [list(x) for x in before.get("lr_steps", [[0, was or config.lr]])]  # [epoch, lr]
+    if state is not None and was != config.lr:
         print(f"{group}: lr {was:g} -> {config.lr:g} from epoch {state['train']['epoch']}",
               flush=True)
         steps.append([int(state["train"]["epoch"]), config.lr])
