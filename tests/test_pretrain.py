@@ -56,8 +56,8 @@ def test_an_interrupted_pretraining_resumes_exactly(tiny, tmp_path):
 def test_a_resumed_pretraining_steps_its_lr_down_and_keeps_it(tiny, tmp_path):
     """``lr=`` steps a resumed state's lr (the one setting a pretraining may change besides
     its budget): the change is kept in the state's ``lr_steps`` and the curve's lr column, a
-    later call without it keeps the stepped lr, a release's manifest names the steps, and an
-    ordinary resume still refuses another lr."""
+    later call without it keeps the stepped lr, a release's manifest names the steps, an
+    ordinary resume still refuses another lr, and a new state started with ``lr=`` records it."""
     from optw.distributed.pretrain import make_release, pretrain, read_curve
     from optw.errors import UserError
     from optw.train import TrainConfig
@@ -78,6 +78,8 @@ def test_a_resumed_pretraining_steps_its_lr_down_and_keeps_it(tiny, tmp_path):
     card = make_release("gavalas", out, ["t199"], profile, catalog.path,
                         folder=tmp_path / "releases", tracking_uri="")
     assert card["training"]["lr_steps"] == [[0, 5e-4], [2, 2.5e-4]]
+    fresh = pretrain("gavalas", 1.0, tmp_path / "t", profile, catalog.path, epochs=1, lr=1e-4)
+    assert fresh["lr_steps"] == [[0, 1e-4]]
 
 
 def test_pretraining_refuses_another_groups_state(tiny, tmp_path):

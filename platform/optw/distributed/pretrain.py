@@ -273,7 +273,8 @@ def pretrain(group: str, hours: float, out: Path | None = None, profile: str | P
                               settings.beams)
 
     before = dict((state or {}).get("pretrain", {}))
-    steps = [list(x) for x in before.get("lr_steps", [[0, was or config.lr]])]  # [epoch, lr]
+    steps = [[0, config.lr]] if state is None else [  # [from epoch, lr], ...
+        list(x) for x in before.get("lr_steps", [[0, was]])]
     if state is not None and was != config.lr:
         print(f"{group}: lr {was:g} -> {config.lr:g} from epoch {state['train']['epoch']}",
               flush=True)
