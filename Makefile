@@ -26,13 +26,14 @@ run: catalog
 
 # The released global models (docs/releases.md): `make pretrain` trains each group's global
 # model HOURS more CPU hours (one process and one core each, side by side), resuming
-# pretraining/<group>/; `make release` cools each state down, evaluates it and writes
-# platform/optw/model/releases/<group>.{pt,json}.
+# pretraining/<group>/ (LR=2.5e-4 steps its lr down from now on); `make release` cools each
+# state down, evaluates it and writes platform/optw/model/releases/<group>.{pt,json}.
 GROUPS ?= solomon cordeau gavalas
 HOURS  ?= 1
 pretrain: catalog
 	@pids=""; for g in $(GROUPS); do \
-	  $(BIN)/optw pretrain --group $$g --hours $(HOURS) & pids="$$pids $$!"; done; \
+	  $(BIN)/optw pretrain --group $$g --hours $(HOURS) $(if $(LR),--lr $(LR)) & \
+	  pids="$$pids $$!"; done; \
 	  for p in $$pids; do wait $$p || exit 1; done
 
 release: catalog
