@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
                 ax.plot(x, y, "-o", ms=3, color=color, label=f"{group} (pretraining)")
                 for k in range(1, len(rows)):  # where a call stepped the lr
                     if rows[k]["lr"] != rows[k - 1]["lr"]:
-                        ax.annotate(f"lr {rows[k]['lr']}", (x[k], y[k]), xytext=(0, -16),
+                        ax.annotate(f"lr → {float(rows[k]['lr']):.1e}", (x[k], y[k]),
+                                    xytext=(0, -26),
                                     textcoords="offset points", ha="center", fontsize=7,
                                     color=color, arrowprops={"arrowstyle": "-", "color": color})
             if group in released:
