@@ -30,18 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SYMMETRIES = [(swap, sx, sy) for swap in (False, True) for sx in (1, -1) for sy in (1, -1)]
 
 
-def greedy(model: Any, inst: Any) -> tuple[list[list[int]], np.ndarray]:
-    """Each tourist's greedy route and its score."""
-    import torch
-
-    from optw.decode import rollout
-
-    with torch.inference_mode():
-        out = rollout(model, inst, greedy=True)
-    return ([[v for v in r if v >= 0] for r in out.routes.tolist()],
-            out.reward.double().numpy())
-
-
 def validated(region: Any, tourists: Any, found: list[list[int]], claimed: Any) -> None:
     """Every route through the route validator, its claimed score checked too."""
     from optw.env.validate import check_route
@@ -64,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from optw.catalog import open_catalog
     from optw.decode.beam import beam_search
+    from optw.decode.core import greedy_routes
     from optw.distributed.pretrain import ils_means, load_pretrain_profile
     from optw.env.instances import make_instances
     from optw.model.release import load_release
@@ -86,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         inst = make_instances(region, val)
         xy = inst.static[..., :2]
         centre = (xy.amin(dim=(0, 1)) + xy.amax(dim=(0, 1))) / 2
+        score = inst.scores.double()
         validate = functools.partial(validated, region, val)
         best = {m: np.full((len(SYMMETRIES), len(val)), -np.inf) for m in ("greedy", "beam")}
         routes: dict[str, list[list[list[int]]]] = {"greedy": [], "beam": []}
@@ -98,9 +88,10 @@ def main(argv: list[str] | None = None) -> int:
             static[..., :2] = u * torch.tensor([sx, sy], dtype=u.dtype) + centre
             aug = dataclasses.replace(inst, static=static)
             t0 = time.process_time()
-            g, g_score = greedy(model, aug)
+            g = greedy_routes(model, aug)
             beam = beam_search(model, aug, args.beams)
             seconds[a] = time.process_time() - t0
+            g_score = np.array([float(score[k, r].sum()) for k, r in enumerate(g)])
             b, b_score = beam.routes, np.array(beam.scores)
             best["greedy"][a] = g_score
             best["beam"][a] = np.maximum(b_score, g_score)  # the beam keeps a better greedy

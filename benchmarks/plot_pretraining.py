@@ -44,9 +44,9 @@ def main(argv: list[str] | None = None) -> int:
                 for k in range(1, len(rows)):  # where a call stepped the lr
                     if rows[k]["lr"] != rows[k - 1]["lr"]:
                         ax.annotate(f"lr → {float(rows[k]['lr']):.1e}", (x[k], y[k]),
-                                    xytext=(0, -26),
-                                    textcoords="offset points", ha="center", fontsize=7,
-                                    color=color, arrowprops={"arrowstyle": "-", "color": color})
+                                    xytext=(0, -26), textcoords="offset points", ha="center",
+                                    fontsize=7, color=color,
+                                    arrowprops={"arrowstyle": "-", "color": color})
             if group in released:
                 card = release_manifest(group)
                 ax.plot(card["training"]["cpu_hours"],

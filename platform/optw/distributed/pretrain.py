@@ -254,10 +254,9 @@ def pretrain(group: str, hours: float, out: Path | None = None, profile: str | P
     last = out / "last.pt"
     state = read_checkpoint(last) if last.exists() else None
     given = {**table, "regions": regions, "val_every": 0, "checkpoint_every": 0}
-    was = state["train"]["config"]["lr"] if state is not None else given.get("lr")
-    given["lr"] = lr if lr is not None else was  # a resumed run keeps its lr unless stepped
-    if given["lr"] is None:
-        del given["lr"]  # a new run on a profile without lr: the recipe's
+    was = None if state is None else state["train"]["config"]["lr"]
+    if lr is not None or was is not None:  # a resumed run keeps its lr unless stepped
+        given["lr"] = lr if lr is not None else was
     if epochs is not None:
         given["epochs"] = epochs
     config = TrainConfig.from_dict(given, source=str(profile or DEFAULT_PROFILE))
@@ -273,9 +272,9 @@ def pretrain(group: str, hours: float, out: Path | None = None, profile: str | P
                               settings.beams)
 
     before = dict((state or {}).get("pretrain", {}))
-    steps = [[0, config.lr]] if state is None else [  # [from epoch, lr], ...
-        list(x) for x in before.get("lr_steps", [[0, was]])]
-    if state is not None and was != config.lr:
+    steps = [list(x) for x in before.get("lr_steps", [[0, was or config.lr]])]  # [epoch, lr]
+    if was is not None and was != config.lr:
+        assert state is not None
         print(f"{group}: lr {was:g} -> {config.lr:g} from epoch {state['train']['epoch']}",
               flush=True)
         steps.append([int(state["train"]["epoch"]), config.lr])

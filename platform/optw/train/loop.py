@@ -167,11 +167,11 @@ RESUMABLE_CHANGES = ("epochs", "val_every", "checkpoint_every", "device", "threa
 
 
 def check_resume(state: dict[str, Any], config: TrainConfig, source: str = "checkpoint",
-                 also: tuple[str, ...] = ()) -> dict[str, tuple[Any, Any]]:
+                 resumable: tuple[str, ...] = ()) -> dict[str, tuple[Any, Any]]:
     """Refuse to resume ``state`` with a ``config`` it was not trained with (other regions,
     model or training settings: a :class:`UserError` with the reason); returns the harmless
     changes (e.g. the epoch budget) as ``{key: (before, now)}`` for the caller to state.
-    ``also``: settings that may change besides :data:`RESUMABLE_CHANGES` (a long run's lr
+    ``resumable``: settings that may change besides :data:`RESUMABLE_CHANGES` (a long run's lr
     stepping down)."""
     if "train" not in state:
         raise UserError(f"{source} is a model file, not a training checkpoint (use init=)")
@@ -190,7 +190,7 @@ def check_resume(state: dict[str, Any], config: TrainConfig, source: str = "chec
     now = config.to_dict()
     diff = {k: (before.get(k), now.get(k)) for k in sorted(set(before) | set(now))
             if k not in ("regions", "model") and before.get(k) != now.get(k)}
-    allowed = RESUMABLE_CHANGES + tuple(also)
+    allowed = RESUMABLE_CHANGES + tuple(resumable)
     refused = sorted(k for k in diff if k not in allowed)
     if refused:
         what = ", ".join(f"{k}: {diff[k][0]!r} there, {diff[k][1]!r} now" for k in refused)
@@ -204,11 +204,11 @@ def check_resume(state: dict[str, Any], config: TrainConfig, source: str = "chec
 
 def start_run(config: TrainConfig, region_ids: list[str], device: torch.device,
               init: str | Path | None, resume: str | Path | dict | None, source: str,
-              also: tuple[str, ...] = ()) -> tuple[PointerNet, dict[str, Any] | None,
+              resumable: tuple[str, ...] = ()) -> tuple[PointerNet, dict[str, Any] | None,
                                                    TrainContext, np.random.Generator,
                                                    torch.Generator]:
     """Where a run (or pack member) starts: the checkpoint ``resume`` (a file, or its dict
-    named ``source``) checked (``also``: see :func:`check_resume`), the RNG streams seeded,
+    named ``source``) checked (``resumable``: see :func:`check_resume`), the RNG streams seeded,
     the network (the checkpoint's, the model file ``init``'s, or fresh weights drawn under
     ``torch.manual_seed(config.seed)``) and the context; a checkpoint's epoch, RNG states and
     validations are put back, not its optimiser (a checkpoint of another kind of device goes
@@ -216,7 +216,8 @@ def start_run(config: TrainConfig, region_ids: list[str], device: torch.device,
     state = None
     if resume is not None:
         state = resume if isinstance(resume, dict) else read_checkpoint(resume)
-        check_resume(state, config, source if isinstance(resume, dict) else str(resume), also)
+        check_resume(state, config, source if isinstance(resume, dict) else str(resume),
+                     resumable)
     random.seed(config.seed)
     np_rng = np.random.default_rng(config.seed)
     gen = torch.Generator(device=device)
