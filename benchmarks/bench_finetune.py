@@ -1,19 +1,19 @@
 """Fine-tuning from a group's global model, variants side by side at their CPU cost.
 
-For each region and variant: fine-tune the region's group's global model (a job's
-``models/global-global-<group>.pt``, e.g. from ``make run``), then greedy and beam-8 on the
-region's 64 validation tourists, against the stored ILS mean of the same tourists. Prints one
-JSON line per (region, variant) with the gaps and the CPU seconds of the demonstrations'
+For each region and variant: fine-tune the region's group's global model (its shipped release,
+or with ``--models`` a job's ``models/global-global-<group>.pt``), then greedy and beam-8 on
+the region's 64 validation tourists, against the stored ILS mean of the same tourists. Prints
+one JSON line per (region, variant) with the gaps and the CPU seconds of the demonstrations'
 ILS, of training and of the evaluation (one thread), and writes them to ``--out`` (CSV)::
 
-    .venv/bin/python benchmarks/bench_finetune.py --models runs/optw-quick/models \\
-        --regions c101,r105,pr02,t105 --variants none,base,ft:20,imit:128:16:1e-3:32:20
+    .venv/bin/python benchmarks/bench_finetune.py --regions c101,r105,pr02,t105 \\
+        --variants none,base,ft:20,ft:6:3e-5,imit:128:16:1e-3:32:20
 
-Variants (the `quick` profile's [finetune] table is ``base``):
+Variants (``base`` is the `quick` profile's ``[finetune]`` table, read from the profile):
 
 - ``none``: the global model as it is;
-- ``base``: 2 REINFORCE epochs of 4 tourists × 16 routes, lr 1e-4;
-- ``ft:E``: the same with E epochs;
+- ``base``: the profile's fine-tune (REINFORCE at a fixed lr);
+- ``ft:E[:LR]``: the same with E epochs (and lr LR);
 - ``imit:D:S:LR[:B[:E]]``: D demonstrations, S imitation steps of B (32) at LR, then E (2)
   REINFORCE epochs;
 - ``dt:D:E``: E REINFORCE epochs on demonstration tourists with their ILS routes;
@@ -30,31 +30,25 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: the quick profile's [train] table, which its [finetune] table changes
-QUICK = {"recipe": "fast", "mix_regions": True, "tourists_per_epoch": 8, "batch_size": 16,
-         "warmup_epochs": 20, "epochs": 130, "val_every": 0, "val_tourists": 4,
-         "checkpoint_every": 0, "threads": 1, "device": "cpu", "seed": 7}
-BASE = {"finetune": True, "epochs": 2, "tourists_per_epoch": 4, "finetune_lr": 1e-4}
-
-
 def variant(name: str) -> dict | None:
-    """The [finetune] changes of a variant (see the module docstring); None: no fine-tune."""
+    """The changes to the profile's fine-tune of a variant (see the module docstring); None:
+    no fine-tune."""
     kind, *arg = name.split(":")
     if kind == "none":
         return None
     if kind == "base":
-        return dict(BASE)
+        return {}
     if kind == "ft":
-        return {**BASE, "epochs": int(arg[0])}
+        return {"epochs": int(arg[0]), **({"finetune_lr": float(arg[1])} if arg[1:] else {})}
     if kind == "dt":
-        return {**BASE, "demos": int(arg[0]), "demo_tourists": True, "epochs": int(arg[1])}
+        return {"demos": int(arg[0]), "demo_tourists": True, "epochs": int(arg[1])}
     if kind == "imit":
         d, s, lr, b, e = [*arg, *["32", "2"][len(arg) - 3:]]
-        return {**BASE, "demos": int(d), "imitation_epochs": int(s), "imitation_lr": float(lr),
+        return {"demos": int(d), "imitation_epochs": int(s), "imitation_lr": float(lr),
                 "imitation_batch": int(b), "epochs": int(e)}
     if kind == "cap":
         m, d, s, b, lr, e = arg
-        out = {**BASE, "max_minutes": float(m), "epochs": int(e)}
+        out = {"max_minutes": float(m), "epochs": int(e)}
         if int(d):
             out.update(demos=int(d), imitation_epochs=int(s), imitation_batch=int(b),
                        imitation_lr=float(lr))
@@ -64,8 +58,10 @@ def variant(name: str) -> dict | None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", type=Path, required=True,
-                   help="folder of a job's global models (global-global-<group>.pt)")
+    p.add_argument("--models", type=Path, default=None,
+                   help="folder of a job's global models (global-global-<group>.pt); "
+                        "default: the shipped releases")
+    p.add_argument("--profile", default="quick", help="whose [finetune] table is base")
     p.add_argument("--regions", required=True)
     p.add_argument("--variants", default="none,base")
     p.add_argument("--catalog", default=None)
@@ -78,24 +74,29 @@ def main(argv: list[str] | None = None) -> int:
     from optw.baselines.demos import get_demos
     from optw.catalog import open_catalog
     from optw.decode import solve
+    from optw.distributed.profile import load_profile
     from optw.evaluate.protocol import ils_validation_means
     from optw.model import load_model
+    from optw.model.release import checked_release
     from optw.train import TrainConfig, train
 
     torch.set_num_threads(1)
     catalog = open_catalog(args.catalog)
+    base = load_profile(args.profile, catalog).finetune.to_dict()
     regions = args.regions.split(",")
     ils = ils_validation_means(str(catalog.path), regions, 64)
     rows = []
     for rid in regions:
         region, val = catalog.region(rid), catalog.validation(rid)
-        init = args.models / f"global-global-{region.group}.pt"
+        init = (args.models / f"global-global-{region.group}.pt" if args.models
+                else checked_release(region.group)[0])
         for name in args.variants.split(","):
             changes, demo_s, train_s = variant(name), 0.0, 0.0
             if changes is None:
                 model = load_model(init)
             else:
-                config = TrainConfig.from_dict({**QUICK, **changes, "regions": [rid]})
+                config = TrainConfig.from_dict({**base, **changes, "regions": [rid],
+                                                "val_every": 0, "device": "cpu"})
                 demos = None
                 if config.demos:
                     t0 = time.process_time()
