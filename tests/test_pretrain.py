@@ -168,16 +168,19 @@ def test_a_release_is_made_loaded_and_checked(tiny, tmp_path):
 
 
 def test_release_list_names_each_shipped_release():
-    """``optw release list`` prints one line per shipped release with its figures."""
+    """``optw release list`` prints one line per shipped release with its figures, and with
+    ``--by-class`` one more per region class (Solomon's c1 … rc2)."""
     from optw.model.release import release_groups
 
-    out = subprocess.run([sys.executable, "-m", "optw.cli", "release", "list"],
+    out = subprocess.run([sys.executable, "-m", "optw.cli", "release", "list", "--by-class"],
                          capture_output=True, text=True, check=True).stdout
     groups = release_groups()
     if not groups:
         assert "no releases" in out
     for group in groups:
         assert f"{group} v" in out and "against ILS" in out
+    if "solomon" in groups:
+        assert "  rc2 (8 regions): greedy" in out and "  c1 (9 regions)" in out
 
 
 @pytest.mark.parametrize("group", ["solomon", "cordeau", "gavalas"])

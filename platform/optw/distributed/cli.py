@@ -113,6 +113,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     mk.add_argument("--tracking-uri", help="MLflow store (default: local sqlite)")
     mk.set_defaults(func=_release_make)
     ls = rsub.add_parser("list", help="the releases that ship with the package")
+    ls.add_argument("--by-class", action="store_true",
+                    help="also each region class's medians (the region id without its last two "
+                    "digits: c1, r2, rc1, pr, t1)")
     ls.set_defaults(func=_release_list)
 
 
@@ -294,6 +297,21 @@ def release_line(card: dict[str, Any]) -> str:
             f"{v['median_beam_above_ils']:+.2f} % against ILS")
 
 
+def class_lines(card: dict[str, Any]) -> list[str]:
+    """Per region class (the id without its last two digits), the medians of a release's
+    greedy and beam gaps and how many of the class's regions are above ILS at the beam."""
+    import statistics
+
+    classes: dict[str, list[dict[str, float]]] = {}
+    for region, gaps in card["validation"]["regions"].items():
+        classes.setdefault(region[:-2] or region, []).append(gaps)
+    return [f"  {name} ({len(rows)} regions): greedy "
+            f"{statistics.median(r['greedy'] for r in rows):+.2f} %, beam "
+            f"{statistics.median(r['beam'] for r in rows):+.2f} %, "
+            f"{sum(r['beam'] > 0 for r in rows)} above ILS at the beam"
+            for name, rows in sorted(classes.items())]
+
+
 def _release_list(args: argparse.Namespace) -> int:
     from optw.model.release import release_groups, release_manifest
     from optw.paths import releases_dir
@@ -302,5 +320,8 @@ def _release_list(args: argparse.Namespace) -> int:
     if not groups:
         print(f"no releases in {releases_dir()}")
     for group in groups:
-        print(release_line(release_manifest(group)))
+        card = release_manifest(group)
+        print(release_line(card))
+        if args.by_class:
+            print("\n".join(class_lines(card)))
     return 0
