@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,14 +89,18 @@ def group_regions(catalog: Any, group: str) -> list[str]:
 
 
 def gaps_above_ils(model: Any, catalog: Any, regions: list[str], ils: dict[str, float],
-                   tourists: int, beams: int) -> dict[str, dict[str, float]]:
+                   tourists: int, beams: int, bar: str | None = None,
+                   ) -> dict[str, dict[str, float]]:
     """Per region: greedy and beam mean on its first ``tourists`` validation tourists, in %
-    above the ILS mean on the same tourists (negative: below ILS)."""
+    above the ILS mean on the same tourists (negative: below ILS); ``bar``: a progress bar's
+    label (none without)."""
+    from tqdm import tqdm
+
     from optw.allocator import release_free_memory
     from optw.decode import solve
 
     out = {}
-    for rid in regions:
+    for rid in tqdm(regions, desc=bar, unit="region", disable=bar is None, file=sys.stderr):
         region, val = catalog.region(rid), catalog.validation(rid)[:tourists]
         greedy, beam = [], []
         for k in range(0, len(val), EVAL_CHUNK):  # a few GB at most on the largest regions
@@ -328,7 +333,7 @@ def make_release(group: str, state: Path | None = None, regions: list[str] | Non
     from optw.model.release import release_groups, release_manifest
     from optw.paths import releases_dir
     from optw.tracking.runs import git_commit
-    from optw.train import TrainConfig, train
+    from optw.train import ProgressBar, TrainConfig, train
 
     catalog = open_catalog(catalog_dir)
     _, settings = load_pretrain_profile(profile)
@@ -354,8 +359,8 @@ def make_release(group: str, state: Path | None = None, regions: list[str] | Non
         tracker = PretrainProgress(branch, dataclasses.replace(
             settings, curve_every=10**9), float("inf"), None,
             config.batch_size * config.tourists_per_epoch, (resume or {}).get("pretrain", {}))
-        result = train(config, catalog, callbacks=[tracker], resume=resume,
-                       init=None if resume else state / "last.pt")
+        result = train(config, catalog, resume=resume, init=None if resume else state / "last.pt",
+                       callbacks=[tracker, ProgressBar(f"cooling {group} down")])
         cool = json.loads((branch / "progress.json").read_text())
         model = result.model
     else:
@@ -367,7 +372,7 @@ def make_release(group: str, state: Path | None = None, regions: list[str] | Non
         catalog.region(rid)
     ils = ils_means(catalog, regions, settings.curve_tourists)
     gaps = gaps_above_ils(model, catalog, regions, ils, settings.curve_tourists,
-                          settings.beams)
+                          settings.beams, bar=f"evaluating {group}")
     folder = Path(folder or releases_dir())
     version = 1
     if group in release_groups(folder):

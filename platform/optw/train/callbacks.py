@@ -47,10 +47,14 @@ class ProgressBar(Callback):
     bar: Any = None
     post: dict[str, str]
 
+    def __init__(self, desc: str | None = None):
+        self.desc = desc  # the bar's label (default: the first regions' ids)
+
     def on_train_start(self, ctx: TrainContext) -> None:
         from tqdm import tqdm
 
-        desc = ",".join(ctx.region_ids[:3]) + ("…" if len(ctx.region_ids) > 3 else "")
+        desc = self.desc or (",".join(ctx.region_ids[:3])
+                             + ("…" if len(ctx.region_ids) > 3 else ""))
         self.bar = tqdm(total=ctx.total_epochs, initial=ctx.epoch, desc=desc, unit="epoch",
                         dynamic_ncols=True)
         self.post = {}
