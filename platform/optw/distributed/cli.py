@@ -298,13 +298,15 @@ def release_line(card: dict[str, Any]) -> str:
 
 
 def class_lines(card: dict[str, Any]) -> list[str]:
-    """Per region class (the id without its last two digits), the medians of a release's
-    greedy and beam gaps and how many of the class's regions are above ILS at the beam."""
+    """Per region class (the id without its two last digits; an id without them is its own
+    class), the medians of a release's greedy and beam gaps and how many of the class's
+    regions are above ILS at the beam."""
+    import re
     import statistics
 
     classes: dict[str, list[dict[str, float]]] = {}
     for region, gaps in card["validation"]["regions"].items():
-        classes.setdefault(region[:-2] or region, []).append(gaps)
+        classes.setdefault(re.sub(r"\d\d$", "", region) or region, []).append(gaps)
     return [f"  {name} ({len(rows)} regions): greedy "
             f"{statistics.median(r['greedy'] for r in rows):+.2f} %, beam "
             f"{statistics.median(r['beam'] for r in rows):+.2f} %, "
