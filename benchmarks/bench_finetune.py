@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
 def variant(name: str) -> dict | None:
     """The changes to the profile's fine-tune of a variant (see the module docstring); None:
     no fine-tune."""
