@@ -9,7 +9,8 @@ ILS, of training and of the evaluation (one thread), and writes them to ``--out`
     .venv/bin/python benchmarks/bench_finetune.py --regions c101,r105,pr02,t105 \\
         --variants none,base,ft:20,ft:6:3e-5,imit:128:16:1e-3:32:20
 
-Variants (``base`` is the `quick` profile's ``[finetune]`` table, read from the profile):
+Variants (``base`` is the `quick` profile's fine-tune, read from the profile: its
+``[finetune.release]`` from a release, its ``[finetune]`` from ``--models``):
 
 - ``none``: the global model as it is;
 - ``base``: the profile's fine-tune (REINFORCE at a fixed lr);
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", type=Path, default=None,
                    help="folder of a job's global models (global-global-<group>.pt); "
                         "default: the shipped releases")
-    p.add_argument("--profile", default="quick", help="whose [finetune] table is base")
+    p.add_argument("--profile", default="quick", help="whose fine-tune is base")
     p.add_argument("--regions", required=True)
     p.add_argument("--variants", default="none,base")
     p.add_argument("--catalog", default=None)
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     catalog = open_catalog(args.catalog)
-    base = load_profile(args.profile, catalog).finetune.to_dict()
+    profile = load_profile(args.profile, catalog)
+    base = (profile.finetune if args.models else profile.release_finetune).to_dict()
     regions = args.regions.split(",")
     ils = ils_validation_means(str(catalog.path), regions, 64)
     rows = []

@@ -100,9 +100,9 @@ def _run(profile, tiny_catalog, store, tmp_path, **kw):
 
 def test_shipped_profiles_and_bad_profiles(tmp_path):
     """smoke, quick and paper load into typed configs, each built once ([train], [finetune],
-    [global.<group>]); their config hashes (registries key on them) are pinned (smoke and
-    paper as ever; quick's changes with its recipe and fine-tuning); unknown keys and bad
-    values are named before anything runs."""
+    [finetune.release], [global.<group>]); their config hashes (registries key on them) are
+    pinned (smoke and paper as ever; quick's changes with its recipe and fine-tuning); unknown
+    keys and bad values are named before anything runs."""
     smoke, paper, quick = load_profile("smoke"), load_profile("paper"), load_profile("quick")
     assert quick.job.mode == "global-ft" and quick.train.recipe == "fast"
     assert quick.job.releases and not smoke.job.releases and not paper.job.releases
@@ -112,12 +112,16 @@ def test_shipped_profiles_and_bad_profiles(tmp_path):
     assert quick.global_train["solomon"].epochs < quick.train.epochs
     assert set(quick.global_train) == {"solomon", "cordeau"}
     assert not quick.finetune.demos  # imitation is opt-in: it did not win at this scale
+    # [finetune.release] changes [finetune] for the fine-tunes from a group's own release
+    assert (quick.release_finetune.finetune_lr, quick.finetune.finetune_lr) == (1e-5, 1e-4)
+    assert quick.release_finetune.epochs == quick.finetune.epochs
+    assert smoke.release_finetune is smoke.finetune
     assert smoke.global_tables == {}  # without [global.*] a profile hashes as before
     assert paper.train.recipe == "paper" and paper.resources.pack_mode == "sequential"
     assert paper.train.epochs == 500_000 and paper.finetune.epochs == 50_000
     assert paper.finetune.learning_rate(10**6) == 1e-5
     assert {n: load_profile(n).config_hash() for n in ("smoke", "quick", "paper")} == {
-        "smoke": "8a282eb3902f809e", "quick": "e7048f564578babc", "paper": "4aef5a32097ad703"}
+        "smoke": "8a282eb3902f809e", "quick": "4883581223cb9e99", "paper": "4aef5a32097ad703"}
     assert paper.evaluate.beams == 128 and smoke.job.groups == ["solomon", "cordeau", "gavalas"]
     assert smoke.config_hash() != paper.config_hash()
     bad = tmp_path / "bad.toml"
@@ -222,7 +226,8 @@ def test_bad_profile_values_name_file_table_and_key(tmp_path):
 def test_a_profiles_tables_and_groups_are_checked_when_it_loads(tmp_path):
     """A profile's structure is checked when it loads, naming the file and the table: an
     unknown table, a [global.<group>] table of no group a job can train (a typo such as
-    [global.solomn] passed silently), a table that is not one, regions outside [job]."""
+    [global.solomn] passed silently), a table that is not one, regions outside [job], a bad
+    [finetune.release]."""
     path = tmp_path / "p.toml"
     for text, words in (
             ("[trian]\nepochs = 3\n", ["unknown table", "trian"]),
@@ -231,7 +236,10 @@ def test_a_profiles_tables_and_groups_are_checked_when_it_loads(tmp_path):
             ("[global]\nepochs = 3\n", ["[global]", "epochs"]),
             ("train = 3\n", ["train = 3", "[train]"]),
             ("[train]\nregions = ['c101']\n", ["[train]", "regions", "[job] regions"]),
-            ("[finetune]\nregions = ['c101']\n", ["[finetune]", "regions"])):
+            ("[finetune]\nregions = ['c101']\n", ["[finetune]", "regions"]),
+            ("[finetune]\nrelease = 3\n", ["[finetune]", "release = 3", "[finetune.release]"]),
+            ("[finetune.release]\nregions = ['c101']\n", ["[finetune.release]", "regions"]),
+            ("[finetune.release]\nfinetune_lr = 2\n", ["[finetune.release]", "finetune_lr"])):
         path.write_text(text)
         with pytest.raises(ConfigError) as err:
             load_profile(path)
@@ -411,6 +419,24 @@ def test_plan_resolves_configs_and_pack_mode_once(catalog):
     assert isinstance(pack, PackSpec) and pack.keys == ["c101", "c102", "pr01"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         pack.batched = False  # type: ignore[misc]
+
+
+def test_only_a_fine_tune_from_its_own_groups_release_takes_finetune_release(catalog):
+    """[finetune.release] is for the regions fine-tuned from their own group's release
+    (global-ft): a transfer-to from a release, or a fine-tune from a global model the job
+    trains, keeps [finetune]; the report names the table each model's settings come from."""
+    import dataclasses
+
+    profile = tiny_profile("release-lr", mode="global-ft")
+    profile = dataclasses.replace(profile, finetune_table={
+        "epochs": 2, "finetune_lr": 1e-4, "release": {"finetune_lr": 1e-5}})
+    own = plan("global-ft", catalog, ["c101", "pr01"], releases=["solomon"])[-1]
+    lr = {u.key: profile.config_for(u).finetune_lr for u in own}
+    assert lr == {"c101": 1e-5, "pr01": 1e-4}  # pr01: from the job's global-cordeau
+    assert profile.table_of(own[0]) == "test-release-lr [finetune.release]"
+    other = plan("transfer-to", catalog, ["pr01"], ["gavalas"], releases=["gavalas"])[-1]
+    assert other[0].init_from == "release:gavalas"
+    assert profile.config_for(other[0]).finetune_lr == 1e-4
 
 
 def test_comma_lists_refuse_empty_and_repeated_entries():

@@ -41,7 +41,8 @@ def released(tiny_catalog, tmp_path_factory):
 def test_a_job_fine_tunes_from_a_release_and_names_it(released, tmp_path):
     """global-ft with ``releases = true``: t199 is fine-tuned from the gavalas release (no
     global model of gavalas is trained), r199 from a global model the job trains; the summary,
-    the fine-tune's MLflow run and its registered version name the release."""
+    the fine-tune's MLflow run and its registered version name the release, and only the
+    fine-tune from the release takes ``[finetune.release]``'s lr."""
     from optw.distributed.cli import format_summary
     from optw.distributed.job import run_job
     from optw.tracking import get_client
@@ -52,7 +53,7 @@ def test_a_job_fine_tunes_from_a_release_and_names_it(released, tmp_path):
                 "regions": ["r199", "t199"]},
         "train": {"epochs": 2, "batch_size": 4, "val_every": 0, "val_tourists": 4,
                   "checkpoint_every": 0, "threads": 1},
-        "finetune": {"epochs": 1},
+        "finetune": {"epochs": 1, "finetune_lr": 1e-4, "release": {"finetune_lr": 2e-5}},
         "evaluate": {"beams": 2, "validation_tourists": 4, "beam_sweep": [1]},
         "resources": {"cpus_per_region": 1}}, source="test-release")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -67,5 +68,8 @@ def test_a_job_fine_tunes_from_a_release_and_names_it(released, tmp_path):
     assert mv.tags["release"] == label
     run = client.get_run(mv.run_id)
     assert run.data.params["init_from"] == "release:gavalas"
-    assert "release" not in client.get_model_version_by_alias("optw-r199", "champion").tags
+    assert float(run.data.params["train.finetune_lr"]) == 2e-5
+    other = client.get_model_version_by_alias("optw-r199", "champion")
+    assert "release" not in other.tags
+    assert float(client.get_run(other.run_id).data.params["train.finetune_lr"]) == 1e-4
     assert Path(summary.results_path).exists()

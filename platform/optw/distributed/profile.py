@@ -1,5 +1,6 @@
 """Job profiles (TOML/YAML: ``[job]``, ``[train]``, ``[global.<group>]``, ``[finetune]``,
-``[evaluate]``, ``[resources]``); ``quick``, ``smoke`` and ``paper`` ship in ``profiles/``."""
+``[finetune.release]``, ``[evaluate]``, ``[resources]``); ``quick``, ``smoke`` and ``paper``
+ship in ``profiles/``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from optw.catalog import CUSTOM_GROUP, GROUPS
 from optw.checks import from_table, integer, load_mapping, number, require, shown
+from optw.distributed.plan import RELEASE_PREFIX
 from optw.errors import ConfigError
 from optw.evaluate.protocol import EvaluateSettings
 from optw.train.config import TrainConfig
@@ -25,6 +27,9 @@ PROFILE_DIR = Path(__file__).with_name("profiles")
 MODES = ("scratch", "global-ft", "transfer", "transfer-to")
 PACK_MODES = ("sequential", "batched")
 TABLES = ("job", "train", "global", "finetune", "evaluate", "resources")
+#: ``[finetune.release]``: changes of ``[finetune]`` for the regions fine-tuned from their own
+#: group's release (a long-trained start wants a smaller step than a job's global model).
+RELEASE_TABLE = "release"
 #: Bounds: a job name's length, one region worker's CPUs, its restarts, the regions it trains.
 MAX_NAME, MAX_CPUS, MAX_FAILURES, MAX_REGIONS_PER_WORKER = 100, 1024, 100, 10_000
 
@@ -113,12 +118,24 @@ class JobProfile:
     finetune_table: Mapping[str, Any] = field(default_factory=dict)  # [finetune] as written
     global_tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # by group
     finetune: TrainConfig = field(init=False)  # [train], finetune = true and [finetune]
+    #: [finetune] changed by [finetune.release] (the same as finetune without that table)
+    release_finetune: TrainConfig = field(init=False)
     global_train: Mapping[str, TrainConfig] = field(init=False)  # by group
 
     def __post_init__(self) -> None:
         base = self.train.to_dict()
+        table = {k: v for k, v in self.finetune_table.items() if k != RELEASE_TABLE}
+        release = self.finetune_table.get(RELEASE_TABLE, {})
+        if not isinstance(release, Mapping):
+            raise ConfigError(f"{self.profile} [finetune]: {RELEASE_TABLE} = {shown(release)}: "
+                              "expected a table [finetune.release] of [finetune] settings for "
+                              "the regions fine-tuned from their group's release",
+                              f"finetune.{RELEASE_TABLE}")
         object.__setattr__(self, "finetune", TrainConfig.from_dict(
-            {**base, "finetune": True, **self.finetune_table}, source=f"{self.profile} [finetune]"))
+            {**base, "finetune": True, **table}, source=f"{self.profile} [finetune]"))
+        object.__setattr__(self, "release_finetune", TrainConfig.from_dict(
+            {**base, "finetune": True, **table, **release},
+            source=f"{self.profile} [finetune.release]") if release else self.finetune)
         object.__setattr__(self, "global_train", {
             g: TrainConfig.from_dict({**base, **t}, source=f"{self.profile} [global.{g}]")
             for g, t in self.global_tables.items()})
@@ -148,7 +165,10 @@ class JobProfile:
                     f"tables change [train] for a group's global model: one of {known}"
                     f"{'' if catalog else ' or a custom group of the catalog'}",
                     f"global.{group}")
+        release = tables["finetune"].get(RELEASE_TABLE)
         for name, table in (("train", tables["train"]), ("finetune", tables["finetune"]),
+                            *((("finetune.release", release),)
+                              if isinstance(release, Mapping) else ()),
                             *((f"global.{g}", t) for g, t in tables["global"].items())):
             if "regions" in table:
                 raise ConfigError(f"{source} [{name}]: regions = {shown(table['regions'])}: "
@@ -197,6 +217,9 @@ class JobProfile:
         return f"{self.profile} {self._base(unit)[0]}"
 
     def _base(self, unit: Unit) -> tuple[str, TrainConfig]:
+        if (unit.method == "global_ft" and RELEASE_TABLE in self.finetune_table
+                and (unit.init_from or "").startswith(RELEASE_PREFIX)):
+            return "[finetune.release]", self.release_finetune  # from its group's release
         if unit.init_from is not None:  # a fine-tuned model
             return "[finetune]", self.finetune
         if unit.group in self.global_train:
@@ -206,6 +229,8 @@ class JobProfile:
     def configs(self) -> list[tuple[str, TrainConfig]]:
         """Every ``TrainConfig`` of the profile, with the table it comes from."""
         return [("[train]", self.train), ("[finetune]", self.finetune),
+                *((("[finetune.release]", self.release_finetune),)
+                  if RELEASE_TABLE in self.finetune_table else ()),
                 *((f"[global.{g}]", c) for g, c in self.global_train.items())]
 
     def to_dict(self) -> dict[str, Any]:
