@@ -118,7 +118,7 @@ class JobProfile:
     finetune_table: Mapping[str, Any] = field(default_factory=dict)  # [finetune] as written
     global_tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # by group
     finetune: TrainConfig = field(init=False)  # [train], finetune = true and [finetune]
-    #: [finetune] changed by [finetune.release] (the same as finetune without that table)
+    #: [finetune] changed by [finetune.release] (``finetune`` itself without that table)
     release_finetune: TrainConfig = field(init=False)
     global_train: Mapping[str, TrainConfig] = field(init=False)  # by group
 
@@ -135,7 +135,8 @@ class JobProfile:
             {**base, "finetune": True, **table}, source=f"{self.profile} [finetune]"))
         object.__setattr__(self, "release_finetune", TrainConfig.from_dict(
             {**base, "finetune": True, **table, **release},
-            source=f"{self.profile} [finetune.release]") if release else self.finetune)
+            source=f"{self.profile} [finetune.release]")
+            if RELEASE_TABLE in self.finetune_table else self.finetune)
         object.__setattr__(self, "global_train", {
             g: TrainConfig.from_dict({**base, **t}, source=f"{self.profile} [global.{g}]")
             for g, t in self.global_tables.items()})
